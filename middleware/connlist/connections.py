@@ -1,0 +1,370 @@
+"""The per-worker list of connections, after Node.js's ConnectionsList.
+
+Theory of operation
+-------------------
+
+Node.js (``src/node_http_parser.cc``, ``lib/_http_server.js``) keeps, per
+server, every connection in a list ``all`` and every connection that is in the
+middle of receiving a request in a list ``active``.  A periodic check asks the
+list which active connections are *expired*, answers them with ``408`` and
+closes them.  This module is that list, with no I/O; the server layer
+(``connlist.uvicorn``) and the middleware feed it, ``connlist.enforcer`` acts on
+what it reports.
+
+A connection moves through these events (the clock is monotonic)::
+
+    connect            joins all and active; clock started, headers incomplete
+                       (a client that connects and sends nothing is timed)
+    message_begin      first byte of a request: clock restarted, headers
+                       incomplete, moved to the tail of active
+    headers_complete   headers_completed = True
+    message_complete   request fully received: leaves active, clock reset to 0
+                       (the connection is idle until the next message_begin)
+    remove             closed or upgraded: leaves both lists
+
+A connection is *expired* when it is in ``active`` and either its headers are
+incomplete and its message started more than ``headers_timeout`` ago, or its
+message started more than ``request_timeout`` ago.  Expired connections leave
+``active`` (so each is reported once) and stay in ``all`` until removed.
+
+The lists are intrusive, circular and doubly linked, like the pure-Python
+``OrderedDict`` in CPython: each ``Connection`` carries its own links, one pair
+per list, and each list has a sentinel root.
+
+Invariants:
+
+* A node that is in no list is linked to itself, so unlinking is idempotent
+  and always safe, and "is it linked?" is one identity test.
+* Appending to the tail and unlinking are O(1) and allocate nothing.
+* ``message_begin`` stamps the current clock and moves the node to the tail,
+  and the clock never goes back, so ``active`` is always ordered by
+  ``last_message_start``, oldest first.  ``expired()`` therefore stops at the
+  first connection too young to expire, and the earliest deadline of all is
+  found near the head: one timer per worker is enough.
+* ``last_message_start == 0`` exactly when the connection is idle (between
+  requests); an expired connection keeps its start, so it is neither idle
+  nor active.  The clock must therefore never return 0 (``time.monotonic``
+  does not).
+* The counts of ``all``, ``active`` and idle connections are kept as the
+  nodes move, so each is O(1).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+__all__ = ["Connection", "ConnectionHandle", "ConnectionsList", "check_timeout"]
+
+
+class ConnectionHandle(Protocol):
+    """What the server layer gives the list so that an expired connection can be closed."""
+
+    def close_expired(self) -> None:
+        """Answer ``408`` if no response byte was written for the current request, then close."""
+
+    def close_idle(self) -> bool:
+        """Close the connection if no response is in progress; return whether it was closed."""
+
+    def close(self) -> None:
+        """Close the connection now, whatever it is doing."""
+
+
+_ids = itertools.count(1)
+
+
+class Connection:
+    """One TCP connection (in ASGI-only mode: one request), as the list sees it.
+
+    Links are private to the list; the other fields are read by the debug
+    view and the enforcer, and written by the server layer.
+    """
+
+    __slots__ = (
+        "_active_next",
+        "_active_prev",
+        "_all_next",
+        "_all_prev",
+        "client",
+        "connected_at",
+        "handle",
+        "headers_completed",
+        "id",
+        "last_message_start",
+        "method",
+        "path",
+        "requests",
+        "responding",
+        "server",
+    )
+
+    def __init__(
+        self,
+        *,
+        client: str | None = None,
+        server: str | None = None,
+        handle: ConnectionHandle | None = None,
+        connected_at: float = 0.0,
+    ) -> None:
+        # Linked to itself: in no list.
+        self._all_prev: Connection = self
+        self._all_next: Connection = self
+        self._active_prev: Connection = self
+        self._active_next: Connection = self
+        self.id: int = next(_ids)
+        self.client = client
+        self.server = server
+        self.handle = handle
+        self.connected_at = connected_at
+        # Clock value at which the current message began; 0 when idle.
+        self.last_message_start: float = 0.0
+        self.headers_completed = False
+        # Requests fully received on this connection.
+        self.requests = 0
+        # Method and path (never the query string) of the current or last request.
+        self.method: str | None = None
+        self.path: str | None = None
+        # True while a response to a received request is unfinished (set by the server layer).
+        self.responding = False
+
+    @property
+    def tracked(self) -> bool:
+        """Whether the connection is in ``all`` (connected and not yet removed)."""
+        return self._all_next is not self
+
+    @property
+    def is_active(self) -> bool:
+        """Whether the connection is in ``active`` (receiving a request)."""
+        return self._active_next is not self
+
+    def __repr__(self) -> str:
+        return (
+            f"<Connection id={self.id} client={self.client!r} start={self.last_message_start!r} "
+            f"headers_completed={self.headers_completed!r}>"
+        )
+
+
+def check_timeout(name: str, value: object) -> float:
+    """Validate one timeout (seconds, 0 disables) and return it as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number of seconds >= 0 (0 disables it), got {value!r}")
+    return float(value)
+
+
+class ConnectionsList:
+    """Every connection of one worker, and the ones receiving a request, in two intrusive lists."""
+
+    __slots__ = ("_active_root", "_all_root", "_clock", "_n_active", "_n_all", "_n_idle")
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # Sentinels: an empty list is a root linked to itself.
+        self._all_root = Connection()
+        self._active_root = Connection()
+        self._n_all = 0
+        self._n_active = 0
+        self._n_idle = 0
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
+    # -- links -------------------------------------------------------------
+
+    def _active_append(self, conn: Connection) -> None:
+        root = self._active_root
+        last = root._active_prev
+        conn._active_prev = last
+        conn._active_next = root
+        last._active_next = conn
+        root._active_prev = conn
+
+    @staticmethod
+    def _active_unlink(conn: Connection) -> None:
+        prev = conn._active_prev
+        nxt = conn._active_next
+        prev._active_next = nxt
+        nxt._active_prev = prev
+        conn._active_prev = conn._active_next = conn
+
+    # -- events --------------------------------------------------------------
+
+    def connect(self, **details: Any) -> Connection:
+        """A new connection: joins ``all`` and ``active``; its clock starts now."""
+        now = self._clock()
+        conn = Connection(connected_at=now, **details)
+        root = self._all_root
+        last = root._all_prev
+        conn._all_prev = last
+        conn._all_next = root
+        last._all_next = conn
+        root._all_prev = conn
+        self._n_all += 1
+        conn.last_message_start = now
+        self._active_append(conn)
+        self._n_active += 1
+        return conn
+
+    def message_begin(self, conn: Connection) -> None:
+        """The first byte of a request: clock restarted, moved to the tail of ``active``."""
+        if conn._all_next is conn:
+            return  # removed (closed or upgraded): never rejoin
+        if conn._active_next is not conn:
+            self._active_unlink(conn)
+        else:
+            self._n_active += 1
+            if conn.last_message_start == 0:
+                self._n_idle -= 1
+        conn.last_message_start = self._clock()
+        conn.headers_completed = False
+        self._active_append(conn)
+
+    def headers_complete(self, conn: Connection) -> None:
+        """The request's headers are all in: only the request timeout applies from now on."""
+        conn.headers_completed = True
+
+    def message_complete(self, conn: Connection) -> None:
+        """The request is fully received: the connection leaves ``active`` and is idle."""
+        if conn._all_next is conn:
+            return
+        if conn._active_next is not conn:
+            self._active_unlink(conn)
+            self._n_active -= 1
+        if conn.last_message_start != 0:
+            conn.last_message_start = 0.0
+            self._n_idle += 1
+        conn.requests += 1
+
+    def remove(self, conn: Connection) -> None:
+        """Closed or upgraded: leaves both lists.  Idempotent, safe in any state."""
+        if conn._active_next is not conn:
+            self._active_unlink(conn)
+            self._n_active -= 1
+        if conn._all_next is not conn:
+            prev = conn._all_prev
+            nxt = conn._all_next
+            prev._all_next = nxt
+            nxt._all_prev = prev
+            conn._all_prev = conn._all_next = conn
+            self._n_all -= 1
+            if conn.last_message_start == 0:
+                self._n_idle -= 1
+
+    # -- views ---------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._n_all
+
+    @property
+    def active_count(self) -> int:
+        return self._n_active
+
+    @property
+    def idle_count(self) -> int:
+        return self._n_idle
+
+    def iter_all(self) -> Iterator[Connection]:
+        """``all`` in connection order; the current node may be removed while iterating."""
+        root = self._all_root
+        node = root._all_next
+        # A node removed during the yield is linked to itself: carry on from
+        # its old successor.  (A linked node is never linked to itself, so a
+        # successor that was removed too ends the walk instead of looping.)
+        while node is not root and node._all_next is not node:
+            nxt = node._all_next
+            yield node
+            node = nxt if node._all_next is node else node._all_next
+
+    def iter_active(self) -> Iterator[Connection]:
+        """``active`` by message start, oldest first; unlinking the current node is safe."""
+        root = self._active_root
+        node = root._active_next
+        while node is not root and node._active_next is not node:
+            nxt = node._active_next
+            yield node
+            node = nxt if node._active_next is node else node._active_next
+
+    def all(self) -> list[Connection]:
+        return list(self.iter_all())
+
+    def active(self) -> list[Connection]:
+        return list(self.iter_active())
+
+    def idle(self) -> list[Connection]:
+        return [conn for conn in self.iter_all() if conn.last_message_start == 0]
+
+    # -- timeouts ------------------------------------------------------------
+
+    @staticmethod
+    def _effective(headers_timeout: float, request_timeout: float) -> tuple[float, float]:
+        headers_timeout = check_timeout("headers_timeout", headers_timeout)
+        request_timeout = check_timeout("request_timeout", request_timeout)
+        # As Node does: the shorter of two enabled timeouts is the headers timeout.
+        if headers_timeout and request_timeout and headers_timeout > request_timeout:
+            headers_timeout, request_timeout = request_timeout, headers_timeout
+        return headers_timeout, request_timeout
+
+    def expired(self, headers_timeout: float, request_timeout: float) -> list[Connection]:
+        """Unlink and return the active connections that ran out of time (Node's rule).
+
+        0 disables a timeout; if both are set and ``headers_timeout >
+        request_timeout`` they are swapped.  The cost is proportional to the
+        connections older than the shorter timeout, not to all active ones.
+        """
+        headers_timeout, request_timeout = self._effective(headers_timeout, request_timeout)
+        if not headers_timeout and not request_timeout:
+            return []
+        now = self._clock()
+        headers_deadline = now - headers_timeout if headers_timeout else -math.inf
+        request_deadline = now - request_timeout if request_timeout else -math.inf
+        # headers_timeout <= request_timeout, so a connection that started at
+        # or after this bound is safe under both rules, and so is every
+        # connection after it in ``active``.
+        young = headers_deadline if headers_timeout else request_deadline
+        expired: list[Connection] = []
+        root = self._active_root
+        node = root._active_next
+        while node is not root:
+            start = node.last_message_start
+            if start >= young:
+                break
+            nxt = node._active_next
+            if start < request_deadline or (not node.headers_completed and start < headers_deadline):
+                self._active_unlink(node)
+                self._n_active -= 1
+                expired.append(node)
+            node = nxt
+        return expired
+
+    def next_deadline(self, headers_timeout: float, request_timeout: float) -> float | None:
+        """The earliest clock value at which some active connection can expire, or None.
+
+        Walks from the head only as far as a later connection could still
+        have an earlier deadline: at most the connections whose headers are
+        complete and that started before the first one whose are not.
+        """
+        headers_timeout, request_timeout = self._effective(headers_timeout, request_timeout)
+        if not headers_timeout and not request_timeout:
+            return None
+        shortest = headers_timeout or request_timeout
+        best = math.inf
+        root = self._active_root
+        node = root._active_next
+        while node is not root:
+            start = node.last_message_start
+            # Every later node started at or after ``start``, so none can
+            # expire before ``start + shortest``.
+            if start + shortest >= best:
+                break
+            if headers_timeout and not node.headers_completed:
+                best = start + headers_timeout
+                break
+            if request_timeout:
+                best = min(best, start + request_timeout)
+            node = node._active_next
+        return None if best == math.inf else best
