@@ -1,7 +1,15 @@
-"""connlist: Node.js-style connection tracking and slow-client timeouts for uvicorn and Starlette."""
+"""connlist: Node.js-style connection tracking and slow-client timeouts for uvicorn and Starlette.
+
+- ``ConnectionsList`` (``connlist.connections``): the per-worker intrusive list.
+- ``ConnectionsMiddleware`` (``connlist.middleware``): owns the list, enforces
+  the timeouts, serves the debug endpoint.
+- ``connlist.uvicorn``: the uvicorn protocols that feed the list
+  (``--http connlist.uvicorn:HttpToolsProtocol``); import it explicitly.
+"""
 
 from connlist.connections import Connection, ConnectionsList
+from connlist.middleware import ConnectionsMiddleware
 
 __version__ = "0.1.0"
 
-__all__ = ["Connection", "ConnectionsList", "__version__"]
+__all__ = ["Connection", "ConnectionsList", "ConnectionsMiddleware", "__version__"]

@@ -61,15 +61,19 @@ __all__ = ["Connection", "ConnectionHandle", "ConnectionsList", "check_timeout"]
 
 
 class ConnectionHandle(Protocol):
-    """What the server layer gives the list so that an expired connection can be closed."""
+    """What the server layer gives the list so that a connection can be closed.
 
-    def close_expired(self) -> None:
+    The names are prefixed because the server layer's protocol objects are
+    themselves the handles, and must not clash with their own methods.
+    """
+
+    def connlist_close_expired(self) -> None:
         """Answer ``408`` if no response byte was written for the current request, then close."""
 
-    def close_idle(self) -> bool:
+    def connlist_close_idle(self) -> bool:
         """Close the connection if no response is in progress; return whether it was closed."""
 
-    def close(self) -> None:
+    def connlist_close(self) -> None:
         """Close the connection now, whatever it is doing."""
 
 
@@ -297,6 +301,26 @@ class ConnectionsList:
 
     def idle(self) -> list[Connection]:
         return [conn for conn in self.iter_all() if conn.last_message_start == 0]
+
+    # -- closing (through the handles the server layer attached) -------------
+
+    def close_idle(self) -> int:
+        """Close idle connections, skipping any whose response is unfinished (Node's closeIdleConnections).
+
+        Returns how many were closed.
+        """
+        closed = 0
+        for conn in self.idle():
+            if conn.handle is not None and conn.handle.connlist_close_idle():
+                closed += 1
+        return closed
+
+    def close_all(self) -> int:
+        """Close every connection (Node's closeAllConnections); returns how many."""
+        conns = [conn for conn in self.iter_all() if conn.handle is not None]
+        for conn in conns:
+            conn.handle.connlist_close()  # type: ignore[union-attr]
+        return len(conns)
 
     # -- timeouts ------------------------------------------------------------
 

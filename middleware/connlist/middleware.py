@@ -1,0 +1,261 @@
+"""ConnectionsMiddleware: owns the worker's ConnectionsList, enforces the timeouts, serves the view.
+
+With the server integration (``--http connlist.uvicorn:HttpToolsProtocol``)
+the protocol feeds the list and the middleware only hands it over (through
+the ASGI lifespan state) and serves the debug endpoint: requests pass straight
+through.
+
+Without it (plain uvicorn, hypercorn, ...) the middleware runs in ASGI-only
+mode: it sees a request only once its headers are parsed, so it cannot enforce
+the headers timeout, and it cannot see connections, only requests.  Each
+request is then a record of its own, from the scope's arrival until the app
+returns; a request with a body is active until its last chunk is received,
+and the request timeout applies to it.  When it expires, the middleware
+answers ``408`` with ``Connection: close`` if the response has not started
+(the server then closes the connection and the app's pending ``receive()``
+returns ``http.disconnect``), and drops what the app sends after that.  If the
+response had started, it cannot close the connection: the app's next
+``receive()`` returns ``http.disconnect``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from connlist.connections import Connection, ConnectionsList
+from connlist.debug import DebugEndpoint, not_found, snapshot
+from connlist.enforcer import (
+    DEFAULT_REQUEST_TIMEOUT,
+    STATE_KEY,
+    Enforcer,
+    OnTimeout,
+    resolve_timeouts,
+)
+
+__all__ = ["ConnectionsMiddleware"]
+
+logger = logging.getLogger("connlist")
+
+_DISCONNECT: Message = {"type": "http.disconnect"}
+_408_START: Message = {
+    "type": "http.response.start",
+    "status": 408,
+    "headers": [
+        (b"connection", b"close"),
+        (b"content-length", b"0"),
+    ],
+}
+_408_BODY: Message = {"type": "http.response.body", "body": b""}
+
+
+def _has_body(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return value.strip() not in (b"0", b"")
+        if name == b"transfer-encoding":
+            return True
+    return False
+
+
+class ConnectionsMiddleware:
+    """Track connections, cut off slow clients with 408, and serve a live view of them.
+
+    ``headers_timeout`` defaults to ``min(60, request_timeout)``; 0 disables
+    a timeout; both are in seconds.  ``debug_path=None`` turns the endpoint
+    off; it is served to loopback clients only, or, with ``debug_token``, to
+    clients presenting ``Authorization: Bearer <token>``.
+    ``on_timeout(connection, kind)`` is called for each expired connection
+    (``kind`` is ``"headers"`` or ``"request"``) before it is closed.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        headers_timeout: float | None = None,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        debug_path: str | None = "/_connections",
+        debug_token: str | None = None,
+        on_timeout: OnTimeout | None = None,
+    ) -> None:
+        headers_timeout, request_timeout = resolve_timeouts(headers_timeout, request_timeout)
+        if debug_path is not None and (not isinstance(debug_path, str) or not debug_path.startswith("/")):
+            raise ValueError(f"debug_path must be None or a path starting with '/', got {debug_path!r}")
+        if debug_token is not None and (not isinstance(debug_token, str) or not debug_token):
+            raise ValueError("debug_token must be None or a non-empty string")
+        if on_timeout is not None and not callable(on_timeout):
+            raise TypeError("on_timeout must be callable or None")
+        self.app = app
+        self.debug_path = debug_path
+        self._enforcer = Enforcer(
+            headers_timeout=headers_timeout, request_timeout=request_timeout, on_timeout=on_timeout
+        )
+        self._endpoint = DebugEndpoint(lambda: self._enforcer, token=debug_token)
+        self._first_request_seen = False
+
+    # -- public API ------------------------------------------------------------
+
+    @property
+    def connections(self) -> ConnectionsList:
+        """This worker's ConnectionsList."""
+        return self._enforcer.connections
+
+    @property
+    def headers_timeout(self) -> float:
+        return self._enforcer.headers_timeout
+
+    @property
+    def request_timeout(self) -> float:
+        return self._enforcer.request_timeout
+
+    @property
+    def mode(self) -> str:
+        """``"uvicorn-httptools"``, ``"uvicorn-h11"`` or ``"asgi"``."""
+        return self._enforcer.mode
+
+    @property
+    def enforcer(self) -> Enforcer:
+        return self._enforcer
+
+    def snapshot(self, *, limit: int = 1000) -> dict[str, Any]:
+        """What the debug endpoint serves, as JSON-ready data."""
+        return snapshot(self._enforcer, limit=limit)
+
+    # -- ASGI ------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope_type = scope["type"]
+        if scope_type == "http":
+            if not self._first_request_seen:
+                self._first_request(scope)
+            if self.debug_path is not None and scope["path"] == self.debug_path:
+                if self._endpoint.allowed(scope):
+                    await self._endpoint(scope, receive, send)
+                else:
+                    await not_found(send)
+                return
+            if self._enforcer.mode == "asgi":
+                await self._asgi_only(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        if scope_type == "lifespan":
+            # Hand the enforcer to the server's protocols: uvicorn passes this
+            # same state dict to every protocol it creates.
+            state = scope.get("state")
+            if state is not None:
+                state[STATE_KEY] = self._enforcer
+        await self.app(scope, receive, send)
+
+    def _first_request(self, scope: Scope) -> None:
+        self._first_request_seen = True
+        state = scope.get("state")
+        found = None if state is None else state.get(STATE_KEY)
+        if found is not None and found is not self._enforcer:
+            # The lifespan was off, so the protocol made a fallback enforcer
+            # of its own: give it our settings and serve its list.
+            found.configure(
+                headers_timeout=self._enforcer.headers_timeout,
+                request_timeout=self._enforcer.request_timeout,
+                on_timeout=self._enforcer.on_timeout,
+            )
+            self._enforcer = found
+            logger.warning(
+                "connlist: the ASGI lifespan is off, so the server integration ran with the default "
+                "timeouts until this first request; turn the lifespan on to apply them from the start"
+            )
+        if self._enforcer.mode == "asgi":
+            logger.warning(
+                "connlist: ASGI-only mode: the request timeout (%gs) applies to request bodies, but the "
+                "headers timeout needs the server integration: serve with "
+                "`uvicorn ... --http connlist.uvicorn:HttpToolsProtocol` "
+                "(or connlist.uvicorn:H11Protocol)",
+                self._enforcer.request_timeout,
+            )
+
+    async def _asgi_only(self, scope: Scope, receive: Receive, send: Send) -> None:
+        enforcer = self._enforcer
+        connections = enforcer.connections
+        conn = connections.connect(client=scope.get("client"), server=scope.get("server"))
+        connections.headers_complete(conn)
+        conn.method = scope["method"]
+        conn.path = scope["path"]
+        conn.responding = True
+        enforcer.totals.connections += 1
+        enforcer.totals.requests += 1
+        if not _has_body(scope):
+            # Nothing left to receive: only the live view needs the record.
+            connections.message_complete(conn)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                connections.remove(conn)
+            return
+
+        handle = _AsgiRequest(conn, send)
+        conn.handle = handle
+        enforcer.watch()
+
+        async def receive_tracked() -> Message:
+            if handle.cut:
+                return _DISCONNECT
+            message = await receive()
+            if handle.cut:
+                return _DISCONNECT
+            if message["type"] == "http.request":
+                if not message.get("more_body", False):
+                    connections.message_complete(conn)
+            else:
+                connections.message_complete(conn)
+            return message
+
+        async def send_tracked(message: Message) -> None:
+            if handle.cut:
+                return  # timed out: the 408 went out, or the response was cut short
+            if message["type"] == "http.response.start":
+                handle.response_started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive_tracked, send_tracked)
+        finally:
+            connections.remove(conn)
+            if handle.task is not None:
+                await handle.task
+
+
+class _AsgiRequest:
+    """The ConnectionHandle of one request in ASGI-only mode."""
+
+    __slots__ = ("conn", "cut", "response_started", "send", "task")
+
+    def __init__(self, conn: Connection, send: Send) -> None:
+        self.conn = conn
+        self.send = send
+        self.cut = False
+        self.response_started = False
+        self.task: asyncio.Task[None] | None = None
+
+    def connlist_close_expired(self) -> None:
+        if self.cut:
+            return
+        self.cut = True
+        if not self.response_started:
+            self.task = asyncio.get_running_loop().create_task(self._send_408())
+
+    async def _send_408(self) -> None:
+        try:
+            await self.send(_408_START)
+            await self.send(_408_BODY)
+        except Exception:  # the client may be gone already
+            logger.debug("sending 408 failed", exc_info=True)
+
+    def connlist_close_idle(self) -> bool:
+        return False  # a request in ASGI-only mode is never idle
+
+    def connlist_close(self) -> None:
+        self.connlist_close_expired()

@@ -1,0 +1,361 @@
+"""uvicorn protocols that feed the worker's ConnectionsList, as Node.js's HTTP server does.
+
+Use one of them as uvicorn's HTTP implementation::
+
+    uvicorn app:app --http connlist.uvicorn:HttpToolsProtocol
+    uvicorn.run(app, http=connlist.uvicorn.HttpToolsProtocol)
+
+They subclass uvicorn's own protocols and only hook the parser callbacks, so
+everything else (keep-alive, pipelining, flow control, websockets) stays
+uvicorn's.  The events reach the list at the points Node.js feeds its own:
+
+=====================  ===============================  =================================
+list event             httptools                        h11
+=====================  ===============================  =================================
+connect                ``connection_made``              ``connection_made``
+message_begin          ``on_message_begin``             first byte while no request is
+                                                        open and h11 reads (after each
+                                                        ``data_received`` and each
+                                                        ``handle_events``)
+headers_complete       ``on_headers_complete``          h11 produced a new ``Request``
+message_complete       ``on_message_complete``          h11's ``their_state`` left
+                                                        ``SEND_BODY``
+remove                 ``connection_lost``, upgrade     ``connection_lost``, upgrade
+=====================  ===============================  =================================
+
+The ``ConnectionsMiddleware`` owns the list and hands it over in the ASGI
+lifespan state, which uvicorn gives every protocol it creates.  With no
+middleware (or with the lifespan off) the protocol still enforces the default
+timeouts on a list of its own and logs once that it does so.
+
+With h11, a pipelined request that arrives while the response to the previous
+one is still being written is held unread by h11 (uvicorn pauses reading); it
+is timed from the moment the server reads it.  httptools parses it at once, so
+it is timed from its first byte, as in Node.js.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+import h11
+import uvicorn
+from uvicorn.protocols.http import h11_impl
+
+from connlist.connections import Connection
+from connlist.enforcer import STATE_KEY, Enforcer
+
+try:
+    from uvicorn.protocols.http import httptools_impl
+except ImportError:  # httptools is not installed
+    httptools_impl = None  # type: ignore[assignment]
+
+__all__ = ["AutoProtocol", "H11Protocol", "HttpToolsProtocol"]
+
+logger = logging.getLogger("connlist")
+
+RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+
+def _require(cls: type, names: tuple[str, ...]) -> None:
+    """Fail at import, loudly, when a uvicorn release moved a method connlist hooks."""
+    missing = [name for name in names if not callable(getattr(cls, name, None))]
+    if missing:
+        raise ImportError(
+            f"connlist cannot hook uvicorn {uvicorn.__version__}: {cls.__module__}.{cls.__qualname__} "
+            f"has no {', '.join(missing)}. connlist is tested with uvicorn 0.54; "
+            "install a supported uvicorn or serve without --http connlist.uvicorn:... (ASGI-only mode)."
+        )
+
+
+def _require_attributes(protocol: object, names: tuple[str, ...]) -> None:
+    missing = [name for name in names if not hasattr(protocol, name)]
+    if missing:
+        raise RuntimeError(
+            f"connlist cannot hook uvicorn {uvicorn.__version__}: {type(protocol).__mro__[1].__qualname__} "
+            f"instances have no {', '.join(missing)}"
+        )
+
+
+_COMMON_HOOKS = ("connection_made", "connection_lost", "handle_websocket_upgrade", "on_response_complete")
+_COMMON_ATTRIBUTES = ("transport", "client", "server", "cycle", "app_state")
+
+
+def _enforcer_for(app_state: dict[str, Any]) -> Enforcer:
+    """The enforcer the middleware put in the lifespan state, or this worker's fallback."""
+    enforcer = app_state.get(STATE_KEY)
+    if enforcer is None:
+        enforcer = Enforcer()
+        app_state[STATE_KEY] = enforcer
+        logger.warning(
+            "connlist: no ConnectionsMiddleware in the ASGI lifespan state; the server enforces the "
+            "default timeouts (headers %gs, request %gs). Add ConnectionsMiddleware to the app, with "
+            "the lifespan on, to configure them and serve the debug endpoint.",
+            enforcer.headers_timeout,
+            enforcer.request_timeout,
+        )
+    return enforcer
+
+
+class _Tracking:
+    """What both protocols add to uvicorn's: the list events and the connection handle."""
+
+    connlist_mode: ClassVar[str]
+    _connlist_attributes_checked: ClassVar[bool] = False
+
+    # Provided by uvicorn's protocol.
+    transport: Any
+    client: tuple[str, int] | None
+    server: tuple[str, int | None] | None
+    app_state: dict[str, Any]
+
+    # Per worker: the enforcer and its list (shared by every connection).
+    _connlist: Enforcer
+    # Per connection: this connection's record (None until connection_made).
+    _connlist_conn: Connection | None
+
+    def _connlist_setup(self) -> None:
+        cls = type(self)
+        if not cls._connlist_attributes_checked:
+            _require_attributes(self, _COMMON_ATTRIBUTES)
+            cls._connlist_attributes_checked = True
+        enforcer = _enforcer_for(self.app_state)
+        enforcer.mode = self.connlist_mode
+        self._connlist = enforcer
+        self._connlist_conn = None
+
+    def _connlist_connect(self) -> Connection:
+        enforcer = self._connlist
+        conn = enforcer.connections.connect(client=self.client, server=self.server, handle=self)
+        self._connlist_conn = conn
+        enforcer.totals.connections += 1
+        enforcer.watch()
+        return conn
+
+    def _connlist_remove(self) -> None:
+        if self._connlist_conn is not None:
+            self._connlist.connections.remove(self._connlist_conn)
+
+    def _connlist_headers_complete(self, conn: Connection, method: str, path: str | None) -> None:
+        self._connlist.connections.headers_complete(conn)
+        conn.method = method
+        conn.path = path
+        conn.responding = True
+        self._connlist.totals.requests += 1
+
+    # -- what differs between the two parsers --------------------------------
+
+    def _connlist_response_written(self, conn: Connection) -> bool:
+        """Whether a 408 now would corrupt the response stream or follow this request's response."""
+        raise NotImplementedError
+
+    def _connlist_responding(self) -> bool:
+        """Whether a response to a received request is unfinished."""
+        raise NotImplementedError
+
+    # -- ConnectionHandle ----------------------------------------------------
+
+    def connlist_close_expired(self) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        conn = self._connlist_conn
+        if conn is not None and not self._connlist_response_written(conn):
+            transport.write(RESPONSE_408)
+        transport.close()
+
+    def connlist_close_idle(self) -> bool:
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._connlist_responding():
+            return False
+        transport.close()
+        return True
+
+    def connlist_close(self) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+
+
+if httptools_impl is not None:
+    _require(
+        httptools_impl.HttpToolsProtocol,
+        (
+            *_COMMON_HOOKS,
+            "on_message_begin",
+            "on_headers_complete",
+            "on_message_complete",
+            "_start_asgi_task",
+        ),
+    )
+
+    class HttpToolsProtocol(_Tracking, httptools_impl.HttpToolsProtocol):
+        """uvicorn's httptools protocol, feeding connlist from the parser's callbacks."""
+
+        connlist_mode = "uvicorn-httptools"
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._connlist_setup()
+            # Per connection: the cycle whose app was started last.  Responses
+            # go out in request order, so it is the only one that can have
+            # written part of a response.
+            self._connlist_running: httptools_impl.RequestResponseCycle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._connlist_connect()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._connlist_remove()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            conn = self._connlist_conn
+            if conn is not None:
+                self._connlist.connections.message_begin(conn)
+                self._connlist.watch()
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            conn = self._connlist_conn
+            if conn is not None:
+                scope = self.scope
+                self._connlist_headers_complete(conn, scope["method"], scope.get("path"))
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            if self._connlist_conn is not None:
+                self._connlist.connections.message_complete(self._connlist_conn)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._connlist_conn is not None and not self._connlist_responding():
+                self._connlist_conn.responding = False
+
+        def handle_websocket_upgrade(self) -> None:
+            # Upgraded connections are never timed out (Node: parser freed).
+            self._connlist_remove()
+            super().handle_websocket_upgrade()
+
+        def _start_asgi_task(self, cycle: httptools_impl.RequestResponseCycle, app: Any) -> None:
+            self._connlist_running = cycle
+            super()._start_asgi_task(cycle, app)
+
+        def _connlist_response_written(self, conn: Connection) -> bool:
+            running = self._connlist_running
+            if running is not None and running.response_started and not running.response_complete:
+                return True  # part of a response is on the wire: a 408 would corrupt it
+            # Once the current request's headers are in, self.cycle is its cycle;
+            # before that it is the previous request's, whose response is done.
+            cycle = self.cycle
+            return conn.headers_completed and cycle is not None and cycle.response_started
+
+        def _connlist_responding(self) -> bool:
+            running = self._connlist_running
+            return bool(self.pipeline) or (running is not None and not running.response_complete)
+
+else:  # pragma: no cover - httptools missing
+
+    def HttpToolsProtocol(*args: Any, **kwargs: Any) -> Any:  # type: ignore[no-redef]
+        raise RuntimeError(
+            "connlist.uvicorn:HttpToolsProtocol needs httptools: pip install 'connlist[httptools]', "
+            "or use connlist.uvicorn:H11Protocol"
+        )
+
+
+_require(h11_impl.H11Protocol, (*_COMMON_HOOKS, "data_received", "handle_events"))
+
+# h11 phases of the request being received on a connection.
+_BETWEEN = 0  # no request open: new or idle connection
+_HEADERS = 1  # message begun, headers not yet parsed by h11
+_BODY = 2  # headers parsed, body not complete
+_UPGRADED = 3  # handed over to the websocket protocol
+
+
+class H11Protocol(_Tracking, h11_impl.H11Protocol):
+    """uvicorn's h11 protocol, feeding connlist by observing h11's state machine."""
+
+    connlist_mode = "uvicorn-h11"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._connlist_setup()
+        # Per connection: where the request being received stands, and the
+        # cycle of the last request whose headers were seen.
+        self._connlist_phase = _BETWEEN
+        self._connlist_seen: h11_impl.RequestResponseCycle | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._connlist_connect()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connlist_remove()
+        super().connection_lost(exc)
+
+    def _connlist_begin(self, conn: Connection) -> None:
+        self._connlist_phase = _HEADERS
+        self._connlist.connections.message_begin(conn)
+        self._connlist.watch()
+
+    def data_received(self, data: bytes) -> None:
+        conn = self._connlist_conn
+        # A byte while no request is open starts one, unless h11 holds it
+        # unread behind a response still being written (their_state DONE).
+        if conn is not None and self._connlist_phase == _BETWEEN and self.conn.their_state is h11.IDLE:
+            self._connlist_begin(conn)
+        super().data_received(data)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        conn = self._connlist_conn
+        if conn is None or self._connlist_phase == _UPGRADED:
+            return
+        connections = self._connlist.connections
+        cycle = self.cycle
+        if cycle is not self._connlist_seen:
+            # h11 produced a new Request since we last looked.
+            self._connlist_seen = cycle
+            if self._connlist_phase != _HEADERS:
+                # Its first byte was held by h11 (pipelining), or the previous
+                # request ended and this one began within the same call.
+                self._connlist_begin(conn)
+            scope = self.scope
+            self._connlist_headers_complete(conn, scope["method"], scope.get("path"))
+            self._connlist_phase = _BODY
+        their_state = self.conn.their_state
+        if self._connlist_phase == _BODY and their_state is not h11.SEND_BODY:
+            connections.message_complete(conn)
+            self._connlist_phase = _BETWEEN
+        if self._connlist_phase == _BETWEEN and their_state is h11.IDLE and self.conn.trailing_data[0]:
+            # The next request's first bytes were already buffered.
+            self._connlist_begin(conn)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._connlist_conn is not None and not self._connlist_responding():
+            self._connlist_conn.responding = False
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        self._connlist_phase = _UPGRADED
+        self._connlist_remove()
+        super().handle_websocket_upgrade(event)
+
+    def _connlist_response_written(self, conn: Connection) -> bool:
+        # h11 handles one request at a time: self.cycle is the current
+        # request's once its headers are in, else the previous one's.
+        cycle = self.cycle
+        if cycle is None or not cycle.response_started:
+            return False
+        return not cycle.response_complete or conn.headers_completed
+
+    def _connlist_responding(self) -> bool:
+        cycle = self.cycle
+        return cycle is not None and not cycle.response_complete
+
+
+AutoProtocol: type[Any] = H11Protocol if httptools_impl is None else HttpToolsProtocol
+"""httptools when it is installed, else h11, as uvicorn's ``--http auto``."""
