@@ -1,0 +1,55 @@
+"""The example Starlette app: connlist's middleware with the debug endpoint on.
+
+Serve it with the server integration (the headers timeout needs it)::
+
+    python3 examples/serve.py
+    # or: uvicorn examples.app:app --http connlist.uvicorn:HttpToolsProtocol
+
+Try it: ``curl localhost:8000/``, ``curl -X POST -d hello localhost:8000/echo``,
+``curl localhost:8000/_connections``; a client that connects and sends
+nothing gets ``408 Request Timeout`` after ``CONNLIST_HEADERS_TIMEOUT`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from connlist import ConnectionsMiddleware
+from connlist.connections import Connection
+
+logger = logging.getLogger("example")
+
+
+async def hello(request: Request) -> PlainTextResponse:
+    return PlainTextResponse("Hello from connlist\n")
+
+
+async def echo(request: Request) -> PlainTextResponse:
+    body = await request.body()
+    return PlainTextResponse(f"received {len(body)} bytes\n")
+
+
+def on_timeout(connection: Connection, kind: str) -> None:
+    # Like Node's 'clientError': a place for metrics or a ban list.
+    logger.info("cut off %s (%s timeout)", connection.client, kind)
+
+
+app = Starlette(
+    routes=[Route("/", hello), Route("/echo", echo, methods=["POST"])],
+    middleware=[
+        Middleware(
+            ConnectionsMiddleware,
+            headers_timeout=float(os.environ.get("CONNLIST_HEADERS_TIMEOUT", "10")),
+            request_timeout=float(os.environ.get("CONNLIST_REQUEST_TIMEOUT", "30")),
+            debug_path="/_connections",
+            on_timeout=on_timeout,
+        )
+    ],
+)
