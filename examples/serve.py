@@ -1,6 +1,6 @@
 """Serve the example app with connlist's server integration and say where to look.
 
-    python3 examples/serve.py [--host 127.0.0.1] [--port 8000] [--http h11|httptools]
+python3 examples/serve.py [--host 127.0.0.1] [--port 8000] [--http h11|httptools]
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--http", choices=["auto", "httptools", "h11"], default="auto")
@@ -27,7 +29,7 @@ def main() -> None:
     }[args.http]
     base = f"http://{args.host}:{args.port}"
     print(f"connlist example: app at {base}/ , debug endpoint at {base}/_connections", flush=True)
-    print(f"  (integration on: --http {http}; a silent client gets 408 after the headers timeout)", flush=True)
+    print(f"  integration on: --http {http}", flush=True)
     uvicorn.run("app:app", host=args.host, port=args.port, http=http)
 
 
