@@ -1,0 +1,166 @@
+"""ASGI-only mode: the middleware on plain uvicorn (no connlist protocol), both parsers.
+
+What this mode promises: the request timeout on request bodies (408 with
+Connection: close when the response has not started, the app's pending
+receive() returns http.disconnect, later messages dropped), a live view of
+the requests in flight, nothing left behind; not the headers timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pytest
+
+from connlist import ConnectionsMiddleware
+from tests.servers import (
+    EARLY,
+    LATE,
+    PLAIN,
+    connect,
+    echo_app,
+    is_408,
+    read_response,
+    read_until_closed,
+    serve,
+    wait_for,
+)
+
+REQUEST_TIMEOUT = 1.0
+
+
+class Recorder:
+    """Wraps echo_app and records what the app received and whether its sends came back."""
+
+    def __init__(self) -> None:
+        self.received: list[str] = []
+        self.late_send_returned = False
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/record":
+            await echo_app(scope, receive, send)
+            return
+        while True:
+            message = await receive()
+            self.received.append(message["type"])
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                break
+        # The app answers late, after the 408: its messages are dropped.
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"too late"})
+        self.late_send_returned = True
+
+
+@pytest.fixture(params=["httptools", "h11"])
+def asgi_server(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    parser = request.param
+    recorder = Recorder()
+    mw = ConnectionsMiddleware(recorder, headers_timeout=0.5, request_timeout=REQUEST_TIMEOUT)
+    with serve(mw, PLAIN[parser]) as running:
+        running.mw = mw  # type: ignore[attr-defined]
+        running.recorder = recorder  # type: ignore[attr-defined]
+        yield running
+    assert len(mw.connections) == 0
+    assert mw.connections.active_count == 0
+
+
+def test_mode_is_asgi_and_logged_once(asgi_server, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.WARNING, logger="connlist")
+    sock = connect(asgi_server.port)
+    for _ in range(3):
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock).endswith(b"ok 0")
+    assert asgi_server.mw.mode == "asgi"
+    messages = [r.getMessage() for r in caplog.records if "ASGI-only mode" in r.getMessage()]
+    assert len(messages) == 1
+    assert "--http connlist.uvicorn:HttpToolsProtocol" in messages[0]
+    # Requests without a body left nothing behind.
+    assert asgi_server.call(lambda: len(asgi_server.mw.connections)) == 0
+
+
+def test_body_stops_halfway(asgi_server) -> None:  # type: ignore[no-untyped-def]
+    sock = connect(asgi_server.port)
+    started = time.monotonic()
+    sock.sendall(b"POST /record HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n0123456789")
+    data, closed = read_until_closed(sock)
+    assert is_408(data), data
+    assert b"too late" not in data
+    assert REQUEST_TIMEOUT - EARLY <= closed - started <= REQUEST_TIMEOUT + LATE
+    recorder = asgi_server.recorder
+    assert wait_for(lambda: recorder.late_send_returned)
+    # The pending receive() returned http.disconnect.
+    assert recorder.received == ["http.request", "http.disconnect"]
+    assert asgi_server.mw.enforcer.totals.request_timeouts == 1
+
+
+def test_timely_body_is_served(asgi_server) -> None:  # type: ignore[no-untyped-def]
+    sock = connect(asgi_server.port)
+    sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n01234")
+    time.sleep(0.3)
+    # In flight, the request shows up with its body still arriving.
+    active = asgi_server.call(
+        lambda: [(c.method, c.path, c.headers_completed) for c in asgi_server.mw.connections.active()]
+    )
+    assert active == [("POST", "/", True)]
+    sock.sendall(b"56789")
+    assert read_response(sock).endswith(b"ok 10")
+    assert wait_for(lambda: asgi_server.call(lambda: len(asgi_server.mw.connections)) == 0)
+
+
+def test_headers_timeout_needs_the_integration(asgi_server) -> None:  # type: ignore[no-untyped-def]
+    # Documented limit: a client that trickles its headers is not timed here.
+    sock = connect(asgi_server.port)
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+    sock.settimeout(0.5 + LATE + 0.2)
+    with pytest.raises(TimeoutError):
+        sock.recv(100)
+    sock.sendall(b"\r\n")
+    assert read_response(sock).endswith(b"ok 0")
+
+
+def test_unit_handle_without_server() -> None:
+    # The 408 goes through the server's send; a failing send is only logged.
+    async def scenario() -> list[Any]:
+        sent: list[Any] = []
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await receive()
+            await receive()
+
+        mw = ConnectionsMiddleware(app, headers_timeout=0.05, request_timeout=0.1, debug_path=None)
+        messages = iter(
+            [{"type": "http.request", "body": b"a", "more_body": True}],
+        )
+        gate = asyncio.Event()
+
+        async def receive() -> Any:
+            try:
+                return next(messages)
+            except StopIteration:
+                await gate.wait()
+                return {"type": "http.disconnect"}
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+            if message["type"] == "http.response.body":
+                gate.set()
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/",
+            "headers": [(b"content-length", b"5")],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 2),
+        }
+        await asyncio.wait_for(mw(scope, receive, send), 2)
+        assert len(mw.connections) == 0
+        return sent
+
+    sent = asyncio.run(scenario())
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 408
+    assert (b"connection", b"close") in sent[0]["headers"]

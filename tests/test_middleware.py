@@ -1,0 +1,188 @@
+"""ConnectionsMiddleware's options, the hand-over to the protocol, on_timeout, and the hook checks."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import pytest
+
+from connlist import ConnectionsMiddleware
+from connlist.connections import Connection
+from connlist.enforcer import STATE_KEY, Enforcer
+from connlist.uvicorn import _require
+from tests.servers import (
+    EARLY,
+    INTEGRATED,
+    LATE,
+    connect,
+    echo_app,
+    is_408,
+    read_response,
+    read_until_closed,
+    serve,
+    wait_for,
+)
+
+# -- options, validated as Node's http.createServer does ---------------------
+
+
+def test_defaults_follow_node() -> None:
+    mw = ConnectionsMiddleware(echo_app)
+    assert (mw.headers_timeout, mw.request_timeout) == (60.0, 300.0)
+    assert mw.debug_path == "/_connections"
+    assert mw.mode == "asgi"
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"request_timeout": 30}, (30.0, 30.0)),  # headers: min(60, request)
+        ({"request_timeout": 120}, (60.0, 120.0)),
+        ({"request_timeout": 0}, (60.0, 0.0)),  # request disabled: headers stays 60
+        ({"headers_timeout": 0}, (0.0, 300.0)),
+        ({"headers_timeout": 0, "request_timeout": 0}, (0.0, 0.0)),
+        ({"headers_timeout": 5, "request_timeout": 5}, (5.0, 5.0)),
+        ({"headers_timeout": 90, "request_timeout": 0}, (90.0, 0.0)),
+    ],
+)
+def test_effective_timeouts(options: dict[str, Any], expected: tuple[float, float]) -> None:
+    mw = ConnectionsMiddleware(echo_app, **options)
+    assert (mw.headers_timeout, mw.request_timeout) == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "words"),
+    [
+        (
+            {"headers_timeout": 10, "request_timeout": 5},
+            ValueError,
+            "headers_timeout (10) must not be greater",
+        ),
+        ({"headers_timeout": -1}, ValueError, "headers_timeout"),
+        ({"request_timeout": -0.5}, ValueError, "request_timeout"),
+        ({"request_timeout": math.nan}, ValueError, "request_timeout"),
+        ({"headers_timeout": math.inf}, ValueError, "headers_timeout"),
+        ({"request_timeout": "30"}, TypeError, "request_timeout must be a number"),
+        ({"headers_timeout": True}, TypeError, "headers_timeout must be a number"),
+        ({"debug_path": "status"}, ValueError, "debug_path"),
+        ({"debug_token": ""}, ValueError, "debug_token"),
+        ({"on_timeout": 3}, TypeError, "on_timeout"),
+    ],
+)
+def test_bad_options_name_the_option(options: dict[str, Any], error: type[Exception], words: str) -> None:
+    with pytest.raises(error) as info:
+        ConnectionsMiddleware(echo_app, **options)
+    assert words in str(info.value)
+
+
+def test_missing_hook_fails_loudly() -> None:
+    class Moved:
+        def connection_made(self) -> None: ...
+
+    with pytest.raises(ImportError, match=r"cannot hook uvicorn .*Moved has no on_message_begin"):
+        _require(Moved, ("connection_made", "on_message_begin"))
+
+
+# -- the hand-over to the server's protocol -----------------------------------
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_protocol_without_middleware_enforces_defaults(parser: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="connlist")
+    with serve(echo_app, INTEGRATED[parser]) as running:
+        for _ in range(3):
+            sock = connect(running.port)
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_response(sock).endswith(b"ok 0")
+        enforcer = running.server.lifespan.state[STATE_KEY]
+        assert isinstance(enforcer, Enforcer)
+        assert (enforcer.headers_timeout, enforcer.request_timeout) == (60.0, 300.0)
+        assert enforcer.mode == f"uvicorn-{parser}"
+        assert running.call(lambda: len(enforcer.connections)) == 3
+        # A silent client is timed: it is active, due at the headers deadline.
+        connect(running.port)
+        assert wait_for(lambda: running.call(lambda: enforcer.connections.active_count) == 1)
+        deadline = running.call(lambda: enforcer.connections.next_deadline(60, 300))
+        assert 59 < deadline - time.monotonic() <= 60
+    warnings = [r.getMessage() for r in caplog.records if "no ConnectionsMiddleware" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_lifespan_off_middleware_adopts_the_protocols_list(
+    parser: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="connlist")
+    mw = ConnectionsMiddleware(echo_app, headers_timeout=0.5, request_timeout=1.0)
+    with serve(mw, INTEGRATED[parser], lifespan="off") as running:
+        sock = connect(running.port)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock).endswith(b"ok 0")
+        # From the first request on, the middleware's settings rule the server's list.
+        assert mw.mode == f"uvicorn-{parser}"
+        assert (mw.headers_timeout, mw.request_timeout) == (0.5, 1.0)
+        assert mw.enforcer is running.server.lifespan.state[STATE_KEY]
+        assert mw.connections is mw.enforcer.connections
+        started = time.monotonic()
+        silent = connect(running.port)
+        data, closed = read_until_closed(silent)
+        assert is_408(data)
+        assert 0.5 - EARLY <= closed - started <= 0.5 + LATE
+    assert any("lifespan is off" in r.getMessage() for r in caplog.records)
+
+
+# -- on_timeout ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_on_timeout_is_called_before_closing(parser: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="connlist")
+    calls: list[tuple[int, str, bool]] = []
+
+    def on_timeout(conn: Connection, kind: str) -> None:
+        # Called before the close: the connection is still in `all`.
+        calls.append((conn.id, kind, conn.tracked))
+        raise RuntimeError("a broken callback")
+
+    mw = ConnectionsMiddleware(echo_app, headers_timeout=0.3, request_timeout=0.6, on_timeout=on_timeout)
+    with serve(mw, INTEGRATED[parser]) as running:
+        silent = connect(running.port)
+        body = connect(running.port)
+        body.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nabc")
+        for sock in (silent, body):
+            data, _ = read_until_closed(sock)
+            assert is_408(data), data  # still closed, with its 408, despite the failing callback
+        assert wait_for(lambda: running.call(lambda: len(mw.connections)) == 0)
+    assert sorted(kind for _, kind, _ in calls) == ["headers", "request"]
+    assert all(tracked for _, _, tracked in calls)
+    assert sum("on_timeout callback failed" in r.getMessage() for r in caplog.records) == 2
+    logged = [r.getMessage() for r in caplog.records if "timeout:" in r.getMessage()]
+    assert len(logged) == 2
+    assert all(message.startswith("127.0.0.1:") for message in logged)
+    assert any("headers timeout" in m for m in logged) and any("request timeout" in m for m in logged)
+
+
+def test_other_scopes_pass_through() -> None:
+    import asyncio
+
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["type"])
+        assert receive is fake_receive and send is fake_send
+
+    async def fake_receive() -> Any:
+        return {}
+
+    async def fake_send(message: Any) -> None:
+        return None
+
+    mw = ConnectionsMiddleware(app)
+    state: dict[str, Any] = {}
+    asyncio.run(mw({"type": "websocket", "path": "/_connections"}, fake_receive, fake_send))
+    asyncio.run(mw({"type": "lifespan", "state": state}, fake_receive, fake_send))
+    assert seen == ["websocket", "lifespan"]
+    assert state[STATE_KEY] is mw.enforcer
