@@ -202,7 +202,8 @@ def test_mixed_clients(server) -> None:  # type: ignore[no-untyped-def]
         data, closed = read_until_closed(sock)
         results[name] = (data, started, closed)
 
-    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n"
+    # Connection: close, so that a served client is not left to uvicorn's keep-alive timeout.
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 6\r\n"
     clients = {
         # complete in time, then closes (Connection: close)
         "quick": [(0.0, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")],

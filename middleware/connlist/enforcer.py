@@ -128,8 +128,11 @@ class Enforcer:
 
     def cancel(self) -> None:
         if self._timer is not None:
-            self._timer.cancel()
+            loop = self._timer_loop
+            if loop is not None and not loop.is_closed():
+                self._timer.cancel()
             self._timer = None
+            self._timer_loop = None
 
     def _arm(self) -> None:
         deadline = self.connections.next_deadline(self.headers_timeout, self.request_timeout)

@@ -144,8 +144,10 @@ class ConnectionsMiddleware:
                 await self.app(scope, receive, send)
             return
         if scope_type == "lifespan":
-            # Hand the enforcer to the server's protocols: uvicorn passes this
-            # same state dict to every protocol it creates.
+            # A server is starting: forget a timer left on the loop of an
+            # earlier run of this app, then hand the enforcer to the server's
+            # protocols (uvicorn passes this state dict to every protocol).
+            self._enforcer.cancel()
             state = scope.get("state")
             if state is not None:
                 state[STATE_KEY] = self._enforcer

@@ -134,8 +134,11 @@ class _Tracking:
         return conn
 
     def _connlist_remove(self) -> None:
-        if self._connlist_conn is not None:
-            self._connlist.connections.remove(self._connlist_conn)
+        conn = self._connlist_conn
+        if conn is not None:
+            self._connlist.connections.remove(conn)
+            # Break the protocol <-> record cycle; a removed record needs no handle.
+            conn.handle = None
 
     def _connlist_headers_complete(self, conn: Connection, method: str, path: str | None) -> None:
         self._connlist.connections.headers_complete(conn)
