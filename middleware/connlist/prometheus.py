@@ -1,0 +1,388 @@
+"""Prometheus metrics of the workers' connections, with ``prometheus_client`` (``connlist[prometheus]``).
+
+::
+
+    from starlette.middleware import Middleware
+    from connlist import ConnectionsMiddleware
+    from connlist.prometheus import MetricsMiddleware
+
+    middleware = [
+        Middleware(ConnectionsMiddleware, headers_timeout=10, request_timeout=30),
+        Middleware(MetricsMiddleware),  # GET /metrics
+    ]
+
+Metrics
+-------
+``connlist_connections{state}`` (gauge)
+    Open connections by phase, as nginx's ``stub_status`` counts them and as
+    the debug endpoint's ``counts`` show them: ``reading`` (connected, or
+    receiving a request's headers: the debug states new + reading_headers),
+    ``writing`` (receiving a body, or responding: reading_body + handling),
+    ``waiting`` (keep-alive, idle) and ``timed_out`` (cut off, being closed).
+    They add up to all of the worker's connections.
+``connlist_connections_accepted_total`` (counter)
+    Connections accepted (in ASGI-only mode: requests, each its own record).
+``connlist_requests_total`` (counter)
+    Requests whose headers were received.
+``connlist_timeouts_total{kind}`` (counter)
+    Connections cut off, ``kind`` is ``headers`` or ``request``.
+
+How the values get there
+------------------------
+Nothing is added to the hot path: the server layer already counts in
+``Enforcer.totals`` (plain integer increments) and the list keeps the counts
+the phases derive from, each O(1).  A *refresh* copies one worker's numbers
+into the ``prometheus_client`` metric objects: it sets the gauges and
+increments each counter by what its total grew since the last refresh, a
+handful of writes whatever the number of connections.  Refreshes run on the
+worker's event loop (the list is not thread-safe):
+
+* every ``interval`` seconds (default 1) in one small asyncio task per worker,
+  started with the ASGI lifespan, and a last time at shutdown (the worker's
+  gauges drop to 0, its counters are final);
+* right before ``/metrics`` answers, in the worker that answers.
+
+Several worker processes (``uvicorn --workers N``, gunicorn) need
+``prometheus_client``'s multiprocess mode: set ``PROMETHEUS_MULTIPROC_DIR`` to
+an empty directory before the workers start.  Each process then writes its
+values to files there, and ``/metrics`` (in whichever worker answers) merges
+the files of all of them: counters are summed, the gauge is
+``multiprocess_mode="livesum"`` (summed over live processes; gunicorn's
+``child_exit`` hook must call ``prometheus_client.multiprocess.mark_process_dead``).
+
+Why not a custom ``Collector`` reading the list at scrape time: it only runs
+in the scraped process, so with several workers it would show one of them.
+Why not update the metrics at each connection event: in multiprocess mode
+every change takes a lock and writes to an mmap, several times per request,
+on the hot path.  The trade-off: the answering worker's values are exact, the
+other workers' are at most ``interval`` seconds old.  With one process,
+``/metrics`` is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import threading
+import weakref
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from connlist.debug import connection_state
+from connlist.enforcer import STATE_KEY, Enforcer
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, make_asgi_app
+    from prometheus_client.multiprocess import MultiProcessCollector
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "connlist.prometheus needs prometheus_client: pip install 'connlist[prometheus]'"
+    ) from exc
+
+__all__ = [
+    "DEFAULT_INTERVAL",
+    "STATES",
+    "ConnlistMetrics",
+    "Exporter",
+    "MetricsMiddleware",
+    "count_states",
+    "exposition_registry",
+    "make_metrics_app",
+    "metrics_for",
+    "multiprocess_mode",
+]
+
+logger = logging.getLogger("connlist")
+
+STATES = ("reading", "writing", "waiting", "timed_out")
+KINDS = ("headers", "request")
+DEFAULT_INTERVAL = 1.0
+
+# The debug view's states, by phase.
+_PHASE_OF = {
+    "new": "reading",
+    "reading_headers": "reading",
+    "reading_body": "writing",
+    "handling": "writing",
+    "idle": "waiting",
+    "timed_out": "timed_out",
+}
+
+
+def multiprocess_mode() -> bool:
+    """Whether ``prometheus_client`` runs in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` is set)."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+def count_states(enforcer: Enforcer) -> dict[str, int]:
+    """One worker's connections by phase (``STATES``); call it on the worker's event loop.
+
+    O(1) from the list's counts, as the debug endpoint's ``counts``.
+    """
+    connections = enforcer.connections
+    pending = getattr(connections, "headers_pending_count", None)
+    responding = getattr(connections, "idle_responding_count", None)
+    if isinstance(pending, int) and isinstance(responding, int):
+        n_all = len(connections)
+        n_active = connections.active_count
+        n_idle = connections.idle_count
+        return {
+            "reading": pending,
+            "writing": n_active - pending + responding,
+            "waiting": n_idle - responding,
+            "timed_out": n_all - n_active - n_idle,
+        }
+    # A list without those counts: walk it, O(connections).
+    counts = dict.fromkeys(STATES, 0)
+    for conn in connections.iter_all():
+        phase = _PHASE_OF.get(connection_state(conn))
+        if phase is not None:
+            counts[phase] += 1
+    return counts
+
+
+def _totals(enforcer: Enforcer) -> tuple[int, int, int, int]:
+    t = enforcer.totals
+    return t.connections, t.requests, t.headers_timeouts, t.request_timeouts
+
+
+class ConnlistMetrics:
+    """connlist's metric objects in one registry, and the sum of what every exporter of the process saw.
+
+    Get it with ``metrics_for(registry)``: a metric name can be registered
+    only once per registry, and in multiprocess mode one process must not
+    have two objects writing the same series.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = REGISTRY) -> None:
+        self.connections = Gauge(
+            "connlist_connections",
+            "Open connections by phase: reading, writing, waiting (idle), timed_out.",
+            ["state"],
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.accepted = Counter("connlist_connections_accepted", "Connections accepted.", registry=registry)
+        self.requests = Counter(
+            "connlist_requests", "Requests whose headers were received.", registry=registry
+        )
+        self.timeouts = Counter(
+            "connlist_timeouts",
+            "Connections cut off by a timeout, by kind (headers or request).",
+            ["kind"],
+            registry=registry,
+        )
+        self._lock = threading.Lock()
+        # Each exporter's last states; an exporter dropped without close() leaves with it.
+        self._states: weakref.WeakKeyDictionary[Exporter, dict[str, int]] = weakref.WeakKeyDictionary()
+        # Every series exists from the start, at 0 (in multiprocess mode a
+        # value appears in the files only once written).
+        for state in STATES:
+            self.connections.labels(state).set(0)
+        self.accepted.inc(0)
+        self.requests.inc(0)
+        for kind in KINDS:
+            self.timeouts.labels(kind).inc(0)
+
+    def _publish(self, exporter: Exporter, states: dict[str, int] | None, deltas: tuple[int, ...]) -> None:
+        """Take one exporter's states (None: it left) and counter increments; set the gauges to the sums."""
+        accepted, requests, headers, request = deltas
+        with self._lock:
+            if states is None:
+                self._states.pop(exporter, None)
+            else:
+                self._states[exporter] = states
+            sums = dict.fromkeys(STATES, 0)
+            for counts in self._states.values():
+                for state, n in counts.items():
+                    sums[state] = sums.get(state, 0) + n
+            for state, n in sums.items():
+                self.connections.labels(state).set(n)
+            if accepted > 0:
+                self.accepted.inc(accepted)
+            if requests > 0:
+                self.requests.inc(requests)
+            if headers > 0:
+                self.timeouts.labels("headers").inc(headers)
+            if request > 0:
+                self.timeouts.labels("request").inc(request)
+
+
+_metrics: weakref.WeakKeyDictionary[CollectorRegistry, ConnlistMetrics] = weakref.WeakKeyDictionary()
+_metrics_lock = threading.Lock()
+
+
+def metrics_for(registry: CollectorRegistry = REGISTRY) -> ConnlistMetrics:
+    """connlist's metrics in ``registry``, created at the first call."""
+    with _metrics_lock:
+        metrics = _metrics.get(registry)
+        if metrics is None:
+            metrics = _metrics[registry] = ConnlistMetrics(registry)
+        return metrics
+
+
+class Exporter:
+    """Copies one worker's ``Enforcer`` into ``ConnlistMetrics``.
+
+    Call ``refresh`` on the event loop that serves the enforcer's
+    connections, and ``close`` when that server stops.
+    """
+
+    def __init__(self, metrics: ConnlistMetrics) -> None:
+        self.metrics = metrics
+        self._enforcer: Enforcer | None = None
+        self._last = (0, 0, 0, 0)
+
+    def refresh(self, enforcer: Enforcer | None) -> None:
+        if enforcer is None:
+            return
+        if enforcer is not self._enforcer:
+            # A new enforcer (a new server, or the middleware adopted the
+            # protocol's): its totals start from 0.
+            self._enforcer = enforcer
+            self._last = (0, 0, 0, 0)
+        states = count_states(enforcer)
+        totals = _totals(enforcer)
+        deltas = tuple(now - last for now, last in zip(totals, self._last, strict=True))
+        self._last = totals
+        self.metrics._publish(self, states, deltas)
+
+    def close(self, enforcer: Enforcer | None) -> None:
+        """Count the last increments and take this worker's connections out of the gauges."""
+        self.refresh(enforcer)
+        self.metrics._publish(self, None, (0, 0, 0, 0))
+        self._enforcer = None
+
+
+def exposition_registry(registry: CollectorRegistry = REGISTRY) -> CollectorRegistry:
+    """What to serve: ``registry``, or in multiprocess mode a registry merging every process's files."""
+    if not multiprocess_mode():
+        return registry
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+    return merged
+
+
+def make_metrics_app(registry: CollectorRegistry = REGISTRY) -> ASGIApp:
+    """``prometheus_client.make_asgi_app`` over ``registry``, or over all processes in multiprocess mode.
+
+    To mount at a path of your own; the values are then as fresh as the
+    last periodic refresh (``MetricsMiddleware`` also refreshes right before
+    its own endpoint answers).
+    """
+    app: ASGIApp = make_asgi_app(exposition_registry(registry))
+    return app
+
+
+def _check_interval(interval: float | None) -> float:
+    if interval is None:
+        return 0.0
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+        raise TypeError(f"interval must be a number of seconds or None, got {type(interval).__name__}")
+    if not math.isfinite(interval) or interval < 0:
+        raise ValueError(
+            f"interval must be a finite number of seconds >= 0 (0 disables it), got {interval!r}"
+        )
+    return float(interval)
+
+
+class MetricsMiddleware:
+    """Exports this worker's connections to Prometheus and serves ``/metrics``.
+
+    Use it with ``ConnectionsMiddleware`` in the same app, in either order:
+    it finds the worker's enforcer in the ASGI lifespan state, where
+    ``ConnectionsMiddleware`` puts it.  ``interval`` is the period of the
+    background refresh in seconds (``0`` or ``None``: only at scrape time,
+    enough with one process); ``path=None`` serves no endpoint (mount
+    ``make_metrics_app()`` yourself, or use ``prometheus_client``'s own
+    server).  ``registry`` is where the metrics are registered and what the
+    endpoint serves, besides connlist's metrics, in single-process mode.
+    The endpoint has no access control of its own: expose it as you would any
+    ``/metrics``.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        path: str | None = "/metrics",
+        interval: float | None = DEFAULT_INTERVAL,
+        registry: CollectorRegistry = REGISTRY,
+    ) -> None:
+        if path is not None and (not isinstance(path, str) or not path.startswith("/")):
+            raise ValueError(f"path must be None or a path starting with '/', got {path!r}")
+        self.app = app
+        self.path = path
+        self.interval = _check_interval(interval)
+        self.metrics = metrics_for(registry)
+        self.exporter = Exporter(self.metrics)
+        self._endpoint = make_metrics_app(registry) if path is not None else None
+        self._state: dict[str, Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # -- the worker's enforcer ------------------------------------------------
+
+    @property
+    def enforcer(self) -> Enforcer | None:
+        """The worker's enforcer, once the lifespan (or a first request) handed it over."""
+        state = self._state
+        found = None if state is None else state.get(STATE_KEY)
+        return found if isinstance(found, Enforcer) else None
+
+    def refresh(self) -> None:
+        """Copy this worker's view into the metrics now (on the server's event loop)."""
+        self.exporter.refresh(self.enforcer)
+
+    # -- background refresh ---------------------------------------------------
+
+    def _start(self) -> None:
+        if self._task is not None and not self._task.done():
+            return
+        if self.interval:
+            self._task = asyncio.get_running_loop().create_task(self._run(self.interval))
+
+    async def _run(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.refresh()
+            except Exception:  # pragma: no cover - never let the exporter die
+                logger.exception("connlist: refreshing the Prometheus metrics failed")
+
+    async def _stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.exporter.close(self.enforcer)
+
+    # -- ASGI -----------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope_type = scope["type"]
+        if scope_type == "lifespan":
+            # uvicorn gives the lifespan and every protocol this same dict;
+            # ConnectionsMiddleware puts the enforcer in it (before or after us).
+            self._state = scope.get("state")
+            self._start()
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                await self._stop()
+            return
+        if scope_type == "http":
+            if self._state is None:
+                # The lifespan is off: the request's state is a copy of the
+                # server's, with the enforcer the protocol made.
+                self._state = scope.get("state")
+                self._start()
+            if self._endpoint is not None and scope["path"] == self.path:
+                self.refresh()
+                await self._endpoint(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

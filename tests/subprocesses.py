@@ -1,0 +1,123 @@
+"""Servers run as real subprocesses (uvicorn, gunicorn, the example scripts) on 127.0.0.1.
+
+Each server is bounded: it gets a free port, readiness is polled with a
+deadline, and it is stopped in a ``finally`` (SIGINT to its process group,
+then SIGKILL), so no worker outlives the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+PYTHON = sys.executable
+
+# Process startup on a loaded 2-core machine.
+START_LIMIT = 30.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def server_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env.update(extra)
+    return env
+
+
+def get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """One GET on a fresh connection (``Connection: close``); status and body."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Connection": "close"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def get_json(port: int, path: str, timeout: float = 5.0) -> Any:
+    status, body = get(port, path, timeout)
+    assert status == 200, (status, body)
+    return json.loads(body)
+
+
+@dataclass
+class Process:
+    port: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def run_server(
+    make_args: Callable[[int], list[str]],
+    log_path: Path,
+    *,
+    env: dict[str, str] | None = None,
+    ready_path: str = "/_connections",
+    ready: Callable[[int], bool] | None = None,
+) -> Iterator[Process]:
+    """Start ``make_args(port)`` in its own process group and wait until ``GET ready_path`` answers 200."""
+    port = free_port()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            make_args(port),
+            cwd=ROOT,
+            env=env if env is not None else server_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    running = Process(port, proc, log_path)
+    try:
+        deadline = time.monotonic() + START_LIMIT
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"server exited with {proc.returncode}:\n{running.log()}")
+            try:
+                if get(port, ready_path, timeout=2)[0] == 200 and (ready is None or ready(port)):
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"server not ready after {START_LIMIT}s:\n{running.log()}")
+            time.sleep(0.05)
+        yield running
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT to the process group (quick shutdown for gunicorn and uvicorn), then SIGKILL."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+    # Whatever is left of the group (workers of a master that died), then reap.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)

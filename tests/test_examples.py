@@ -1,0 +1,153 @@
+"""Each example, run for real: the Starlette app through serve.py, slow_client.py against it,
+the FastAPI app under uvicorn with the integration, and the gunicorn config.
+
+(The gunicorn config also serves the real gunicorn of test_gunicorn.py and test_prometheus.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import runpy
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.servers import EARLY, LATE, connect, is_408, read_response, read_until_closed
+from tests.subprocesses import EXAMPLES, PYTHON, ROOT, get, get_json, run_server, server_env
+
+HEADERS_TIMEOUT = 0.5
+REQUEST_TIMEOUT = 1.0
+
+
+def example_env() -> dict[str, str]:
+    return server_env(
+        CONNLIST_HEADERS_TIMEOUT=str(HEADERS_TIMEOUT), CONNLIST_REQUEST_TIMEOUT=str(REQUEST_TIMEOUT)
+    )
+
+
+def totals(output: str, title: str) -> dict[str, int]:
+    """The ``totals:`` line under a ``title:`` section of slow_client.py's output."""
+    section = output.split(f"\n{title}:", 1)[1]
+    line = re.search(r"^  totals: (.*)$", section, re.MULTILINE)
+    assert line, output
+    return {name: int(value) for name, value in (item.split("=") for item in line.group(1).split())}
+
+
+def test_slow_client_against_the_example_server(tmp_path: Path) -> None:
+    with run_server(
+        lambda port: [PYTHON, str(EXAMPLES / "serve.py"), "--port", str(port)],
+        tmp_path / "serve.log",
+        env=example_env(),
+    ) as server:
+        assert get(server.port, "/")[1] == b"Hello from connlist\n"
+        result = subprocess.run(
+            [PYTHON, str(EXAMPLES / "slow_client.py"), "--port", str(server.port), "--limit", "10"],
+            cwd=ROOT,
+            env=example_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        log = server.log()
+    output = result.stdout
+    assert result.returncode == 0, (output, result.stderr, log)
+    assert "connlist example: app at" in log and "--http connlist.uvicorn:AutoProtocol" in log
+
+    # The 408 came after the headers timeout, measured by the script from its first byte.
+    arrived = re.search(r"^408 arrived after ([0-9.]+)s", output, re.MULTILINE)
+    assert arrived, output
+    took = float(arrived.group(1))
+    assert HEADERS_TIMEOUT - EARLY <= took <= HEADERS_TIMEOUT + LATE + 0.1, output
+    assert "headers timeout: headers not received within 0.5s" in log
+
+    # Before, during and after, as the debug endpoint told.
+    assert "debug endpoint before: pid" in output and "mode uvicorn-httptools" in output
+    assert re.search(
+        r"^  active: #\d+ 127\.0\.0\.1:\d+ reading_headers for 0\.\d+s$", output, re.MULTILINE
+    ), output
+    before, after = totals(output, "debug endpoint before"), totals(output, "debug endpoint after")
+    assert after["headers_timeouts"] == before["headers_timeouts"] + 1 == 1
+    assert after["connections"] == before["connections"] + 3  # slow client, during, after
+    assert re.search(r"^  active: none$", output.split("\ndebug endpoint after:")[1], re.MULTILINE)
+
+
+def test_fastapi_example_with_the_integration(tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")
+    prometheus = pytest.importorskip("prometheus_client.parser")
+    with run_server(
+        lambda port: [
+            PYTHON,
+            "-m",
+            "uvicorn",
+            "examples.fastapi_app:app",
+            "--http",
+            "connlist.uvicorn:H11Protocol",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        tmp_path / "uvicorn.log",
+        env=example_env(),
+    ) as server:
+        port = server.port
+        assert json.loads(get(port, "/")[1]) == {"hello": "from connlist"}
+        sock = connect(port)
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+        assert read_response(sock).endswith(b'{"received":5}')
+        sock.close()
+
+        started = time.monotonic()
+        silent = connect(port)
+        data, closed = read_until_closed(silent)
+        assert is_408(data), data
+        elapsed = closed - started
+        assert HEADERS_TIMEOUT - EARLY <= elapsed <= HEADERS_TIMEOUT + LATE + 0.1, elapsed
+
+        debug = get_json(port, "/_connections")
+        assert debug["mode"] == "uvicorn-h11"
+        assert debug["totals"]["headers_timeouts"] == 1
+        status, body = get(port, "/metrics")
+        assert status == 200
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in prometheus.text_string_to_metric_families(body.decode())
+            for s in family.samples
+        }
+        assert samples[("connlist_timeouts_total", (("kind", "headers"),))] == 1
+        assert samples[("connlist_connections", (("state", "reading"),))] == 0
+        # The same as the debug endpoint's totals, plus the scrape itself.
+        assert samples[("connlist_requests_total", ())] == debug["totals"]["requests"] + 1
+        assert samples[("connlist_connections_accepted_total", ())] == debug["totals"]["connections"] + 1
+
+
+def test_gunicorn_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gunicorn_util = pytest.importorskip("gunicorn.util")
+    monkeypatch.delenv("GUNICORN_BIND", raising=False)
+    monkeypatch.delenv("WEB_CONCURRENCY", raising=False)
+    multiproc = tmp_path / "prometheus"
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(multiproc))
+    config = runpy.run_path(str(EXAMPLES / "gunicorn.conf.py"))
+    from connlist.gunicorn import UvicornWorker
+
+    assert gunicorn_util.load_class(config["worker_class"]) is UvicornWorker
+    assert UvicornWorker.CONFIG_KWARGS["http"] == "connlist.uvicorn:AutoProtocol"
+    assert config["bind"] == "127.0.0.1:8000"
+    assert config["workers"] == 2
+    # on_starting creates and empties the Prometheus directory; child_exit drops a dead worker's gauges.
+    config["on_starting"](None)
+    assert multiproc.is_dir()
+    (multiproc / "counter_41.db").write_bytes(b"")
+    (multiproc / "gauge_livesum_42.db").write_bytes(b"")
+    (multiproc / "gauge_livesum_43.db").write_bytes(b"")
+
+    class Worker:
+        pid = 42
+
+    config["child_exit"](None, Worker())
+    assert sorted(p.name for p in multiproc.iterdir()) == ["counter_41.db", "gauge_livesum_43.db"]
+    config["on_starting"](None)
+    assert list(multiproc.iterdir()) == []

@@ -1,0 +1,118 @@
+"""A real gunicorn with connlist's worker classes and 2 workers, serving examples/app.py.
+
+Started with the example config (``-c examples/gunicorn.conf.py``) and the
+worker class on the command line; the timeouts come from the environment the
+example app reads (headers 0.5 s, request 1 s).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("gunicorn")
+pytest.importorskip("uvicorn_worker")
+
+import gunicorn.config
+
+from tests.servers import EARLY, LATE, connect, is_408, read_until_closed
+from tests.subprocesses import EXAMPLES, PYTHON, Process, get_json, run_server, server_env
+
+HEADERS_TIMEOUT = 0.5
+REQUEST_TIMEOUT = 1.0
+WORKERS = 2
+# Fresh connections tried before giving up on seeing both workers answer.
+MAX_TRIES = 200
+
+WORKER_CLASSES = {
+    "connlist.gunicorn.UvicornWorker": "uvicorn-httptools",
+    "connlist.gunicorn.UvicornH11Worker": "uvicorn-h11",
+}
+
+
+def gunicorn_args(worker_class: str, port: int) -> list[str]:
+    args = [
+        PYTHON,
+        "-m",
+        "gunicorn",
+        "-c",
+        str(EXAMPLES / "gunicorn.conf.py"),
+        "-k",
+        worker_class,
+        "-w",
+        str(WORKERS),
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--graceful-timeout",
+        "2",
+    ]
+    if "control_socket_disable" in gunicorn.config.make_settings():
+        # gunicorn >= 25.1 opens a control socket under $HOME by default.
+        args.append("--no-control-socket")
+    return [*args, "examples.app:app"]
+
+
+def workers_seen(port: int, tries: int = MAX_TRIES) -> dict[int, dict[str, Any]]:
+    """Debug answers by pid, from fresh connections, until every worker answered (at most ``tries``)."""
+    answers: dict[int, dict[str, Any]] = {}
+    for _ in range(tries):
+        answer = get_json(port, "/_connections")
+        answers[answer["pid"]] = answer
+        if len(answers) >= WORKERS:
+            break
+    return answers
+
+
+@pytest.fixture(scope="module", params=list(WORKER_CLASSES))
+def gunicorn_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Process]:
+    worker_class: str = request.param
+    log: Path = tmp_path_factory.mktemp("gunicorn") / "gunicorn.log"
+    env = server_env(
+        CONNLIST_HEADERS_TIMEOUT=str(HEADERS_TIMEOUT),
+        CONNLIST_REQUEST_TIMEOUT=str(REQUEST_TIMEOUT),
+    )
+    with run_server(
+        lambda port: gunicorn_args(worker_class, port),
+        log,
+        env=env,
+        # Both workers up, so the tests do not race a booting one.
+        ready=lambda port: len(workers_seen(port, tries=10)) == WORKERS,
+    ) as server:
+        server.worker_class = worker_class  # type: ignore[attr-defined]
+        yield server
+
+
+def test_both_workers_answer_with_the_integration(gunicorn_server: Process) -> None:
+    answers = workers_seen(gunicorn_server.port)
+    assert len(answers) == WORKERS, answers
+    assert gunicorn_server.proc.pid not in answers  # workers answer, not the master
+    expected_mode = WORKER_CLASSES[gunicorn_server.worker_class]  # type: ignore[attr-defined]
+    for pid, answer in answers.items():
+        assert answer["mode"] == expected_mode, (pid, answer)
+        assert answer["headers_timeout"] == HEADERS_TIMEOUT
+        assert answer["request_timeout"] == REQUEST_TIMEOUT
+    log = gunicorn_server.log()
+    assert f"Using worker: {gunicorn_server.worker_class}" in log  # type: ignore[attr-defined]
+
+
+def test_slow_clients_get_408_on_time(gunicorn_server: Process) -> None:
+    port = gunicorn_server.port
+    before = sum(a["totals"]["headers_timeouts"] for a in workers_seen(port).values())
+    # Both at once: one silent (headers timeout), one whose body stops (request timeout).
+    started = time.monotonic()
+    silent = connect(port)
+    stalled = connect(port)
+    stalled.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n01234")
+    for sock, timeout in ((silent, HEADERS_TIMEOUT), (stalled, REQUEST_TIMEOUT)):
+        data, closed = read_until_closed(sock)
+        assert is_408(data), data
+        elapsed = closed - started
+        assert timeout - EARLY <= elapsed <= timeout + LATE + 0.1, (timeout, elapsed)
+    answers = workers_seen(port)
+    assert sum(a["totals"]["headers_timeouts"] for a in answers.values()) == before + 1
