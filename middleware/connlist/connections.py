@@ -46,7 +46,12 @@ Invariants:
   nor active.  The clock must therefore never return 0 (``time.monotonic``
   does not).
 * The counts of ``all``, ``active`` and idle connections are kept as the
-  nodes move, so each is O(1).
+  nodes move, so each is O(1).  So are two more, for the debug view's
+  phases: active connections whose headers are incomplete, and idle
+  connections whose response is unfinished (``Connection.responding`` is a
+  property that updates the count of the list that made the connection).
+  ``headers_completed`` and ``last_message_start`` must therefore change
+  only through the list's events.
 """
 
 from __future__ import annotations
@@ -92,6 +97,8 @@ class Connection:
         "_active_prev",
         "_all_next",
         "_all_prev",
+        "_list",
+        "_responding",
         "client",
         "connected_at",
         "handle",
@@ -101,7 +108,6 @@ class Connection:
         "method",
         "path",
         "requests",
-        "responding",
         "server",
     )
 
@@ -131,8 +137,23 @@ class Connection:
         # Method and path (never the query string) of the current or last request.
         self.method: str | None = None
         self.path: str | None = None
-        # True while a response to a received request is unfinished (set by the server layer).
-        self.responding = False
+        # See the ``responding`` property; ``_list`` is the list that made this connection.
+        self._responding = False
+        self._list: ConnectionsList | None = None
+
+    @property
+    def responding(self) -> bool:
+        """True while a response to a received request is unfinished (set by the server layer)."""
+        return self._responding
+
+    @responding.setter
+    def responding(self, value: bool) -> None:
+        if value == self._responding:
+            return
+        self._responding = value = bool(value)
+        # Counted by the list while the connection is tracked and idle.
+        if self.last_message_start == 0 and self._all_next is not self and self._list is not None:
+            self._list._n_idle_responding += 1 if value else -1
 
     @property
     def tracked(self) -> bool:
@@ -163,7 +184,16 @@ def check_timeout(name: str, value: object) -> float:
 class ConnectionsList:
     """Every connection of one worker, and the ones receiving a request, in two intrusive lists."""
 
-    __slots__ = ("_active_root", "_all_root", "_clock", "_n_active", "_n_all", "_n_idle")
+    __slots__ = (
+        "_active_root",
+        "_all_root",
+        "_clock",
+        "_n_active",
+        "_n_all",
+        "_n_headers_pending",
+        "_n_idle",
+        "_n_idle_responding",
+    )
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -173,6 +203,10 @@ class ConnectionsList:
         self._n_all = 0
         self._n_active = 0
         self._n_idle = 0
+        # Active connections whose headers are incomplete.
+        self._n_headers_pending = 0
+        # Idle connections whose response is unfinished.
+        self._n_idle_responding = 0
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -202,6 +236,7 @@ class ConnectionsList:
         """A new connection: joins ``all`` and ``active``; its clock starts now."""
         now = self._clock()
         conn = Connection(connected_at=now, **details)
+        conn._list = self
         root = self._all_root
         last = root._all_prev
         conn._all_prev = last
@@ -212,6 +247,7 @@ class ConnectionsList:
         conn.last_message_start = now
         self._active_append(conn)
         self._n_active += 1
+        self._n_headers_pending += 1
         return conn
 
     def message_begin(self, conn: Connection) -> None:
@@ -220,16 +256,23 @@ class ConnectionsList:
             return  # removed (closed or upgraded): never rejoin
         if conn._active_next is not conn:
             self._active_unlink(conn)
+            if conn.headers_completed:
+                self._n_headers_pending += 1
         else:
             self._n_active += 1
+            self._n_headers_pending += 1
             if conn.last_message_start == 0:
                 self._n_idle -= 1
+                if conn._responding:
+                    self._n_idle_responding -= 1
         conn.last_message_start = self._clock()
         conn.headers_completed = False
         self._active_append(conn)
 
     def headers_complete(self, conn: Connection) -> None:
         """The request's headers are all in: only the request timeout applies from now on."""
+        if not conn.headers_completed and conn._active_next is not conn:
+            self._n_headers_pending -= 1
         conn.headers_completed = True
 
     def message_complete(self, conn: Connection) -> None:
@@ -239,9 +282,13 @@ class ConnectionsList:
         if conn._active_next is not conn:
             self._active_unlink(conn)
             self._n_active -= 1
+            if not conn.headers_completed:
+                self._n_headers_pending -= 1
         if conn.last_message_start != 0:
             conn.last_message_start = 0.0
             self._n_idle += 1
+            if conn._responding:
+                self._n_idle_responding += 1
         conn.requests += 1
 
     def remove(self, conn: Connection) -> None:
@@ -249,6 +296,8 @@ class ConnectionsList:
         if conn._active_next is not conn:
             self._active_unlink(conn)
             self._n_active -= 1
+            if not conn.headers_completed:
+                self._n_headers_pending -= 1
         if conn._all_next is not conn:
             prev = conn._all_prev
             nxt = conn._all_next
@@ -258,6 +307,8 @@ class ConnectionsList:
             self._n_all -= 1
             if conn.last_message_start == 0:
                 self._n_idle -= 1
+                if conn._responding:
+                    self._n_idle_responding -= 1
 
     # -- views ---------------------------------------------------------------
 
@@ -271,6 +322,16 @@ class ConnectionsList:
     @property
     def idle_count(self) -> int:
         return self._n_idle
+
+    @property
+    def headers_pending_count(self) -> int:
+        """Active connections whose headers are incomplete (new, or reading a request head)."""
+        return self._n_headers_pending
+
+    @property
+    def idle_responding_count(self) -> int:
+        """Idle connections (no request being received) whose response is unfinished."""
+        return self._n_idle_responding
 
     def iter_all(self) -> Iterator[Connection]:
         """``all`` in connection order; the current node may be removed while iterating."""
@@ -361,6 +422,8 @@ class ConnectionsList:
             if start < request_deadline or (not node.headers_completed and start < headers_deadline):
                 self._active_unlink(node)
                 self._n_active -= 1
+                if not node.headers_completed:
+                    self._n_headers_pending -= 1
                 expired.append(node)
             node = nxt
         return expired
