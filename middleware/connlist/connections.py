@@ -148,9 +148,10 @@ class Connection:
 
     @responding.setter
     def responding(self, value: bool) -> None:
-        if value == self._responding:
+        value = bool(value)
+        if value is self._responding:
             return
-        self._responding = value = bool(value)
+        self._responding = value
         # Counted by the list while the connection is tracked and idle.
         if self.last_message_start == 0 and self._all_next is not self and self._list is not None:
             self._list._n_idle_responding += 1 if value else -1
