@@ -1,0 +1,1020 @@
+"""Unit tests for connlist.connections, with an injected fake clock.
+
+Every step asserts the whole state of the list (h11-style): the three views,
+the three counts, and the fields of every connection involved.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from fractions import Fraction
+from typing import NamedTuple
+
+import pytest
+
+from connlist.connections import Connection, ConnectionsList, check_timeout
+
+T0 = 1000.0
+
+
+class FakeClock:
+    """A monotonic clock that only moves when told to, and never returns 0."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.now += seconds
+
+
+class S(NamedTuple):
+    """The observable fields of one connection."""
+
+    start: float
+    headers_completed: bool
+    requests: int
+    tracked: bool
+    is_active: bool
+
+
+def fields(conn: Connection) -> S:
+    return S(
+        conn.last_message_start,
+        conn.headers_completed,
+        conn.requests,
+        conn.tracked,
+        conn.is_active,
+    )
+
+
+# Shorthands for the usual states (start, headers_completed, requests).
+def ACTIVE(start: float, headers: bool = False, requests: int = 0) -> S:
+    return S(start, headers, requests, True, True)
+
+
+def IDLE(requests: int, headers: bool = False) -> S:
+    return S(0.0, headers, requests, True, False)
+
+
+def EXPIRED(start: float, headers: bool = False, requests: int = 0) -> S:
+    return S(start, headers, requests, True, False)
+
+
+def REMOVED(start: float, headers: bool = False, requests: int = 0) -> S:
+    return S(start, headers, requests, False, False)
+
+
+def _walk(root: Connection, nxt: str, prv: str) -> tuple[list[Connection], list[Connection]]:
+    forward, backward = [], []
+    node = getattr(root, nxt)
+    while node is not root:
+        forward.append(node)
+        assert len(forward) < 10_000, "cycle that misses the root"
+        node = getattr(node, nxt)
+    node = getattr(root, prv)
+    while node is not root:
+        backward.append(node)
+        assert len(backward) < 10_000, "cycle that misses the root"
+        node = getattr(node, prv)
+    return forward, backward
+
+
+def check(
+    lst: ConnectionsList,
+    *,
+    all_: list[Connection],
+    active: list[Connection],
+    idle: list[Connection],
+    states: dict[Connection, S],
+) -> None:
+    """Assert the whole state of ``lst``."""
+    assert lst.all() == all_
+    assert list(lst.iter_all()) == all_
+    assert lst.active() == active
+    assert list(lst.iter_active()) == active
+    assert lst.idle() == idle
+    assert len(lst) == len(all_)
+    assert lst.active_count == len(active)
+    assert lst.idle_count == len(idle)
+    # The debug view's phase counts.
+    assert lst.headers_pending_count == sum(not conn.headers_completed for conn in active)
+    assert lst.idle_responding_count == sum(conn.responding for conn in idle)
+    # Both directions of both intrusive lists agree with the views.
+    forward, backward = _walk(lst._all_root, "_all_next", "_all_prev")
+    assert forward == all_
+    assert backward == all_[::-1]
+    forward, backward = _walk(lst._active_root, "_active_next", "_active_prev")
+    assert forward == active
+    assert backward == active[::-1]
+    # ``active`` is ordered by message start.
+    starts = [conn.last_message_start for conn in active]
+    assert starts == sorted(starts)
+    for conn, expected in states.items():
+        assert fields(conn) == expected, conn
+        if not expected.tracked:
+            # Linked to itself in both lists.
+            assert conn._all_next is conn and conn._all_prev is conn
+            assert conn._active_next is conn and conn._active_prev is conn
+        elif not expected.is_active:
+            assert conn._active_next is conn and conn._active_prev is conn
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def lst(clock: FakeClock) -> ConnectionsList:
+    return ConnectionsList(clock=clock)
+
+
+# -- construction and connect ------------------------------------------------
+
+
+def test_empty(lst: ConnectionsList, clock: FakeClock) -> None:
+    assert lst.clock is clock
+    check(lst, all_=[], active=[], idle=[], states={})
+    assert lst.expired(1, 2) == []
+    assert lst.next_deadline(1, 2) is None
+
+
+def test_default_clock_is_monotonic() -> None:
+    import time
+
+    assert ConnectionsList().clock is time.monotonic
+
+
+def test_fresh_connection_is_in_no_list() -> None:
+    conn = Connection()
+    assert fields(conn) == S(0.0, False, 0, False, False)
+    assert conn._all_next is conn and conn._active_next is conn
+
+
+def test_connect_joins_all_and_active_timed(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect(client="10.0.0.1:5000", server="10.0.0.2:80")
+    check(lst, all_=[a], active=[a], idle=[], states={a: ACTIVE(T0)})
+    assert a.connected_at == T0
+    assert (a.client, a.server, a.handle) == ("10.0.0.1:5000", "10.0.0.2:80", None)
+    assert (a.method, a.path, a.responding) == (None, None, False)
+
+    clock.advance(1.5)
+    b = lst.connect()
+    check(lst, all_=[a, b], active=[a, b], idle=[], states={a: ACTIVE(T0), b: ACTIVE(T0 + 1.5)})
+    assert b.connected_at == T0 + 1.5
+    assert b.id > a.id
+    assert repr(a).startswith(f"<Connection id={a.id} client='10.0.0.1:5000' start={T0!r}")
+
+
+def test_connect_at_the_same_instant_keeps_connection_order(lst: ConnectionsList) -> None:
+    a, b, c = lst.connect(), lst.connect(), lst.connect()
+    check(
+        lst,
+        all_=[a, b, c],
+        active=[a, b, c],
+        idle=[],
+        states={a: ACTIVE(T0), b: ACTIVE(T0), c: ACTIVE(T0)},
+    )
+
+
+# -- message_begin -----------------------------------------------------------
+
+
+def test_message_begin_from_active_restarts_clock_and_moves_to_tail(
+    lst: ConnectionsList, clock: FakeClock
+) -> None:
+    a, b, c = lst.connect(), lst.connect(), lst.connect()
+    lst.headers_complete(a)
+    clock.advance(2)
+    lst.message_begin(a)
+    check(
+        lst,
+        all_=[a, b, c],
+        active=[b, c, a],
+        idle=[],
+        states={a: ACTIVE(T0 + 2), b: ACTIVE(T0), c: ACTIVE(T0)},
+    )
+    # From the middle, at the same instant: still moved to the tail.
+    lst.message_begin(c)
+    check(
+        lst,
+        all_=[a, b, c],
+        active=[b, a, c],
+        idle=[],
+        states={a: ACTIVE(T0 + 2), b: ACTIVE(T0), c: ACTIVE(T0 + 2)},
+    )
+    # The tail itself.
+    clock.advance(1)
+    lst.message_begin(c)
+    check(
+        lst,
+        all_=[a, b, c],
+        active=[b, a, c],
+        idle=[],
+        states={a: ACTIVE(T0 + 2), b: ACTIVE(T0), c: ACTIVE(T0 + 3)},
+    )
+
+
+def test_message_begin_from_idle(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b = lst.connect(), lst.connect()
+    lst.headers_complete(a)
+    lst.message_complete(a)
+    check(lst, all_=[a, b], active=[b], idle=[a], states={a: IDLE(1, headers=True), b: ACTIVE(T0)})
+    clock.advance(3)
+    lst.message_begin(a)
+    check(lst, all_=[a, b], active=[b, a], idle=[], states={a: ACTIVE(T0 + 3, requests=1), b: ACTIVE(T0)})
+
+
+def test_message_begin_rejoins_active_after_expiry(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b = lst.connect(), lst.connect()
+    clock.advance(1)
+    b2 = lst.connect()
+    clock.advance(5)
+    assert lst.expired(5, 0) == [a, b]
+    check(
+        lst,
+        all_=[a, b, b2],
+        active=[b2],
+        idle=[],
+        states={a: EXPIRED(T0), b: EXPIRED(T0), b2: ACTIVE(T0 + 1)},
+    )
+    lst.message_begin(b)
+    check(
+        lst,
+        all_=[a, b, b2],
+        active=[b2, b],
+        idle=[],
+        states={a: EXPIRED(T0), b: ACTIVE(T0 + 6), b2: ACTIVE(T0 + 1)},
+    )
+    assert lst.expired(5, 0) == []
+
+
+# -- headers_complete --------------------------------------------------------
+
+
+def test_headers_complete_only_sets_the_flag(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b = lst.connect(), lst.connect()
+    clock.advance(1)
+    lst.headers_complete(a)
+    check(
+        lst,
+        all_=[a, b],
+        active=[a, b],
+        idle=[],
+        states={a: ACTIVE(T0, headers=True), b: ACTIVE(T0)},
+    )
+    lst.headers_complete(a)
+    check(
+        lst,
+        all_=[a, b],
+        active=[a, b],
+        idle=[],
+        states={a: ACTIVE(T0, headers=True), b: ACTIVE(T0)},
+    )
+
+
+# -- message_complete --------------------------------------------------------
+
+
+def test_message_complete_leaves_active_and_is_idle(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b, c = lst.connect(), lst.connect(), lst.connect()
+    lst.headers_complete(b)
+    clock.advance(1)
+    lst.message_complete(b)
+    check(
+        lst,
+        all_=[a, b, c],
+        active=[a, c],
+        idle=[b],
+        states={a: ACTIVE(T0), b: IDLE(1, headers=True), c: ACTIVE(T0)},
+    )
+    # A second request on the same connection.
+    clock.advance(1)
+    lst.message_begin(b)
+    check(
+        lst,
+        all_=[a, b, c],
+        active=[a, c, b],
+        idle=[],
+        states={a: ACTIVE(T0), b: ACTIVE(T0 + 2, requests=1), c: ACTIVE(T0)},
+    )
+    lst.headers_complete(b)
+    lst.message_complete(b)
+    lst.message_complete(a)
+    check(
+        lst,
+        all_=[a, b, c],
+        active=[c],
+        idle=[a, b],
+        states={a: IDLE(1), b: IDLE(2, headers=True), c: ACTIVE(T0)},
+    )
+    lst.message_complete(c)
+    check(lst, all_=[a, b, c], active=[], idle=[a, b, c], states={a: IDLE(1), b: IDLE(2, True), c: IDLE(1)})
+
+
+def test_message_complete_on_expired_connection_makes_it_idle(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect()
+    clock.advance(10)
+    assert lst.expired(5, 0) == [a]
+    check(lst, all_=[a], active=[], idle=[], states={a: EXPIRED(T0)})
+    lst.message_complete(a)
+    check(lst, all_=[a], active=[], idle=[a], states={a: IDLE(1)})
+
+
+def test_message_complete_on_idle_connection_counts_a_request_only(lst: ConnectionsList) -> None:
+    a, b = lst.connect(), lst.connect()
+    lst.message_complete(a)
+    check(lst, all_=[a, b], active=[b], idle=[a], states={a: IDLE(1), b: ACTIVE(T0)})
+    lst.message_complete(a)
+    check(lst, all_=[a, b], active=[b], idle=[a], states={a: IDLE(2), b: ACTIVE(T0)})
+    lst.remove(a)
+    check(lst, all_=[b], active=[b], idle=[], states={a: REMOVED(0.0, requests=2), b: ACTIVE(T0)})
+
+
+def test_idle_responding_count(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b = lst.connect(), lst.connect()
+    # Responding while receiving a request: not idle, not counted.
+    a.responding = True
+    assert (a.responding, lst.idle_responding_count, lst.headers_pending_count) == (True, 0, 2)
+    lst.headers_complete(a)
+    assert lst.headers_pending_count == 1
+    lst.message_complete(a)
+    check(lst, all_=[a, b], active=[b], idle=[a], states={a: IDLE(1, True), b: ACTIVE(T0)})
+    assert lst.idle_responding_count == 1
+    a.responding = False
+    check(lst, all_=[a, b], active=[b], idle=[a], states={a: IDLE(1, True), b: ACTIVE(T0)})
+    assert lst.idle_responding_count == 0
+    a.responding = True
+    assert lst.idle_responding_count == 1
+    # The next request begins before the response ends.
+    clock.advance(1)
+    lst.message_begin(a)
+    check(lst, all_=[a, b], active=[b, a], idle=[], states={a: ACTIVE(T0 + 1, requests=1), b: ACTIVE(T0)})
+    assert a.responding
+    lst.message_complete(a)
+    assert lst.idle_responding_count == 1
+    lst.remove(a)
+    check(lst, all_=[b], active=[b], idle=[], states={a: REMOVED(0.0, requests=2), b: ACTIVE(T0)})
+    assert lst.idle_responding_count == 0
+    # A removed connection is no longer counted, whatever is set on it.
+    a.responding = False
+    assert lst.idle_responding_count == 0
+    a.responding = True
+    assert lst.idle_responding_count == 0
+
+
+def test_idle_responding_count_after_expiry(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect()
+    a.responding = True
+    clock.advance(6)
+    assert lst.expired(5, 0) == [a]
+    check(lst, all_=[a], active=[], idle=[], states={a: EXPIRED(T0)})
+    assert (lst.idle_responding_count, lst.headers_pending_count) == (0, 0)
+    lst.message_complete(a)
+    check(lst, all_=[a], active=[], idle=[a], states={a: IDLE(1)})
+    assert lst.idle_responding_count == 1
+
+
+def test_responding_takes_any_truth_value(lst: ConnectionsList) -> None:
+    a = lst.connect()
+    lst.message_complete(a)
+    a.responding = 2
+    assert a.responding is True
+    assert lst.idle_responding_count == 1
+    a.responding = 2  # still true: not counted twice
+    a.responding = True
+    assert lst.idle_responding_count == 1
+    a.responding = 0
+    assert a.responding is False
+    assert lst.idle_responding_count == 0
+    a.responding = None  # still false: not uncounted twice
+    a.responding = False
+    assert lst.idle_responding_count == 0
+
+
+def test_headers_pending_count(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b = lst.connect(), lst.connect()
+    assert lst.headers_pending_count == 2
+    lst.headers_complete(a)
+    lst.headers_complete(a)
+    assert lst.headers_pending_count == 1
+    lst.message_begin(a)  # a new request: its headers are pending again
+    assert lst.headers_pending_count == 2
+    lst.message_complete(b)
+    assert lst.headers_pending_count == 1
+    lst.headers_complete(b)  # idle: not counted either way
+    lst.message_begin(b)
+    assert lst.headers_pending_count == 2
+    lst.remove(a)
+    assert lst.headers_pending_count == 1
+    lst.headers_complete(a)  # removed
+    assert lst.headers_pending_count == 1
+    check(lst, all_=[b], active=[b], idle=[], states={a: REMOVED(T0, True), b: ACTIVE(T0, requests=1)})
+
+
+# -- remove --------------------------------------------------------------------
+
+
+def test_remove_from_active_head_middle_tail(lst: ConnectionsList) -> None:
+    a, b, c, d = lst.connect(), lst.connect(), lst.connect(), lst.connect()
+    lst.remove(b)
+    check(
+        lst,
+        all_=[a, c, d],
+        active=[a, c, d],
+        idle=[],
+        states={a: ACTIVE(T0), b: REMOVED(T0), c: ACTIVE(T0), d: ACTIVE(T0)},
+    )
+    lst.remove(a)
+    check(lst, all_=[c, d], active=[c, d], idle=[], states={a: REMOVED(T0), c: ACTIVE(T0), d: ACTIVE(T0)})
+    lst.remove(d)
+    check(lst, all_=[c], active=[c], idle=[], states={d: REMOVED(T0), c: ACTIVE(T0)})
+    lst.remove(c)
+    check(lst, all_=[], active=[], idle=[], states={c: REMOVED(T0)})
+    # The list is usable again after being emptied.
+    e = lst.connect()
+    check(lst, all_=[e], active=[e], idle=[], states={e: ACTIVE(T0)})
+
+
+def test_remove_from_idle(lst: ConnectionsList) -> None:
+    a, b = lst.connect(), lst.connect()
+    lst.message_complete(a)
+    lst.message_complete(b)
+    check(lst, all_=[a, b], active=[], idle=[a, b], states={a: IDLE(1), b: IDLE(1)})
+    lst.remove(a)
+    check(lst, all_=[b], active=[], idle=[b], states={a: REMOVED(0.0, requests=1), b: IDLE(1)})
+
+
+def test_remove_expired(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b = lst.connect(), lst.connect()
+    lst.message_complete(b)
+    clock.advance(6)
+    assert lst.expired(5, 0) == [a]
+    check(lst, all_=[a, b], active=[], idle=[b], states={a: EXPIRED(T0), b: IDLE(1)})
+    lst.remove(a)
+    check(lst, all_=[b], active=[], idle=[b], states={a: REMOVED(T0), b: IDLE(1)})
+
+
+@pytest.mark.parametrize("state", ["active", "idle", "expired"])
+def test_remove_is_idempotent(lst: ConnectionsList, clock: FakeClock, state: str) -> None:
+    a, b, c = lst.connect(), lst.connect(), lst.connect()
+    lst.message_complete(c)
+    if state == "idle":
+        lst.message_complete(a)
+        gone = REMOVED(0.0, requests=1)
+    elif state == "expired":
+        clock.advance(6)
+        lst.message_begin(b)
+        assert lst.expired(5, 0) == [a]
+        gone = REMOVED(T0)
+    else:
+        gone = REMOVED(T0)
+    b_state = ACTIVE(clock.now)
+    for _ in range(3):
+        lst.remove(a)
+        check(lst, all_=[b, c], active=[b], idle=[c], states={a: gone, b: b_state, c: IDLE(1)})
+
+
+def test_removed_connection_never_rejoins(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b = lst.connect(), lst.connect()
+    lst.remove(a)
+    clock.advance(1)
+    lst.message_begin(a)
+    check(lst, all_=[b], active=[b], idle=[], states={a: REMOVED(T0), b: ACTIVE(T0)})
+    lst.message_complete(a)
+    check(lst, all_=[b], active=[b], idle=[], states={a: REMOVED(T0), b: ACTIVE(T0)})
+    lst.remove(a)
+    check(lst, all_=[b], active=[b], idle=[], states={a: REMOVED(T0), b: ACTIVE(T0)})
+    # Removed while idle: message_begin does not make it active again either.
+    lst.message_complete(b)
+    lst.remove(b)
+    lst.message_begin(b)
+    lst.message_complete(b)
+    check(lst, all_=[], active=[], idle=[], states={a: REMOVED(T0), b: REMOVED(0.0, requests=1)})
+
+
+# -- iterating while removing ------------------------------------------------
+
+
+def test_iter_all_removing_every_current_node(lst: ConnectionsList) -> None:
+    conns = [lst.connect() for _ in range(5)]
+    lst.message_complete(conns[1])
+    seen = []
+    for conn in lst.iter_all():
+        seen.append(conn)
+        lst.remove(conn)
+    assert seen == conns
+    check(
+        lst,
+        all_=[],
+        active=[],
+        idle=[],
+        states={**{c: REMOVED(T0) for c in conns}, conns[1]: REMOVED(0.0, requests=1)},
+    )
+
+
+def test_iter_all_removing_some_current_nodes(lst: ConnectionsList) -> None:
+    a, b, c, d = (lst.connect() for _ in range(4))
+    seen = []
+    for conn in lst.iter_all():
+        seen.append(conn)
+        if conn in (b, d):
+            lst.remove(conn)
+    assert seen == [a, b, c, d]
+    check(lst, all_=[a, c], active=[a, c], idle=[], states={b: REMOVED(T0), d: REMOVED(T0)})
+
+
+def test_iter_all_removing_a_later_node_skips_it(lst: ConnectionsList) -> None:
+    a, b, c = (lst.connect() for _ in range(3))
+    seen = []
+    for conn in lst.iter_all():
+        seen.append(conn)
+        if conn is a:
+            lst.remove(b)
+    assert seen == [a, c]
+
+
+def test_iter_all_removing_current_and_next_never_yields_a_removed_node(lst: ConnectionsList) -> None:
+    a, b, c, d = (lst.connect() for _ in range(4))
+    seen = []
+    for conn in lst.iter_all():
+        assert conn.tracked
+        seen.append(conn)
+        if conn is b:
+            lst.remove(b)
+            lst.remove(c)
+    # Documented: the walk ends rather than yield a removed node or loop.
+    assert seen == [a, b]
+    check(lst, all_=[a, d], active=[a, d], idle=[], states={b: REMOVED(T0), c: REMOVED(T0)})
+
+
+@pytest.mark.parametrize("how", ["remove", "message_complete"])
+def test_iter_active_unlinking_current_node(lst: ConnectionsList, clock: FakeClock, how: str) -> None:
+    conns = [lst.connect() for _ in range(4)]
+    clock.advance(1)
+    late = lst.connect()
+    seen = []
+    for conn in lst.iter_active():
+        seen.append(conn)
+        if conn is not late:
+            getattr(lst, how)(conn)
+    assert seen == [*conns, late]
+    if how == "remove":
+        states = {c: REMOVED(T0) for c in conns}
+        check(lst, all_=[late], active=[late], idle=[], states={**states, late: ACTIVE(T0 + 1)})
+    else:
+        states = {c: IDLE(1) for c in conns}
+        check(lst, all_=[*conns, late], active=[late], idle=conns, states={**states, late: ACTIVE(T0 + 1)})
+
+
+def test_iter_active_expiring_current_node(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b = lst.connect(), lst.connect()
+    lst.headers_complete(a)
+    clock.advance(2)
+    c = lst.connect()
+    clock.advance(4)
+    seen = []
+    for conn in lst.iter_active():
+        seen.append(conn)
+        if conn is b:
+            assert lst.expired(5, 0) == [b]
+    assert seen == [a, b, c]
+    check(
+        lst,
+        all_=[a, b, c],
+        active=[a, c],
+        idle=[],
+        states={a: ACTIVE(T0, headers=True), b: EXPIRED(T0), c: ACTIVE(T0 + 2)},
+    )
+
+
+def test_iter_active_unlinking_the_only_node(lst: ConnectionsList) -> None:
+    a = lst.connect()
+    seen = []
+    for conn in lst.iter_active():
+        seen.append(conn)
+        lst.message_complete(conn)
+    assert seen == [a]
+    check(lst, all_=[a], active=[], idle=[a], states={a: IDLE(1)})
+
+
+# -- expired -----------------------------------------------------------------
+
+
+def test_expired_both_disabled_reports_nothing(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect()
+    clock.advance(1e9)
+    assert lst.expired(0, 0) == []
+    assert lst.expired(0.0, 0) == []
+    check(lst, all_=[a], active=[a], idle=[], states={a: ACTIVE(T0)})
+
+
+def test_expired_headers_only(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b = lst.connect(), lst.connect()
+    lst.headers_complete(b)
+    clock.advance(5)
+    assert lst.expired(5, 0) == []
+    clock.advance(0.5)
+    assert lst.expired(5, 0) == [a]
+    check(
+        lst,
+        all_=[a, b],
+        active=[b],
+        idle=[],
+        states={a: EXPIRED(T0), b: ACTIVE(T0, headers=True)},
+    )
+    # With no request timeout, a connection whose headers are in never expires.
+    clock.advance(1e6)
+    assert lst.expired(5, 0) == []
+    check(
+        lst,
+        all_=[a, b],
+        active=[b],
+        idle=[],
+        states={a: EXPIRED(T0), b: ACTIVE(T0, headers=True)},
+    )
+
+
+def test_expired_request_only(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b = lst.connect(), lst.connect()
+    lst.headers_complete(b)
+    clock.advance(1)
+    c = lst.connect()
+    clock.advance(9)
+    # a and b started exactly 10 s ago: not expired yet, headers or not.
+    assert lst.expired(0, 10) == []
+    clock.advance(0.5)
+    assert lst.expired(0, 10) == [a, b]
+    check(
+        lst,
+        all_=[a, b, c],
+        active=[c],
+        idle=[],
+        states={a: EXPIRED(T0), b: EXPIRED(T0, headers=True), c: ACTIVE(T0 + 1)},
+    )
+    clock.advance(1)
+    assert lst.expired(0, 10) == [c]
+    check(
+        lst,
+        all_=[a, b, c],
+        active=[],
+        idle=[],
+        states={a: EXPIRED(T0), b: EXPIRED(T0, headers=True), c: EXPIRED(T0 + 1)},
+    )
+
+
+def test_expired_swaps_when_headers_timeout_is_longer(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b = lst.connect(), lst.connect()
+    lst.headers_complete(b)
+    clock.advance(6)
+    # (10, 5) is (5, 10): a (headers incomplete) is over 5 s, b (headers in) is under 10 s.
+    # Unswapped, b would be over the 5 s request timeout and a under the 10 s headers one.
+    assert lst.expired(10, 5) == [a]
+    check(lst, all_=[a, b], active=[b], idle=[], states={a: EXPIRED(T0), b: ACTIVE(T0, headers=True)})
+    clock.advance(4)
+    assert lst.expired(10, 5) == []
+    clock.advance(0.5)
+    assert lst.expired(10, 5) == [b]
+    check(lst, all_=[a, b], active=[], idle=[], states={a: EXPIRED(T0), b: EXPIRED(T0, headers=True)})
+
+
+def test_expired_does_not_swap_when_one_is_disabled(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b = lst.connect(), lst.connect()
+    lst.headers_complete(b)
+    clock.advance(6)
+    # Headers timeout 10 only: a is 6 s in, b has its headers.
+    assert lst.expired(10, 0) == []
+    # Request timeout 5 only: both are over it.
+    assert lst.expired(0, 5) == [a, b]
+
+
+@pytest.mark.parametrize(("headers_timeout", "request_timeout"), [(5, 0), (5, 30), (30, 5), (0, 5)])
+def test_expired_boundary_is_strict(
+    lst: ConnectionsList, clock: FakeClock, headers_timeout: float, request_timeout: float
+) -> None:
+    a = lst.connect()
+    clock.advance(5)
+    # Started exactly 5 s ago: not expired.
+    assert lst.expired(headers_timeout, request_timeout) == []
+    check(lst, all_=[a], active=[a], idle=[], states={a: ACTIVE(T0)})
+    clock.advance(0.125)
+    assert lst.expired(headers_timeout, request_timeout) == [a]
+    check(lst, all_=[a], active=[], idle=[], states={a: EXPIRED(T0)})
+
+
+def test_expired_request_boundary_with_headers_complete(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect()
+    lst.headers_complete(a)
+    clock.advance(10)
+    assert lst.expired(5, 10) == []
+    clock.advance(0.125)
+    assert lst.expired(5, 10) == [a]
+
+
+def test_headers_completed_connections_only_get_the_request_timeout(
+    lst: ConnectionsList, clock: FakeClock
+) -> None:
+    a, b = lst.connect(), lst.connect()
+    lst.headers_complete(a)
+    clock.advance(7)
+    assert lst.expired(5, 10) == [b]
+    check(lst, all_=[a, b], active=[a], idle=[], states={a: ACTIVE(T0, headers=True), b: EXPIRED(T0)})
+    clock.advance(3.5)
+    assert lst.expired(5, 10) == [a]
+    check(
+        lst,
+        all_=[a, b],
+        active=[],
+        idle=[],
+        states={a: EXPIRED(T0, headers=True), b: EXPIRED(T0)},
+    )
+
+
+def test_expired_connections_are_reported_once_and_stay_in_all(
+    lst: ConnectionsList, clock: FakeClock
+) -> None:
+    a, b, c = lst.connect(), lst.connect(), lst.connect()
+    lst.message_complete(c)
+    clock.advance(6)
+    assert lst.expired(5, 10) == [a, b]
+    check(lst, all_=[a, b, c], active=[], idle=[c], states={a: EXPIRED(T0), b: EXPIRED(T0), c: IDLE(1)})
+    clock.advance(100)
+    assert lst.expired(5, 10) == []
+    assert lst.expired(1, 1) == []
+    check(lst, all_=[a, b, c], active=[], idle=[c], states={a: EXPIRED(T0), b: EXPIRED(T0), c: IDLE(1)})
+
+
+def test_expired_returns_active_order_not_connection_order(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b, c = lst.connect(), lst.connect(), lst.connect()
+    clock.advance(1)
+    lst.message_begin(a)
+    clock.advance(1)
+    lst.message_begin(b)
+    clock.advance(10)
+    assert lst.expired(5, 0) == [c, a, b]
+    check(
+        lst,
+        all_=[a, b, c],
+        active=[],
+        idle=[],
+        states={a: EXPIRED(T0 + 1), b: EXPIRED(T0 + 2), c: EXPIRED(T0)},
+    )
+
+
+def test_expired_young_connection_after_old_completed_one(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect()  # headers in, old: only the request timeout applies
+    lst.headers_complete(a)
+    c = lst.connect()  # headers incomplete, old
+    clock.advance(4)
+    b = lst.connect()  # headers incomplete, young
+    d = lst.connect()  # headers in, young
+    lst.headers_complete(d)
+    clock.advance(2)
+    assert lst.expired(5, 10) == [c]
+    check(
+        lst,
+        all_=[a, c, b, d],
+        active=[a, b, d],
+        idle=[],
+        states={
+            a: ACTIVE(T0, headers=True),
+            c: EXPIRED(T0),
+            b: ACTIVE(T0 + 4),
+            d: ACTIVE(T0 + 4, headers=True),
+        },
+    )
+    clock.advance(3.5)  # now T0 + 9.5: b is 5.5 s in, a 9.5 s
+    assert lst.expired(5, 10) == [b]
+    check(
+        lst,
+        all_=[a, c, b, d],
+        active=[a, d],
+        idle=[],
+        states={a: ACTIVE(T0, True), c: EXPIRED(T0), b: EXPIRED(T0 + 4), d: ACTIVE(T0 + 4, True)},
+    )
+    clock.advance(1)  # T0 + 10.5
+    assert lst.expired(5, 10) == [a]
+    check(
+        lst,
+        all_=[a, c, b, d],
+        active=[d],
+        idle=[],
+        states={a: EXPIRED(T0, True), c: EXPIRED(T0), b: EXPIRED(T0 + 4), d: ACTIVE(T0 + 4, True)},
+    )
+
+
+def test_expired_stops_at_the_first_young_connection(lst: ConnectionsList, clock: FakeClock) -> None:
+    """White-box: the walk stops at the first connection younger than the shorter timeout.
+
+    The tail's start is forced into the past, breaking the ordering invariant on
+    purpose; a walk over the whole list would report it.
+    """
+    old, young, tail = lst.connect(), lst.connect(), lst.connect()
+    lst.headers_complete(old)
+    clock.advance(6)
+    lst.message_begin(young)
+    lst.message_begin(tail)
+    tail.last_message_start = T0 - 100
+    assert lst.expired(5, 10) == []
+    assert lst.active() == [old, young, tail]
+
+
+# -- next_deadline -------------------------------------------------------------
+
+
+def test_next_deadline_none_when_nothing_active(lst: ConnectionsList, clock: FakeClock) -> None:
+    assert lst.next_deadline(5, 10) is None
+    a = lst.connect()
+    lst.message_complete(a)
+    b = lst.connect()
+    clock.advance(6)
+    assert lst.expired(5, 10) == [b]
+    check(lst, all_=[a, b], active=[], idle=[a], states={a: IDLE(1), b: EXPIRED(T0)})
+    assert lst.next_deadline(5, 10) is None
+
+
+def test_next_deadline_none_when_both_disabled(lst: ConnectionsList) -> None:
+    lst.connect()
+    assert lst.next_deadline(0, 0) is None
+
+
+def test_next_deadline_head_headers_deadline(lst: ConnectionsList, clock: FakeClock) -> None:
+    lst.connect()
+    clock.advance(1)
+    lst.connect()
+    assert lst.next_deadline(5, 10) == T0 + 5
+    # Swapped arguments mean the same.
+    assert lst.next_deadline(10, 5) == T0 + 5
+
+
+def test_next_deadline_completed_head_then_earlier_incomplete(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect()
+    lst.headers_complete(a)  # deadline T0 + 10
+    clock.advance(2)
+    lst.connect()  # deadline T0 + 2 + 5
+    clock.advance(1)
+    lst.connect()  # deadline T0 + 3 + 5
+    assert lst.next_deadline(5, 10) == T0 + 7
+
+
+def test_next_deadline_completed_head_is_earliest(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect()
+    lst.headers_complete(a)  # deadline T0 + 10
+    clock.advance(8)
+    lst.connect()  # deadline T0 + 13
+    assert lst.next_deadline(5, 10) == T0 + 10
+
+
+def test_next_deadline_several_completed_then_incomplete(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect()
+    lst.headers_complete(a)  # T0 + 20
+    clock.advance(1)
+    b = lst.connect()
+    lst.headers_complete(b)  # T0 + 21
+    clock.advance(1)
+    lst.connect()  # T0 + 2 + 15
+    assert lst.next_deadline(15, 20) == T0 + 17
+    assert lst.next_deadline(17, 20) == T0 + 19
+    assert lst.next_deadline(19, 20) == T0 + 20
+
+
+def test_next_deadline_request_only(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect()
+    clock.advance(1)
+    b = lst.connect()
+    lst.headers_complete(a)
+    assert lst.next_deadline(0, 10) == T0 + 10
+    lst.message_complete(a)
+    assert lst.next_deadline(0, 10) == T0 + 11
+    lst.headers_complete(b)
+    assert lst.next_deadline(0, 10) == T0 + 11
+
+
+def test_next_deadline_headers_only_skips_completed(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect()
+    lst.headers_complete(a)
+    clock.advance(1)
+    b = lst.connect()
+    lst.headers_complete(b)
+    clock.advance(2)
+    c = lst.connect()
+    clock.advance(1)
+    lst.connect()
+    assert lst.next_deadline(5, 0) == T0 + 8
+    lst.remove(c)
+    assert lst.next_deadline(5, 0) == T0 + 9
+
+
+def test_next_deadline_headers_only_all_completed(lst: ConnectionsList) -> None:
+    for _ in range(3):
+        lst.headers_complete(lst.connect())
+    assert lst.next_deadline(5, 0) is None
+    assert lst.next_deadline(0, 7) == T0 + 7
+
+
+def test_next_deadline_stops_at_the_first_incomplete_connection(
+    lst: ConnectionsList, clock: FakeClock
+) -> None:
+    """White-box: nothing after the first headers-incomplete connection is looked at.
+
+    The tail's start is forced into the past, breaking the ordering invariant on
+    purpose; a walk over the whole list would return the tail's deadline.
+    """
+    lst.connect()
+    clock.advance(1)
+    tail = lst.connect()
+    tail.last_message_start = T0 - 100
+    assert lst.next_deadline(5, 10) == T0 + 5
+    assert lst.next_deadline(5, 0) == T0 + 5
+
+
+def test_next_deadline_then_expired_at_and_after_it(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect()
+    lst.headers_complete(a)
+    clock.advance(2)
+    b = lst.connect()
+    deadline = lst.next_deadline(5, 10)
+    assert deadline == T0 + 7
+    clock.now = deadline
+    assert lst.expired(5, 10) == []
+    clock.advance(0.25)
+    assert lst.expired(5, 10) == [b]
+    assert lst.next_deadline(5, 10) == T0 + 10
+
+
+# -- bad arguments -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["expired", "next_deadline"])
+@pytest.mark.parametrize(
+    ("args", "error", "name"),
+    [
+        ((-1, 5), ValueError, "headers_timeout"),
+        ((5, -1), ValueError, "request_timeout"),
+        ((-0.001, 0), ValueError, "headers_timeout"),
+        ((1, "x"), TypeError, "request_timeout"),
+        (("1", 5), TypeError, "headers_timeout"),
+        ((None, 5), TypeError, "headers_timeout"),
+        ((True, 5), TypeError, "headers_timeout"),
+        ((5, False), TypeError, "request_timeout"),
+        ((math.nan, 5), ValueError, "headers_timeout"),
+        ((5, math.nan), ValueError, "request_timeout"),
+        ((math.inf, 5), ValueError, "headers_timeout"),
+        ((5, math.inf), ValueError, "request_timeout"),
+        ((-math.inf, 5), ValueError, "headers_timeout"),
+        ((Decimal(1), 5), TypeError, "headers_timeout"),
+    ],
+)
+def test_bad_timeouts_are_rejected(
+    lst: ConnectionsList,
+    clock: FakeClock,
+    method: str,
+    args: tuple[object, object],
+    error: type[Exception],
+    name: str,
+) -> None:
+    a = lst.connect()
+    clock.advance(100)
+    with pytest.raises(error, match=name):
+        getattr(lst, method)(*args)
+    # Nothing happened.
+    check(lst, all_=[a], active=[a], idle=[], states={a: ACTIVE(T0)})
+
+
+@pytest.mark.parametrize(("value", "expected"), [(0, 0.0), (5, 5.0), (2.5, 2.5), (0.0, 0.0), (10**6, 1e6)])
+def test_check_timeout_accepts(value: object, expected: float) -> None:
+    result = check_timeout("some_timeout", value)
+    assert type(result) is float
+    assert result == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "detail"),
+    [
+        (True, TypeError, "got bool"),
+        (False, TypeError, "got bool"),
+        (None, TypeError, "got NoneType"),
+        ("5", TypeError, "got str"),
+        (Decimal("5"), TypeError, "got Decimal"),
+        (Fraction(1, 2), TypeError, "got Fraction"),
+        ([5], TypeError, "got list"),
+        (-1, ValueError, "got -1"),
+        (-0.5, ValueError, "got -0.5"),
+        (math.nan, ValueError, "got nan"),
+        (math.inf, ValueError, "got inf"),
+        (-math.inf, ValueError, "got -inf"),
+    ],
+)
+def test_check_timeout_rejects(value: object, error: type[Exception], detail: str) -> None:
+    with pytest.raises(error) as info:
+        check_timeout("some_timeout", value)
+    message = str(info.value)
+    assert message.startswith("some_timeout must be a ")
+    assert detail in message

@@ -1,0 +1,231 @@
+"""Random interleavings of ConnectionsList events against a plain Python model.
+
+The model keeps the connection order and the active order in lists and the
+fields of each connection in a dict, and states the rules the way the module
+docstring does ("started more than ``timeout`` ago").  Times are multiples of
+1/4 s from 1000.0 and timeouts are integers, so every sum and difference is
+exact and the model's ``now - start > timeout`` and the list's
+``start < now - timeout`` mean the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
+
+from connlist.connections import Connection, ConnectionsList
+
+T0 = 1000.0
+
+TIMEOUTS = st.sampled_from([0, 1, 2, 3, 5, 8])
+ADVANCES = st.sampled_from([0.0, 0.0, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 9.0])
+# Pairs checked with next_deadline() after every step (swapped, headers only, request only,
+# far apart); the next_deadline rule draws any pair.
+DEADLINE_PAIRS = [(5, 2), (3, 0), (0, 3), (1, 8)]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Model:
+    start: float
+    headers_completed: bool = False
+    requests: int = 0
+    removed: bool = False
+    responding: bool = False
+
+
+def effective(headers_timeout: float, request_timeout: float) -> tuple[float, float]:
+    if headers_timeout and request_timeout and headers_timeout > request_timeout:
+        return request_timeout, headers_timeout
+    return headers_timeout, request_timeout
+
+
+class ConnectionsListMachine(RuleBasedStateMachine):
+    conns = Bundle("conns")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.lst = ConnectionsList(clock=self.clock)
+        self.model: dict[Connection, Model] = {}
+        self.all_order: list[Connection] = []
+        self.active_order: list[Connection] = []
+
+    # -- the model's own rules ---------------------------------------------------
+
+    def deadlines(self, conn: Connection, headers_timeout: float, request_timeout: float) -> list[float]:
+        m = self.model[conn]
+        out = []
+        if headers_timeout and not m.headers_completed:
+            out.append(m.start + headers_timeout)
+        if request_timeout:
+            out.append(m.start + request_timeout)
+        return out
+
+    def is_expired(self, conn: Connection, headers_timeout: float, request_timeout: float) -> bool:
+        m = self.model[conn]
+        age = self.clock.now - m.start
+        return bool(
+            (request_timeout and age > request_timeout)
+            or (headers_timeout and not m.headers_completed and age > headers_timeout)
+        )
+
+    # -- rules ---------------------------------------------------------------------
+
+    @initialize(target=conns)
+    def first_connection(self) -> Connection:
+        # So that the rules taking a connection are always enabled.
+        return self.connect()
+
+    @rule(target=conns)
+    def connect(self) -> Connection:
+        conn = self.lst.connect()
+        self.model[conn] = Model(start=self.clock.now)
+        self.all_order.append(conn)
+        self.active_order.append(conn)
+        return conn
+
+    @rule(conn=conns)
+    def message_begin(self, conn: Connection) -> None:
+        self.lst.message_begin(conn)
+        m = self.model[conn]
+        if m.removed:
+            return
+        if conn in self.active_order:
+            self.active_order.remove(conn)
+        self.active_order.append(conn)
+        m.start = self.clock.now
+        m.headers_completed = False
+
+    @rule(conn=conns)
+    def headers_complete(self, conn: Connection) -> None:
+        self.lst.headers_complete(conn)
+        self.model[conn].headers_completed = True
+
+    @rule(conn=conns)
+    def message_complete(self, conn: Connection) -> None:
+        self.lst.message_complete(conn)
+        m = self.model[conn]
+        if m.removed:
+            return
+        if conn in self.active_order:
+            self.active_order.remove(conn)
+        m.start = 0.0
+        m.requests += 1
+
+    @rule(conn=conns)
+    def remove(self, conn: Connection) -> None:
+        self.lst.remove(conn)
+        m = self.model[conn]
+        if m.removed:
+            return
+        m.removed = True
+        self.all_order.remove(conn)
+        if conn in self.active_order:
+            self.active_order.remove(conn)
+
+    @rule(conn=conns, value=st.sampled_from([True, False, 1, 0, 2, None]))
+    def set_responding(self, conn: Connection, value: object) -> None:
+        conn.responding = value  # type: ignore[assignment]
+        self.model[conn].responding = bool(value)
+
+    @rule(headers_timeout=TIMEOUTS, request_timeout=TIMEOUTS)
+    def expired(self, headers_timeout: int, request_timeout: int) -> None:
+        h, r = effective(headers_timeout, request_timeout)
+        expected = [c for c in self.active_order if self.is_expired(c, h, r)]
+        assert self.lst.expired(headers_timeout, request_timeout) == expected
+        self.active_order = [c for c in self.active_order if c not in expected]
+        # Reported once: an immediate second call finds nothing.
+        assert self.lst.expired(headers_timeout, request_timeout) == []
+
+    @rule(seconds=ADVANCES)
+    def advance(self, seconds: float) -> None:
+        self.clock.now += seconds
+
+    @rule(headers_timeout=TIMEOUTS, request_timeout=TIMEOUTS)
+    def next_deadline(self, headers_timeout: int, request_timeout: int) -> None:
+        self.check_next_deadline(headers_timeout, request_timeout)
+
+    def check_next_deadline(self, headers_timeout: int, request_timeout: int) -> None:
+        h, r = effective(headers_timeout, request_timeout)
+        candidates = [d for c in self.active_order for d in self.deadlines(c, h, r)]
+        expected = min(candidates) if candidates else None
+        assert self.lst.next_deadline(headers_timeout, request_timeout) == expected
+
+    # -- invariants ----------------------------------------------------------------
+
+    @invariant()
+    def views_match_the_model(self) -> None:
+        lst = self.lst
+        assert lst.all() == self.all_order
+        assert lst.active() == self.active_order
+        starts = [c.last_message_start for c in lst.active()]
+        assert starts == sorted(starts)
+        idle = [c for c in self.all_order if self.model[c].start == 0]
+        assert lst.idle() == idle
+        assert len(lst) == len(self.all_order)
+        assert lst.active_count == len(self.active_order)
+        assert lst.idle_count == len(idle)
+        assert lst.headers_pending_count == sum(
+            not self.model[c].headers_completed for c in self.active_order
+        )
+        assert lst.idle_responding_count == sum(self.model[c].responding for c in idle)
+
+    @invariant()
+    def fields_match_the_model(self) -> None:
+        active = set(self.active_order)
+        for conn, m in self.model.items():
+            assert conn.last_message_start == m.start
+            assert conn.headers_completed == m.headers_completed
+            assert conn.requests == m.requests
+            assert conn.responding == m.responding
+            assert conn.tracked == (not m.removed)
+            assert conn.is_active == (conn in active)
+            if m.removed:
+                # In no list: linked to itself in both.
+                assert not conn.tracked and not conn.is_active
+                assert conn._all_next is conn and conn._all_prev is conn
+                assert conn._active_next is conn and conn._active_prev is conn
+            elif conn not in active:
+                assert conn._active_next is conn and conn._active_prev is conn
+
+    @invariant()
+    def links_are_consistent(self) -> None:
+        for root, nxt, prv in (
+            (self.lst._all_root, "_all_next", "_all_prev"),
+            (self.lst._active_root, "_active_next", "_active_prev"),
+        ):
+            node = root
+            for _ in range(len(self.model) + 1):
+                following = getattr(node, nxt)
+                assert getattr(following, prv) is node
+                node = following
+                if node is root:
+                    break
+            else:
+                raise AssertionError("list does not return to its root")
+
+    @invariant()
+    def next_deadline_is_the_brute_force_minimum(self) -> None:
+        for headers_timeout, request_timeout in DEADLINE_PAIRS:
+            self.check_next_deadline(headers_timeout, request_timeout)
+
+
+ConnectionsListMachine.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=50,
+    derandomize=True,
+    deadline=None,
+    database=None,
+)
+TestConnectionsList = ConnectionsListMachine.TestCase
