@@ -120,8 +120,9 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             return
         if conn in self.active_order:
             self.active_order.remove(conn)
+        if m.start != 0.0:  # a request was open: it now counts as received
+            m.requests += 1
         m.start = 0.0
-        m.requests += 1
 
     @rule(conn=conns)
     def remove(self, conn: Connection) -> None:

@@ -83,6 +83,7 @@ class ConnectionHandle(Protocol):
 
 
 _ids = itertools.count(1)
+_INF = math.inf
 
 
 class Connection:
@@ -255,20 +256,30 @@ class ConnectionsList:
         """The first byte of a request: clock restarted, moved to the tail of ``active``."""
         if conn._all_next is conn:
             return  # removed (closed or upgraded): never rejoin
-        if conn._active_next is not conn:
-            self._active_unlink(conn)
+        # The link operations are written out here and below, not called:
+        # these run once per request, and a call costs as much as the rest.
+        nxt = conn._active_next
+        if nxt is not conn:
+            prev = conn._active_prev
+            prev._active_next = nxt
+            nxt._active_prev = prev
             if conn.headers_completed:
                 self._n_headers_pending += 1
         else:
             self._n_active += 1
             self._n_headers_pending += 1
-            if conn.last_message_start == 0:
+            if conn.last_message_start == 0.0:
                 self._n_idle -= 1
                 if conn._responding:
                     self._n_idle_responding -= 1
         conn.last_message_start = self._clock()
         conn.headers_completed = False
-        self._active_append(conn)
+        root = self._active_root
+        last = root._active_prev
+        conn._active_prev = last
+        conn._active_next = root
+        last._active_next = conn
+        root._active_prev = conn
 
     def headers_complete(self, conn: Connection) -> None:
         """The request's headers are all in: only the request timeout applies from now on."""
@@ -280,17 +291,23 @@ class ConnectionsList:
         """The request is fully received: the connection leaves ``active`` and is idle."""
         if conn._all_next is conn:
             return
-        if conn._active_next is not conn:
-            self._active_unlink(conn)
+        nxt = conn._active_next
+        if nxt is not conn:
+            prev = conn._active_prev
+            prev._active_next = nxt
+            nxt._active_prev = prev
+            conn._active_prev = conn._active_next = conn
             self._n_active -= 1
             if not conn.headers_completed:
                 self._n_headers_pending -= 1
-        if conn.last_message_start != 0:
+        if conn.last_message_start != 0.0:
+            # A request was open (active, or expired and not yet closed): it is
+            # now fully received.  A second call for the same request counts nothing.
             conn.last_message_start = 0.0
+            conn.requests += 1
             self._n_idle += 1
             if conn._responding:
                 self._n_idle_responding += 1
-        conn.requests += 1
 
     def remove(self, conn: Connection) -> None:
         """Closed or upgraded: leaves both lists.  Idempotent, safe in any state."""
@@ -306,7 +323,7 @@ class ConnectionsList:
             nxt._all_prev = prev
             conn._all_prev = conn._all_next = conn
             self._n_all -= 1
-            if conn.last_message_start == 0:
+            if conn.last_message_start == 0.0:
                 self._n_idle -= 1
                 if conn._responding:
                     self._n_idle_responding -= 1
@@ -388,8 +405,16 @@ class ConnectionsList:
 
     @staticmethod
     def _effective(headers_timeout: float, request_timeout: float) -> tuple[float, float]:
-        headers_timeout = check_timeout("headers_timeout", headers_timeout)
-        request_timeout = check_timeout("request_timeout", request_timeout)
+        # The enforcer passes validated floats on every sweep: check those
+        # cheaply (NaN and inf fail the comparisons) and anything else fully.
+        if not (
+            type(headers_timeout) is float
+            and type(request_timeout) is float
+            and 0.0 <= headers_timeout < _INF
+            and 0.0 <= request_timeout < _INF
+        ):
+            headers_timeout = check_timeout("headers_timeout", headers_timeout)
+            request_timeout = check_timeout("request_timeout", request_timeout)
         # As Node does: the shorter of two enabled timeouts is the headers timeout.
         if headers_timeout and request_timeout and headers_timeout > request_timeout:
             headers_timeout, request_timeout = request_timeout, headers_timeout
@@ -421,12 +446,15 @@ class ConnectionsList:
                 break
             nxt = node._active_next
             if start < request_deadline or (not node.headers_completed and start < headers_deadline):
-                self._active_unlink(node)
-                self._n_active -= 1
+                prev = node._active_prev
+                prev._active_next = nxt
+                nxt._active_prev = prev
+                node._active_prev = node._active_next = node
                 if not node.headers_completed:
                     self._n_headers_pending -= 1
                 expired.append(node)
             node = nxt
+        self._n_active -= len(expired)
         return expired
 
     def next_deadline(self, headers_timeout: float, request_timeout: float) -> float | None:
