@@ -77,7 +77,7 @@ from urllib.parse import parse_qsl
 
 from starlette.types import Receive, Scope, Send
 
-from connlist.connections import Connection
+from connlist.connections import Connection, ConnectionsList
 from connlist.enforcer import Enforcer, format_address
 
 __all__ = [
@@ -87,6 +87,7 @@ __all__ = [
     "STATES",
     "DebugEndpoint",
     "connection_state",
+    "count",
     "describe",
     "is_loopback",
     "not_found",
@@ -163,6 +164,30 @@ def describe(conn: Connection, now: float, servers: dict[Any, str | None] | None
     }
 
 
+def count(connections: ConnectionsList) -> dict[str, int]:
+    """The exact counts of the view, in O(1) from the list's own counters.
+
+    ``all``, ``idle``, ``active`` as the list has them, and nginx-style
+    phases: ``reading`` (new + reading_headers), ``writing`` (reading_body +
+    handling), ``waiting`` (idle) and ``timed_out``; the phases add up to
+    ``all``.
+    """
+    n_all = len(connections)
+    n_active = connections.active_count
+    n_idle = connections.idle_count
+    reading = connections.headers_pending_count
+    handling = connections.idle_responding_count
+    return {
+        "all": n_all,
+        "idle": n_idle,
+        "active": n_active,
+        "reading": reading,
+        "writing": n_active - reading + handling,
+        "waiting": n_idle - handling,
+        "timed_out": n_all - n_active - n_idle,
+    }
+
+
 def _check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ValueError(f"limit must be an integer >= 0, got {limit!r}")
@@ -181,20 +206,8 @@ def snapshot(enforcer: Enforcer, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any
     connections = enforcer.connections
     now = connections.clock()
 
-    n_all = len(connections)
-    n_active = connections.active_count
-    n_idle = connections.idle_count
-    reading = connections.headers_pending_count
-    handling = connections.idle_responding_count
-    counts = {
-        "all": n_all,
-        "idle": n_idle,
-        "active": n_active,
-        "reading": reading,
-        "writing": n_active - reading + handling,
-        "waiting": n_idle - handling,
-        "timed_out": n_all - n_active - n_idle,
-    }
+    counts = count(connections)
+    n_all, n_active, n_idle = counts["all"], counts["active"], counts["idle"]
 
     # Each connection is described once; a second list gets a copy.
     described: dict[int, dict[str, Any]] = {}

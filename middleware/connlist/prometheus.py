@@ -72,7 +72,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from connlist.debug import connection_state
+from connlist.debug import count
 from connlist.enforcer import STATE_KEY, Enforcer
 
 try:
@@ -102,16 +102,6 @@ STATES = ("reading", "writing", "waiting", "timed_out")
 KINDS = ("headers", "request")
 DEFAULT_INTERVAL = 1.0
 
-# The debug view's states, by phase.
-_PHASE_OF = {
-    "new": "reading",
-    "reading_headers": "reading",
-    "reading_body": "writing",
-    "handling": "writing",
-    "idle": "waiting",
-    "timed_out": "timed_out",
-}
-
 
 def multiprocess_mode() -> bool:
     """Whether ``prometheus_client`` runs in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` is set)."""
@@ -119,30 +109,9 @@ def multiprocess_mode() -> bool:
 
 
 def count_states(enforcer: Enforcer) -> dict[str, int]:
-    """One worker's connections by phase (``STATES``); call it on the worker's event loop.
-
-    O(1) from the list's counts, as the debug endpoint's ``counts``.
-    """
-    connections = enforcer.connections
-    pending = getattr(connections, "headers_pending_count", None)
-    responding = getattr(connections, "idle_responding_count", None)
-    if isinstance(pending, int) and isinstance(responding, int):
-        n_all = len(connections)
-        n_active = connections.active_count
-        n_idle = connections.idle_count
-        return {
-            "reading": pending,
-            "writing": n_active - pending + responding,
-            "waiting": n_idle - responding,
-            "timed_out": n_all - n_active - n_idle,
-        }
-    # A list without those counts: walk it, O(connections).
-    counts = dict.fromkeys(STATES, 0)
-    for conn in connections.iter_all():
-        phase = _PHASE_OF.get(connection_state(conn))
-        if phase is not None:
-            counts[phase] += 1
-    return counts
+    """One worker's connections by phase (``STATES``), O(1): the debug endpoint's ``counts``."""
+    counts = count(enforcer.connections)
+    return {state: counts[state] for state in STATES}
 
 
 def _totals(enforcer: Enforcer) -> tuple[int, int, int, int]:
