@@ -2,8 +2,10 @@
 
 ::
 
-    gunicorn -k connlist.gunicorn:UvicornWorker -w 4 app:app
-    gunicorn -k connlist.gunicorn:UvicornH11Worker -w 4 app:app   # pure-Python h11 parser
+    gunicorn -k connlist.gunicorn.UvicornWorker -w 4 app:app
+    gunicorn -k connlist.gunicorn.UvicornH11Worker -w 4 app:app   # pure-Python h11 parser
+
+(gunicorn's ``-k`` takes a dotted path: ``module.Class``, not ``module:Class``.)
 
 They are the ``uvicorn-worker`` package's workers (uvicorn's own
 ``uvicorn.workers`` is deprecated) with the ``http`` option set to
