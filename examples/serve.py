@@ -30,7 +30,9 @@ def main() -> None:
     base = f"http://{args.host}:{args.port}"
     print(f"connlist example: app at {base}/ , debug endpoint at {base}/_connections", flush=True)
     print(f"  integration on: --http {http}", flush=True)
-    uvicorn.run("app:app", host=args.host, port=args.port, http=http)
+    # lifespan "on": the middleware hands its list to the protocol in the
+    # lifespan state, and a bad setting then fails the start-up loudly.
+    uvicorn.run("app:app", host=args.host, port=args.port, http=http, lifespan="on")
 
 
 if __name__ == "__main__":

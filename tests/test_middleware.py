@@ -29,6 +29,10 @@ from tests.servers import (
 # -- options, validated as Node's http.createServer does ---------------------
 
 
+async def _async_callback(conn: Connection, kind: str) -> None:
+    """on_timeout is called from a timer callback: a coroutine would never run."""
+
+
 def test_defaults_follow_node() -> None:
     mw = ConnectionsMiddleware(echo_app)
     assert (mw.headers_timeout, mw.request_timeout) == (60.0, 300.0)
@@ -70,6 +74,9 @@ def test_effective_timeouts(options: dict[str, Any], expected: tuple[float, floa
         ({"debug_path": "status"}, ValueError, "debug_path"),
         ({"debug_token": ""}, ValueError, "debug_token"),
         ({"on_timeout": 3}, TypeError, "on_timeout"),
+        ({"on_timeout": _async_callback}, TypeError, "on_timeout must be a plain function"),
+        ({"debug_path": 5}, TypeError, "debug_path must be None or a str"),
+        ({"debug_token": b"secret"}, TypeError, "debug_token must be None or a str"),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, Any], error: type[Exception], words: str) -> None:

@@ -21,6 +21,7 @@ response had started, it cannot close the connection: the app's next
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from typing import Any
 
@@ -83,12 +84,19 @@ class ConnectionsMiddleware:
         on_timeout: OnTimeout | None = None,
     ) -> None:
         headers_timeout, request_timeout = resolve_timeouts(headers_timeout, request_timeout)
-        if debug_path is not None and (not isinstance(debug_path, str) or not debug_path.startswith("/")):
+        if debug_path is not None and not isinstance(debug_path, str):
+            raise TypeError(f"debug_path must be None or a str, got {type(debug_path).__name__}")
+        if debug_path is not None and not debug_path.startswith("/"):
             raise ValueError(f"debug_path must be None or a path starting with '/', got {debug_path!r}")
-        if debug_token is not None and (not isinstance(debug_token, str) or not debug_token):
-            raise ValueError("debug_token must be None or a non-empty string")
+        if debug_token is not None and not isinstance(debug_token, str):
+            raise TypeError(f"debug_token must be None or a str, got {type(debug_token).__name__}")
+        if debug_token == "":
+            raise ValueError("debug_token must not be empty (None turns the token off)")
         if on_timeout is not None and not callable(on_timeout):
             raise TypeError("on_timeout must be callable or None")
+        if inspect.iscoroutinefunction(on_timeout):
+            # It is called from the timer callback, which cannot await.
+            raise TypeError("on_timeout must be a plain function, not a coroutine function")
         self.app = app
         self.debug_path = debug_path
         self._enforcer = Enforcer(

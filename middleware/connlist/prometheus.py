@@ -14,8 +14,9 @@
 Metrics
 -------
 ``connlist_connections{state}`` (gauge)
-    Open connections by phase, as nginx's ``stub_status`` counts them and as
-    the debug endpoint's ``counts`` show them: ``reading`` (connected, or
+    Open connections by phase, like nginx's ``stub_status`` (except that a
+    connection that has sent nothing yet is ``reading``, where nginx says
+    waiting) and as the debug endpoint's ``counts`` show them: ``reading`` (connected, or
     receiving a request's headers: the debug states new + reading_headers),
     ``writing`` (receiving a body, or responding: reading_body + handling),
     ``waiting`` (keep-alive, idle) and ``timed_out`` (cut off, being closed).
