@@ -1,0 +1,659 @@
+"""End-to-end benchmark: what connlist costs a hello-world Starlette app under uvicorn.
+
+Five setups (apps and protocols in ``benchmarks/e2e_apps.py``), all served by
+uvicorn with httptools and the same event loop (uvloop by default, ``--loop``):
+
+A. ``bare``             -- uvicorn, the hello world;
+B. ``connlist``         -- ``ConnectionsMiddleware`` (defaults) with
+                           ``--http connlist.uvicorn:HttpToolsProtocol``;
+C. ``asgi-only``        -- the same middleware with plain ``--http httptools``;
+D. ``asyncio.timeout``  -- a pure-ASGI middleware running each request under
+                           ``asyncio.timeout(300)``, plain httptools;
+E. ``call_later``       -- a protocol subclass with a per-connection
+                           ``loop.call_later(60, close)`` deadline, the bare app.
+
+Method.  The server runs as ``taskset -c 0 python3 -m uvicorn ...`` and ``wrk``
+as ``taskset -c 1 wrk -t1 -cN -dDs``.  For each measurement the server is
+started on a free port, waited for (and asked, where connlist is in it, which
+mode it runs in), warmed up with a short ``wrk`` run, then measured: the
+server's ``utime + stime`` is read from ``/proc/PID/stat`` just before and just
+after the ``wrk`` run, and the requests are read from ``wrk``'s output.  CPU
+per request = delta CPU / requests.  The server is then stopped (terminate,
+wait, kill).  Each round runs, for each connection count, every setup once, in
+an order rotated by one every time (A B C D E, B C D E A, ...), so that the
+machine's drift touches all setups alike.  Within a round each setup's CPU per
+request is divided by bare uvicorn's; the report gives the median across
+rounds and the spread (min..max).
+
+Targets (from the issue): connlist (B) costs at most 3% more server CPU per
+request than bare uvicorn, ASGI-only mode (C) at most 5%, and both are cheaper
+than each of the two alternatives (D, E): the median across rounds of their
+per-round ratio B/D (C/D, B/E, C/E) is below 1.
+
+Usage::
+
+    python3 benchmarks/e2e.py                 # 5 rounds x 3 s, about 5 minutes
+    python3 benchmarks/e2e.py --quick         # 3 rounds x 1 s, no warm-up, about 1 minute (smoke test)
+    python3 benchmarks/e2e.py --rounds 7 --duration 5 --json e2e.json
+
+Needs ``wrk`` (``apt-get install wrk``) and ``taskset`` (util-linux), two CPUs,
+and sends its load to 127.0.0.1 only.  Exits 0 when every target is met, 1 when
+one is missed, 2 when it cannot run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import importlib.util
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+HELLO = b"Hello, world!"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+WRK_MISSING = "wrk not found: install it with `apt-get install wrk` (Debian/Ubuntu)"
+
+
+@dataclass(frozen=True)
+class Setup:
+    key: str
+    label: str
+    app: str
+    http: str
+    # The connlist mode the debug endpoint must report, for the setups that have it.
+    mode: str | None = None
+
+
+SETUPS = (
+    Setup("bare", "bare uvicorn", "e2e_apps:bare", "httptools"),
+    Setup(
+        "connlist",
+        "connlist (integration + middleware)",
+        "e2e_apps:with_connlist",
+        "connlist.uvicorn:HttpToolsProtocol",
+        mode="uvicorn-httptools",
+    ),
+    Setup("asgi-only", "connlist, ASGI-only mode", "e2e_apps:with_connlist", "httptools", mode="asgi"),
+    Setup("asyncio.timeout", "asyncio.timeout middleware", "e2e_apps:with_asyncio_timeout", "httptools"),
+    Setup("call_later", "per-connection call_later protocol", "e2e_apps:bare", "e2e_apps:CallLaterProtocol"),
+)
+BASELINE = "bare"
+# setup -> the largest allowed median ratio of its CPU per request to bare uvicorn's.
+CEILINGS = {"connlist": 1.03, "asgi-only": 1.05}
+ALTERNATIVES = ("asyncio.timeout", "call_later")
+
+
+class BenchError(Exception):
+    """The benchmark cannot go on (a server did not start, wrk failed, ...)."""
+
+
+@dataclass
+class Measurement:
+    round: int
+    conns: int
+    setup: str
+    position: int
+    requests: int
+    seconds: float
+    req_per_s: float
+    cpu_s: float
+    # utime / (utime + stime): the share of the server's CPU spent outside the kernel.
+    user_share: float
+    cpu_us_per_req: float
+    server_cpu_util: float
+    # CPU used on the two CPUs by anything but the server and wrk, in CPUs (1.0 = one whole CPU).
+    other_load: float
+    # How many earlier attempts at this measurement were thrown away for other load.
+    retries: int = 0
+    socket_errors: dict[str, int] = field(default_factory=dict)
+    non_2xx: int = 0
+
+
+# -- the server ------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_ticks(pid: int) -> tuple[int, int]:
+    """utime and stime of the process (all its threads), in clock ticks, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+    return int(fields[11]), int(fields[12])
+
+
+def busy_ticks(cpus: tuple[int, ...]) -> int:
+    """Non-idle ticks of these CPUs (user, nice, system, irq, softirq, steal), from /proc/stat."""
+    total = 0
+    names = {f"cpu{cpu}" for cpu in cpus}
+    with open("/proc/stat") as f:
+        for line in f:
+            fields = line.split()
+            if fields and fields[0] in names:
+                user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
+                total += user + nice + system + irq + softirq + steal
+    return total
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's reaped children (the wrk runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+class Server:
+    """One uvicorn process pinned to one CPU; a context manager that always stops it."""
+
+    def __init__(self, setup: Setup, *, loop: str, cpu: int) -> None:
+        self.setup = setup
+        self.port = free_port()
+        # The server's output, shown if it fails; closed in stop().
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115
+        command = [
+            "taskset",
+            "-c",
+            str(cpu),
+            sys.executable,
+            "-m",
+            "uvicorn",
+            setup.app,
+            "--app-dir",
+            str(HERE),
+            "--http",
+            setup.http,
+            "--loop",
+            loop,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ]
+        # taskset execs the interpreter, so this PID is the server's own.
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, cwd=HERE
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-3000:]
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                status = self.process.returncode
+                raise BenchError(f"{self.setup.key}: uvicorn exited with status {status}:\n{self.output()}")
+            try:
+                status, body = get(self.port, "/")
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise BenchError(
+                        f"{self.setup.key}: uvicorn did not answer within {timeout:g}s:\n{self.output()}"
+                    ) from None
+                time.sleep(0.05)
+                continue
+            if status != 200 or body != HELLO:
+                raise BenchError(f"{self.setup.key}: GET / answered {status} {body[:80]!r}")
+            break
+        if self.setup.mode is not None:
+            # The debug endpoint (loopback only) says whether the protocol feeds the list.
+            status, body = get(self.port, "/_connections")
+            mode = json.loads(body).get("mode") if status == 200 else None
+            if mode != self.setup.mode:
+                raise BenchError(
+                    f"{self.setup.key}: connlist runs in mode {mode!r} (status {status}), "
+                    f"expected {self.setup.mode!r}"
+                )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        self.log.close()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# -- wrk ---------------------------------------------------------------------------
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_wrk(output: str) -> dict[str, Any]:
+    match = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m|h),", output)
+    if match is None:
+        raise BenchError(f"cannot read wrk's output:\n{output}")
+    result: dict[str, Any] = {
+        "requests": int(match.group(1)),
+        "seconds": float(match.group(2)) * _UNITS[match.group(3)],
+        "socket_errors": {},
+        "non_2xx": 0,
+    }
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output)
+    if errors is not None:
+        names = ("connect", "read", "write", "timeout")
+        result["socket_errors"] = {
+            name: int(value) for name, value in zip(names, errors.groups(), strict=True) if int(value)
+        }
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    if non_2xx is not None:
+        result["non_2xx"] = int(non_2xx.group(1))
+    return result
+
+
+def run_wrk(wrk: str, cpu: int, conns: int, seconds: int, port: int) -> dict[str, Any]:
+    command = ["taskset", "-c", str(cpu), wrk, "-t1", f"-c{conns}", f"-d{seconds}s"]
+    command.append(f"http://127.0.0.1:{port}/")
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=seconds + 30, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"wrk did not finish within {seconds + 30:g}s") from None
+    if done.returncode != 0:
+        raise BenchError(f"wrk failed with status {done.returncode}:\n{done.stdout}{done.stderr}")
+    return parse_wrk(done.stdout)
+
+
+# -- one measurement, the rounds, the summary --------------------------------------
+
+
+def measure_once(
+    setup: Setup, conns: int, args: argparse.Namespace, wrk: str, round_no: int, position: int
+) -> Measurement:
+    cpus = (args.server_cpu, args.client_cpu)
+    with Server(setup, loop=args.loop, cpu=args.server_cpu) as server:
+        server.wait_ready()
+        if args.warmup > 0:
+            run_wrk(wrk, args.client_cpu, conns, args.warmup, server.port)
+        busy_before, wrk_before = busy_ticks(cpus), children_cpu()
+        before = cpu_ticks(server.pid)
+        result = run_wrk(wrk, args.client_cpu, conns, args.duration, server.port)
+        after = cpu_ticks(server.pid)
+        busy_after, wrk_after = busy_ticks(cpus), children_cpu()
+        if server.process.poll() is not None:
+            raise BenchError(f"{setup.key}: uvicorn died during the run:\n{server.output()}")
+    requests = result["requests"]
+    if requests == 0:
+        raise BenchError(f"{setup.key}: wrk completed no request")
+    user_s = (after[0] - before[0]) / CLK_TCK
+    cpu_s = user_s + (after[1] - before[1]) / CLK_TCK
+    other_s = (busy_after - busy_before) / CLK_TCK - cpu_s - (wrk_after - wrk_before)
+    return Measurement(
+        round=round_no,
+        conns=conns,
+        setup=setup.key,
+        position=position,
+        requests=requests,
+        seconds=result["seconds"],
+        req_per_s=requests / result["seconds"],
+        cpu_s=cpu_s,
+        user_share=user_s / cpu_s if cpu_s else 0.0,
+        cpu_us_per_req=cpu_s / requests * 1e6,
+        server_cpu_util=cpu_s / result["seconds"],
+        other_load=max(0.0, other_s / result["seconds"]),
+        socket_errors=result["socket_errors"],
+        non_2xx=result["non_2xx"],
+    )
+
+
+def measure(
+    setup: Setup, conns: int, args: argparse.Namespace, wrk: str, round_no: int, position: int
+) -> Measurement:
+    """One measurement, redone (up to ``--retries`` times) while other processes loaded the CPUs."""
+    for attempt in range(args.retries + 1):
+        m = measure_once(setup, conns, args, wrk, round_no, position)
+        m.retries = attempt
+        if m.other_load <= args.max_other_load:
+            break
+    return m
+
+
+def run_rounds(args: argparse.Namespace, wrk: str) -> list[Measurement]:
+    measurements: list[Measurement] = []
+    total = args.rounds * len(args.conns) * len(SETUPS)
+    rotation = 0
+    started = time.monotonic()
+    for round_no in range(1, args.rounds + 1):
+        for conns in args.conns:
+            order = SETUPS[rotation % len(SETUPS) :] + SETUPS[: rotation % len(SETUPS)]
+            rotation += 1
+            for position, setup in enumerate(order):
+                m = measure(setup, conns, args, wrk, round_no, position)
+                measurements.append(m)
+                problems = ""
+                if m.socket_errors or m.non_2xx:
+                    problems = f"  socket errors {m.socket_errors} non-2xx {m.non_2xx}"
+                redone = f" (after {m.retries} busy)" if m.retries else ""
+                print(
+                    f"[{len(measurements):3d}/{total}] round {round_no} c={conns:<4d} {setup.key:<16s}"
+                    f"{m.req_per_s:9.0f} req/s {m.cpu_us_per_req:8.2f} us/req "
+                    f"server {m.server_cpu_util:4.0%} other {m.other_load:4.0%}{redone}"
+                    f"  [{time.monotonic() - started:.0f}s]{problems}",
+                    flush=True,
+                )
+    return measurements
+
+
+def summarize(measurements: list[Measurement], rounds: int, conns_list: list[int]) -> dict[str, Any]:
+    by_key = {(m.round, m.conns, m.setup): m for m in measurements}
+    table: list[dict[str, Any]] = []
+    ratios: dict[tuple[int, str], list[float]] = {}
+    for conns in conns_list:
+        for setup in SETUPS:
+            ms = [by_key[r, conns, setup.key] for r in range(1, rounds + 1)]
+            per_round = [m.cpu_us_per_req / by_key[m.round, conns, BASELINE].cpu_us_per_req for m in ms]
+            ratios[conns, setup.key] = per_round
+            table.append(
+                {
+                    "setup": setup.key,
+                    "label": setup.label,
+                    "conns": conns,
+                    "req_per_s": statistics.median(m.req_per_s for m in ms),
+                    "cpu_us_per_req": statistics.median(m.cpu_us_per_req for m in ms),
+                    "cpu_ratio": statistics.median(per_round),
+                    "cpu_ratio_min": min(per_round),
+                    "cpu_ratio_max": max(per_round),
+                    "server_cpu_util": statistics.median(m.server_cpu_util for m in ms),
+                    "other_load": statistics.median(m.other_load for m in ms),
+                    "user_share": statistics.median(m.user_share for m in ms),
+                }
+            )
+    targets: list[dict[str, Any]] = []
+    for conns in conns_list:
+        for key, ceiling in CEILINGS.items():
+            value = statistics.median(ratios[conns, key])
+            targets.append(
+                {
+                    "conns": conns,
+                    "target": f"{key} CPU/request vs bare <= {ceiling:.2f}",
+                    "value": value,
+                    "met": value <= ceiling,
+                }
+            )
+        for key in CEILINGS:
+            for alternative in ALTERNATIVES:
+                paired = [
+                    by_key[r, conns, key].cpu_us_per_req / by_key[r, conns, alternative].cpu_us_per_req
+                    for r in range(1, rounds + 1)
+                ]
+                value = statistics.median(paired)
+                targets.append(
+                    {
+                        "conns": conns,
+                        "target": f"{key} CPU/request vs {alternative} < 1",
+                        "value": value,
+                        "met": value < 1.0,
+                    }
+                )
+    return {"table": table, "targets": targets}
+
+
+def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
+    print()
+    print(
+        f"Medians of {args.rounds} rounds, {args.duration:g} s per run, loop {args.loop}; "
+        "ratio = CPU/request over bare uvicorn's in the same round, median [min..max]"
+    )
+    header = (
+        f"{'setup':<38s} {'conns':>5s} {'req/s':>8s} {'CPU us/req':>10s}  {'ratio vs bare':<22s} "
+        f"{'server':>6s} {'other':>6s}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in summary["table"]:
+        spread = f"{row['cpu_ratio']:.3f} [{row['cpu_ratio_min']:.3f}..{row['cpu_ratio_max']:.3f}]"
+        print(
+            f"{row['label']:<38s} {row['conns']:>5d} {row['req_per_s']:>8.0f} "
+            f"{row['cpu_us_per_req']:>10.2f}  {spread:<22s} {row['server_cpu_util']:>6.0%} "
+            f"{row['other_load']:>6.0%}"
+        )
+    print(
+        "server: the server's CPU use during the runs (1 CPU = 100%); other: CPU used on the two CPUs "
+        "by other processes"
+    )
+    print()
+    print("Targets (median across rounds):")
+    for target in summary["targets"]:
+        verdict = "met" if target["met"] else "MISSED"
+        print(f"  c={target['conns']:<4d} {target['target']:<48s} {target['value']:.3f}  {verdict}")
+    if args.rounds < 5:
+        print(f"  (only {args.rounds} rounds: indicative; the issue asks for at least 5)")
+
+
+# -- the machine ---------------------------------------------------------------------
+
+
+def version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def wrk_version(wrk: str) -> str:
+    done = subprocess.run([wrk, "-v"], capture_output=True, text=True, timeout=10)
+    first = (done.stdout or done.stderr).strip().splitlines()
+    return first[0] if first else "unknown"
+
+
+def connlist_source() -> dict[str, Any]:
+    """Which connlist code the servers ran: its folder, the commit, uncommitted changes, a digest."""
+    spec = importlib.util.find_spec("connlist")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    info: dict[str, Any] = {"path": str(folder), "sha256": digest.hexdigest()[:16]}
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10
+        )
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", "."],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return info
+    if commit.returncode == 0:
+        info["commit"] = commit.stdout.strip()
+        info["uncommitted"] = [line[3:] for line in status.stdout.splitlines()]
+    return info
+
+
+def machine(wrk: str) -> dict[str, Any]:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "uvicorn": version("uvicorn"),
+        "starlette": version("starlette"),
+        "httptools": version("httptools"),
+        "uvloop": version("uvloop"),
+        "connlist": version("connlist"),
+        "wrk": wrk_version(wrk),
+        "connlist_source": connlist_source(),
+    }
+
+
+# -- main ------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    # wrk takes whole seconds.
+    parser.add_argument("--duration", type=int, default=3, help="seconds per wrk run (default 3)")
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="seconds of wrk before each measured run (default 1; 0: none)"
+    )
+    parser.add_argument(
+        "--conns", type=int, nargs="+", default=[50, 500], help="wrk connection counts (default 50 500)"
+    )
+    parser.add_argument(
+        "--loop", choices=("uvloop", "asyncio"), default="uvloop", help="event loop of every server"
+    )
+    parser.add_argument("--server-cpu", type=int, default=0, help="CPU the server is pinned to (default 0)")
+    parser.add_argument("--client-cpu", type=int, default=1, help="CPU wrk is pinned to (default 1)")
+    parser.add_argument(
+        "--max-other-load",
+        type=float,
+        default=0.25,
+        help="redo a run during which other processes used more than this many CPUs (default 0.25)",
+    )
+    parser.add_argument(
+        "--retries", type=int, default=1, help="times a run is redone for other load (default 1)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test: 3 rounds of 1 s runs, no warm-up (about a minute)"
+    )
+    parser.add_argument("--json", metavar="PATH", help="write every measurement and the summary here")
+    args = parser.parse_args(argv)
+    args.conns = list(dict.fromkeys(args.conns))
+    if args.quick:
+        args.rounds, args.duration, args.warmup = 3, 1, 0
+    if args.rounds < 1 or args.duration <= 0 or args.warmup < 0 or args.retries < 0:
+        parser.error("--rounds must be >= 1, --duration > 0, --warmup >= 0 and --retries >= 0")
+    return args
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # Unwind (SystemExit), so that the running server and wrk are stopped too.
+    sys.exit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        print(WRK_MISSING, file=sys.stderr)
+        return 2
+    if shutil.which("taskset") is None:
+        print("taskset not found: install it with `apt-get install util-linux`", file=sys.stderr)
+        return 2
+    allowed = os.sched_getaffinity(0)
+    if args.server_cpu == args.client_cpu or not {args.server_cpu, args.client_cpu} <= allowed:
+        print(
+            f"needs two distinct CPUs for the server ({args.server_cpu}) and wrk ({args.client_cpu}); "
+            f"this process may use {sorted(allowed)}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.loop == "uvloop" and version("uvloop") is None:
+        print("uvloop is not installed: pip install uvloop, or pass --loop asyncio", file=sys.stderr)
+        return 2
+    info = machine(wrk)
+    print(
+        f"{info['nproc']} CPUs ({info['cpu_model']}), Python {info['python']}, uvicorn {info['uvicorn']}, "
+        f"{info['wrk']}; server on CPU {args.server_cpu}, wrk on CPU {args.client_cpu}, loop {args.loop}"
+    )
+    source = info["connlist_source"]
+    if source:
+        changed = ", ".join(source.get("uncommitted", [])) or "none"
+        print(
+            f"connlist from {source['path']} at {source.get('commit', '?')} "
+            f"(uncommitted changes: {changed}; sha256 {source['sha256']})"
+        )
+    try:
+        measurements = run_rounds(args, wrk)
+    except BenchError as error:
+        print(f"benchmark failed: {error}", file=sys.stderr)
+        return 2
+    summary = summarize(measurements, args.rounds, args.conns)
+    print_summary(summary, args)
+    source_end = connlist_source()
+    if source_end.get("sha256") != source.get("sha256"):
+        print(
+            "WARNING: connlist's source changed during the benchmark "
+            f"({source.get('sha256')} -> {source_end.get('sha256')}): rounds measured different code"
+        )
+    if args.json:
+        report = {
+            "machine": info,
+            "connlist_source_end": source_end,
+            "settings": {
+                "rounds": args.rounds,
+                "duration": args.duration,
+                "warmup": args.warmup,
+                "conns": args.conns,
+                "loop": args.loop,
+                "server_cpu": args.server_cpu,
+                "client_cpu": args.client_cpu,
+                "clk_tck": CLK_TCK,
+                "max_other_load": args.max_other_load,
+                "retries": args.retries,
+            },
+            "setups": [asdict(setup) for setup in SETUPS],
+            "measurements": [asdict(m) for m in measurements],
+            **summary,
+        }
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if all(target["met"] for target in summary["targets"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The apps and protocols that ``benchmarks/e2e.py`` serves with uvicorn.
+
+Every setup answers ``GET /`` with Starlette's ``PlainTextResponse("Hello, world!")``:
+
+``bare``
+    the hello world, nothing else (``--http httptools``);
+``with_connlist``
+    the same with ``ConnectionsMiddleware()`` at its defaults; served with
+    ``--http connlist.uvicorn:HttpToolsProtocol`` (integration + middleware) and
+    with plain ``--http httptools`` (ASGI-only mode);
+``with_asyncio_timeout``
+    the same with ``AsyncioTimeoutMiddleware``, a pure-ASGI middleware that
+    wraps each request in ``asyncio.timeout(300)`` (``asyncio.wait_for`` before
+    Python 3.11): the common way people bolt a timeout on;
+``CallLaterProtocol``
+    a subclass of uvicorn's ``HttpToolsProtocol`` with one ``loop.call_later``
+    deadline per connection, armed in ``connection_made``, re-armed at each
+    ``on_message_begin`` and cancelled at ``on_message_complete`` and
+    ``connection_lost``: the other way seen in the wild (served with ``bare``).
+
+Both alternatives are written in their cheapest form: they only close (or
+cancel), they send no ``408``, log nothing and count nothing, so what they cost
+is a floor for the approach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from connlist import ConnectionsMiddleware
+
+__all__ = [
+    "AsyncioTimeoutMiddleware",
+    "CallLaterProtocol",
+    "bare",
+    "with_asyncio_timeout",
+    "with_connlist",
+]
+
+REQUEST_TIMEOUT = 300.0
+CONNECTION_DEADLINE = 60.0
+
+
+async def hello(request: Request) -> PlainTextResponse:
+    return PlainTextResponse("Hello, world!")
+
+
+ROUTES = [Route("/", hello)]
+
+
+class AsyncioTimeoutMiddleware:
+    """Each HTTP request runs under ``asyncio.timeout(timeout)``: the usual bolt-on."""
+
+    def __init__(self, app: ASGIApp, timeout: float = REQUEST_TIMEOUT) -> None:
+        self.app = app
+        self.timeout = timeout
+
+    if sys.version_info >= (3, 11):
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await self.app(scope, receive, send)
+                return
+            async with asyncio.timeout(self.timeout):
+                await self.app(scope, receive, send)
+
+    else:  # pragma: no cover - Python 3.10
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await self.app(scope, receive, send)
+                return
+            await asyncio.wait_for(self.app(scope, receive, send), self.timeout)
+
+
+class CallLaterProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a per-connection ``loop.call_later`` deadline."""
+
+    deadline = CONNECTION_DEADLINE
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._deadline_timer = self.loop.call_later(self.deadline, self._deadline_expired)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_timer = self.loop.call_later(self.deadline, self._deadline_expired)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        super().connection_lost(exc)
+
+    def _deadline_expired(self) -> None:
+        self._deadline_timer = None
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+
+bare = Starlette(routes=ROUTES)
+with_connlist = Starlette(routes=ROUTES, middleware=[Middleware(ConnectionsMiddleware)])
+with_asyncio_timeout = Starlette(routes=ROUTES, middleware=[Middleware(AsyncioTimeoutMiddleware)])
