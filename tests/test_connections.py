@@ -1019,3 +1019,36 @@ def test_check_timeout_rejects(value: object, error: type[Exception], detail: st
     message = str(info.value)
     assert message.startswith("some_timeout must be a ")
     assert detail in message
+
+
+def test_headers_complete_with_the_request_marks_responding_until_response_complete(
+    lst: ConnectionsList,
+) -> None:
+    a = lst.connect()
+    lst.message_begin(a)
+    lst.headers_complete(a, "GET", "/x")
+    assert (a.method, a.path, a.responding, a.headers_completed) == ("GET", "/x", True, True)
+    assert (lst.idle_responding_count, lst.headers_pending_count) == (0, 0)  # active: not counted as idle
+    lst.message_complete(a)
+    assert lst.idle_responding_count == 1  # handling
+    lst.response_complete(a)
+    assert (a.responding, lst.idle_responding_count) == (False, 0)
+    lst.response_complete(a)  # idempotent
+    assert lst.idle_responding_count == 0
+    # The app answers before the body is in: not counted when it goes idle.
+    lst.message_begin(a)
+    lst.headers_complete(a, "POST", "/y")
+    lst.response_complete(a)
+    lst.message_complete(a)
+    assert (a.method, a.path, a.requests, lst.idle_responding_count) == ("POST", "/y", 2, 0)
+    # Responding when removed: the count goes back down.
+    lst.message_begin(a)
+    lst.headers_complete(a, "GET", "/z")
+    lst.message_complete(a)
+    assert lst.idle_responding_count == 1
+    lst.remove(a)
+    assert lst.idle_responding_count == 0
+    # Without a method (the list's own API), headers_complete only sets the flag.
+    b = lst.connect()
+    lst.headers_complete(b)
+    assert (b.method, b.responding, b.headers_completed) == (None, False, True)

@@ -281,11 +281,31 @@ class ConnectionsList:
         last._active_next = conn
         root._active_prev = conn
 
-    def headers_complete(self, conn: Connection) -> None:
-        """The request's headers are all in: only the request timeout applies from now on."""
+    def headers_complete(self, conn: Connection, method: str | None = None, path: str | None = None) -> None:
+        """The request's headers are all in: only the request timeout applies from now on.
+
+        The server layer passes the request's ``method`` and ``path``: the
+        request is then handed to the app, so the connection is
+        ``responding`` until ``response_complete``.  (One call instead of
+        three: this runs once per request.)
+        """
         if not conn.headers_completed and conn._active_next is not conn:
             self._n_headers_pending -= 1
         conn.headers_completed = True
+        if method is not None:
+            conn.method = method
+            conn.path = path
+            if not conn._responding:
+                conn._responding = True
+                if conn.last_message_start == 0.0 and conn._all_next is not conn:
+                    self._n_idle_responding += 1
+
+    def response_complete(self, conn: Connection) -> None:
+        """No response is unfinished on the connection any more (``responding = False``)."""
+        if conn._responding:
+            conn._responding = False
+            if conn.last_message_start == 0.0 and conn._all_next is not conn:
+                self._n_idle_responding -= 1
 
     def message_complete(self, conn: Connection) -> None:
         """The request is fully received: the connection leaves ``active`` and is idle."""

@@ -140,22 +140,22 @@ class _Tracking:
             # Break the protocol <-> record cycle; a removed record needs no handle.
             conn.handle = None
 
-    def _connlist_headers_complete(self, conn: Connection, method: str, path: str | None) -> None:
-        self._connlist.connections.headers_complete(conn)
-        conn.method = method
-        conn.path = path
-        conn.responding = True
-        self._connlist.totals.requests += 1
-
-    # -- what differs between the two parsers --------------------------------
+    # -- the 408 decision, and what close_idle skips -------------------------
 
     def _connlist_response_written(self, conn: Connection) -> bool:
         """Whether a 408 now would corrupt the response stream or follow this request's response."""
-        raise NotImplementedError
+        # ``self.cycle`` is the current request's cycle once its headers are
+        # in; before that it is the previous request's, which may still be
+        # writing its response.
+        cycle: Any = self.cycle  # type: ignore[attr-defined]
+        if cycle is None or not cycle.response_started:
+            return False
+        return not cycle.response_complete or conn.headers_completed
 
     def _connlist_responding(self) -> bool:
         """Whether a response to a received request is unfinished."""
-        raise NotImplementedError
+        cycle: Any = self.cycle  # type: ignore[attr-defined]
+        return cycle is not None and not cycle.response_complete
 
     # -- ConnectionHandle ----------------------------------------------------
 
@@ -189,22 +189,24 @@ if httptools_impl is not None:
             "on_message_begin",
             "on_headers_complete",
             "on_message_complete",
-            "_start_asgi_task",
         ),
     )
 
+    _HttpTools = httptools_impl.HttpToolsProtocol
+
     class HttpToolsProtocol(_Tracking, httptools_impl.HttpToolsProtocol):
-        """uvicorn's httptools protocol, feeding connlist from the parser's callbacks."""
+        """uvicorn's httptools protocol, feeding connlist from the parser's callbacks.
+
+        The callbacks run once per request each, so they call uvicorn's
+        method directly (not through ``super()``) and make one call into the
+        list.
+        """
 
         connlist_mode = "uvicorn-httptools"
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._connlist_setup()
-            # Per connection: the cycle whose app was started last.  Responses
-            # go out in request order, so it is the only one that can have
-            # written part of a response.
-            self._connlist_running: httptools_impl.RequestResponseCycle | None = None
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -215,50 +217,48 @@ if httptools_impl is not None:
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
-            super().on_message_begin()
+            _HttpTools.on_message_begin(self)
             conn = self._connlist_conn
             if conn is not None:
-                self._connlist.connections.message_begin(conn)
-                self._connlist.watch()
+                enforcer = self._connlist
+                enforcer.connections.message_begin(conn)
+                if enforcer._timer is None:  # Enforcer.watch()'s test, without its call
+                    enforcer.watch()
 
         def on_headers_complete(self) -> None:
-            super().on_headers_complete()
+            _HttpTools.on_headers_complete(self)
             conn = self._connlist_conn
             if conn is not None:
                 scope = self.scope
-                self._connlist_headers_complete(conn, scope["method"], scope.get("path"))
+                enforcer = self._connlist
+                enforcer.connections.headers_complete(conn, scope["method"], scope.get("path"))
+                enforcer.totals.requests += 1
 
         def on_message_complete(self) -> None:
-            super().on_message_complete()
-            if self._connlist_conn is not None:
-                self._connlist.connections.message_complete(self._connlist_conn)
+            _HttpTools.on_message_complete(self)
+            conn = self._connlist_conn
+            if conn is not None:
+                self._connlist.connections.message_complete(conn)
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self._connlist_conn is not None and not self._connlist_responding():
-                self._connlist_conn.responding = False
+            _HttpTools.on_response_complete(self)
+            conn = self._connlist_conn
+            # uvicorn has just started the next pipelined request, if any.
+            if conn is not None and not self.pipeline and self.cycle.response_complete:
+                self._connlist.connections.response_complete(conn)
 
         def handle_websocket_upgrade(self) -> None:
             # Upgraded connections are never timed out (Node: parser freed).
             self._connlist_remove()
             super().handle_websocket_upgrade()
 
-        def _start_asgi_task(self, cycle: httptools_impl.RequestResponseCycle, app: Any) -> None:
-            self._connlist_running = cycle
-            super()._start_asgi_task(cycle, app)
-
         def _connlist_response_written(self, conn: Connection) -> bool:
-            running = self._connlist_running
-            if running is not None and running.response_started and not running.response_complete:
-                return True  # part of a response is on the wire: a 408 would corrupt it
-            # Once the current request's headers are in, self.cycle is its cycle;
-            # before that it is the previous request's, whose response is done.
-            cycle = self.cycle
-            return conn.headers_completed and cycle is not None and cycle.response_started
+            # With requests queued behind it, the running request is an
+            # earlier one, whose response may be on the wire: never a 408.
+            return bool(self.pipeline) or _Tracking._connlist_response_written(self, conn)
 
         def _connlist_responding(self) -> bool:
-            running = self._connlist_running
-            return bool(self.pipeline) or (running is not None and not running.response_complete)
+            return bool(self.pipeline) or _Tracking._connlist_responding(self)
 
 else:  # pragma: no cover - httptools missing
 
@@ -327,7 +327,8 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
                 # request ended and this one began within the same call.
                 self._connlist_begin(conn)
             scope = self.scope
-            self._connlist_headers_complete(conn, scope["method"], scope.get("path"))
+            connections.headers_complete(conn, scope["method"], scope.get("path"))
+            self._connlist.totals.requests += 1
             self._connlist_phase = _BODY
         their_state = self.conn.their_state
         if self._connlist_phase == _BODY and their_state is not h11.SEND_BODY:
@@ -340,24 +341,12 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if self._connlist_conn is not None and not self._connlist_responding():
-            self._connlist_conn.responding = False
+            self._connlist.connections.response_complete(self._connlist_conn)
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         self._connlist_phase = _UPGRADED
         self._connlist_remove()
         super().handle_websocket_upgrade(event)
-
-    def _connlist_response_written(self, conn: Connection) -> bool:
-        # h11 handles one request at a time: self.cycle is the current
-        # request's once its headers are in, else the previous one's.
-        cycle = self.cycle
-        if cycle is None or not cycle.response_started:
-            return False
-        return not cycle.response_complete or conn.headers_completed
-
-    def _connlist_responding(self) -> bool:
-        cycle = self.cycle
-        return cycle is not None and not cycle.response_complete
 
 
 AutoProtocol: type[Any] = H11Protocol if httptools_impl is None else HttpToolsProtocol
