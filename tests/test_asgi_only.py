@@ -65,6 +65,7 @@ def asgi_server(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
         yield running
     assert len(mw.connections) == 0
     assert mw.connections.active_count == 0
+    assert mw.enforcer.in_flight == {}
 
 
 def test_mode_is_asgi_and_logged_once(asgi_server, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]

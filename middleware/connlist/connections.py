@@ -83,6 +83,8 @@ class ConnectionHandle(Protocol):
 
 
 _ids = itertools.count(1)
+# Ids for what the view lists, records or not (ASGI-only mode's requests without a body).
+next_id = _ids.__next__
 _INF = math.inf
 
 
@@ -125,7 +127,7 @@ class Connection:
         self._all_next: Connection = self
         self._active_prev: Connection = self
         self._active_next: Connection = self
-        self.id: int = next(_ids)
+        self.id: int = next_id()
         self.client = client
         self.server = server
         self.handle = handle

@@ -77,7 +77,7 @@ from urllib.parse import parse_qsl
 
 from starlette.types import Receive, Scope, Send
 
-from connlist.connections import Connection, ConnectionsList
+from connlist.connections import Connection
 from connlist.enforcer import Enforcer, format_address
 
 __all__ = [
@@ -164,27 +164,47 @@ def describe(conn: Connection, now: float, servers: dict[Any, str | None] | None
     }
 
 
-def count(connections: ConnectionsList) -> dict[str, int]:
+def count(enforcer: Enforcer) -> dict[str, int]:
     """The exact counts of the view, in O(1) from the list's own counters.
 
     ``all``, ``idle``, ``active`` as the list has them, and nginx-style
     phases: ``reading`` (new + reading_headers), ``writing`` (reading_body +
     handling), ``waiting`` (idle) and ``timed_out``; the phases add up to
-    ``all``.
+    ``all``.  In ASGI-only mode, the requests in flight that have no record
+    (no body) count as handling.
     """
+    connections = enforcer.connections
+    in_flight = len(enforcer.in_flight)
     n_all = len(connections)
     n_active = connections.active_count
     n_idle = connections.idle_count
     reading = connections.headers_pending_count
     handling = connections.idle_responding_count
     return {
-        "all": n_all,
-        "idle": n_idle,
+        "all": n_all + in_flight,
+        "idle": n_idle + in_flight,
         "active": n_active,
         "reading": reading,
-        "writing": n_active - reading + handling,
+        "writing": n_active - reading + handling + in_flight,
         "waiting": n_idle - handling,
         "timed_out": n_all - n_active - n_idle,
+    }
+
+
+def _describe_in_flight(entry: tuple[int, float, Any], now: float) -> dict[str, Any]:
+    """An ASGI-only request without a body (it has no record): received, being handled."""
+    request_id, start, scope = entry
+    return {
+        "id": request_id,
+        "client": format_address(scope.get("client")),
+        "server": format_address(scope.get("server")),
+        "state": "handling",
+        "age": round((now - start) * 1000) / 1000,
+        "duration": None,
+        "headers_completed": True,
+        "requests": 1,
+        "method": scope.get("method"),
+        "path": _short_path(scope.get("path")),
     }
 
 
@@ -206,7 +226,7 @@ def snapshot(enforcer: Enforcer, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any
     connections = enforcer.connections
     now = connections.clock()
 
-    counts = count(connections)
+    counts = count(enforcer)
     n_all, n_active, n_idle = counts["all"], counts["active"], counts["idle"]
 
     # Each connection is described once; a second list gets a copy.
@@ -214,7 +234,7 @@ def snapshot(enforcer: Enforcer, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any
     servers: dict[Any, str | None] = {}
     all_list: list[dict[str, Any]] = []
     idle_list: list[dict[str, Any]] = []
-    want_idle = min(limit, n_idle)
+    want_idle = min(limit, connections.idle_count)
     scan = limit * IDLE_SCAN
     for seen, conn in enumerate(connections.iter_all()):
         if seen < limit:
@@ -227,6 +247,17 @@ def snapshot(enforcer: Enforcer, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any
             break
         elif conn.last_message_start == 0:
             idle_list.append(describe(conn, now, servers))
+
+    # ASGI-only mode's requests without a body have no record: they are
+    # listed after the records, in the order they arrived.
+    for request in enforcer.in_flight.values():
+        if len(all_list) >= limit and len(idle_list) >= limit:
+            break
+        item = _describe_in_flight(request, now)
+        if len(all_list) < limit:
+            all_list.append(item)
+        if len(idle_list) < limit:
+            idle_list.append(dict(item))
 
     active_list: list[dict[str, Any]] = []
     if limit:

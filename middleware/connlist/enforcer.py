@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from connlist.connections import Connection, ConnectionsList, check_timeout
 
@@ -106,7 +106,12 @@ class Enforcer:
         self.totals = Totals()
         # "asgi" until a connlist protocol of the server announces itself.
         self.mode = "asgi"
+        self.clock = clock
         self._clock = clock
+        # ASGI-only mode: requests without a body have nothing left to
+        # receive, so nothing to time and no record; the view lists them from
+        # here: key -> (id, start, scope).
+        self.in_flight: dict[int, tuple[int, float, Any]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_loop: asyncio.AbstractEventLoop | None = None
 

@@ -7,10 +7,12 @@ through.
 
 Without it (plain uvicorn, hypercorn, ...) the middleware runs in ASGI-only
 mode: it sees a request only once its headers are parsed, so it cannot enforce
-the headers timeout, and it cannot see connections, only requests.  Each
-request is then a record of its own, from the scope's arrival until the app
-returns; a request with a body is active until its last chunk is received,
-and the request timeout applies to it.  When it expires, the middleware
+the headers timeout, and it cannot see connections, only requests.  A request
+with a body is a record of its own, from the scope's arrival until the app
+returns; it is active until its last chunk is received, and the request
+timeout applies to it.  A request without a body has nothing left to time: it
+gets no record, only an entry in ``Enforcer.in_flight`` that the view lists as
+handling while the app runs (so it costs next to nothing).  When it expires, the middleware
 answers ``408`` with ``Connection: close`` if the response has not started
 (the server then closes the connection and the app's pending ``receive()``
 returns ``http.disconnect``), and drops what the app sends after that.  If the
@@ -27,7 +29,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from connlist.connections import Connection, ConnectionsList
+from connlist.connections import Connection, ConnectionsList, next_id
 from connlist.debug import DebugEndpoint, not_found, snapshot
 from connlist.enforcer import (
     DEFAULT_REQUEST_TIMEOUT,
@@ -146,10 +148,26 @@ class ConnectionsMiddleware:
                 else:
                     await not_found(send)
                 return
-            if self._enforcer.mode == "asgi":
+            enforcer = self._enforcer
+            if enforcer.mode != "asgi":
+                await self.app(scope, receive, send)  # the server integration does the work
+            elif _has_body(scope):
                 await self._asgi_only(scope, receive, send)
             else:
-                await self.app(scope, receive, send)
+                # ASGI-only mode, no body: nothing to time, so no record; the
+                # view lists the request while the app runs.  (Kept inline:
+                # this is most requests, and a coroutine call costs more than
+                # all of this.)
+                totals = enforcer.totals
+                totals.connections += 1
+                totals.requests += 1
+                in_flight = enforcer.in_flight
+                key = id(scope)
+                in_flight[key] = (next_id(), enforcer.clock(), scope)
+                try:
+                    await self.app(scope, receive, send)
+                finally:
+                    del in_flight[key]
             return
         if scope_type == "lifespan":
             # A server is starting: forget a timer left on the loop of an
@@ -188,24 +206,13 @@ class ConnectionsMiddleware:
             )
 
     async def _asgi_only(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI-only mode, a request with a body: a record, timed until its last chunk arrives."""
         enforcer = self._enforcer
         connections = enforcer.connections
         conn = connections.connect(client=scope.get("client"), server=scope.get("server"))
-        connections.headers_complete(conn)
-        conn.method = scope["method"]
-        conn.path = scope["path"]
-        conn.responding = True
+        connections.headers_complete(conn, scope["method"], scope["path"])
         enforcer.totals.connections += 1
         enforcer.totals.requests += 1
-        if not _has_body(scope):
-            # Nothing left to receive: only the live view needs the record.
-            connections.message_complete(conn)
-            try:
-                await self.app(scope, receive, send)
-            finally:
-                connections.remove(conn)
-            return
-
         handle = _AsgiRequest(conn, send)
         conn.handle = handle
         enforcer.watch()

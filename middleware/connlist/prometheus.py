@@ -111,7 +111,7 @@ def multiprocess_mode() -> bool:
 
 def count_states(enforcer: Enforcer) -> dict[str, int]:
     """One worker's connections by phase (``STATES``), O(1): the debug endpoint's ``counts``."""
-    counts = count(enforcer.connections)
+    counts = count(enforcer)
     return {state: counts[state] for state in STATES}
 
 
