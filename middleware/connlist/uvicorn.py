@@ -125,6 +125,16 @@ class _Tracking:
         self._connlist = enforcer
         self._connlist_conn = None
 
+    # -- asyncio.Protocol: the connection joins the list, and leaves it -------
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._connlist_connect()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connlist_remove()
+        super().connection_lost(exc)  # type: ignore[misc]
+
     def _connlist_connect(self) -> Connection:
         enforcer = self._connlist
         conn = enforcer.connections.connect(client=self.client, server=self.server, handle=self)
@@ -208,14 +218,6 @@ if httptools_impl is not None:
             super().__init__(*args, **kwargs)
             self._connlist_setup()
 
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._connlist_connect()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._connlist_remove()
-            super().connection_lost(exc)
-
         def on_message_begin(self) -> None:
             _HttpTools.on_message_begin(self)
             conn = self._connlist_conn
@@ -290,14 +292,6 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
         # cycle of the last request whose headers were seen.
         self._connlist_phase = _BETWEEN
         self._connlist_seen: h11_impl.RequestResponseCycle | None = None
-
-    def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
-        self._connlist_connect()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._connlist_remove()
-        super().connection_lost(exc)
 
     def _connlist_begin(self, conn: Connection) -> None:
         self._connlist_phase = _HEADERS
