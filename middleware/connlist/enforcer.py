@@ -106,8 +106,8 @@ class Enforcer:
         self.totals = Totals()
         # "asgi" until a connlist protocol of the server announces itself.
         self.mode = "asgi"
+        # The list's clock, read where a request has no record (ASGI-only mode).
         self.clock = clock
-        self._clock = clock
         # ASGI-only mode: requests without a body have nothing left to
         # receive, so nothing to time and no record; the view lists them from
         # here: key -> (id, start, scope).
@@ -145,7 +145,7 @@ class Enforcer:
             return
         loop = asyncio.get_running_loop()
         shortest = self.headers_timeout or self.request_timeout
-        delay = min(max(deadline - self._clock(), 0.0) + _SLACK, shortest)
+        delay = min(max(deadline - self.clock(), 0.0) + _SLACK, shortest)
         self._timer = loop.call_later(delay, self._sweep)
         self._timer_loop = loop
 
