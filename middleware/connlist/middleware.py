@@ -30,7 +30,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from connlist.connections import Connection, ConnectionsList, next_id
-from connlist.debug import DebugEndpoint, not_found, snapshot
+from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot
 from connlist.enforcer import (
     DEFAULT_REQUEST_TIMEOUT,
     STATE_KEY,
@@ -131,7 +131,7 @@ class ConnectionsMiddleware:
     def enforcer(self) -> Enforcer:
         return self._enforcer
 
-    def snapshot(self, *, limit: int = 1000) -> dict[str, Any]:
+    def snapshot(self, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
         """What the debug endpoint serves, as JSON-ready data."""
         return snapshot(self._enforcer, limit=limit)
 
