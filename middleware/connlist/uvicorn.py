@@ -73,8 +73,8 @@ def _require_attributes(protocol: object, names: tuple[str, ...]) -> None:
     missing = [name for name in names if not hasattr(protocol, name)]
     if missing:
         raise RuntimeError(
-            f"connlist cannot hook uvicorn {uvicorn.__version__}: {type(protocol).__mro__[1].__qualname__} "
-            f"instances have no {', '.join(missing)}"
+            f"connlist cannot hook uvicorn {uvicorn.__version__}: {type(protocol).__qualname__} "
+            f"instances (uvicorn's protocol underneath) have no {', '.join(missing)}"
         )
 
 
