@@ -17,6 +17,7 @@ from tests.servers import (
     EARLY,
     INTEGRATED,
     LATE,
+    PLAIN,
     connect,
     echo_app,
     is_408,
@@ -116,6 +117,27 @@ def test_protocol_without_middleware_enforces_defaults(parser: str, caplog: pyte
         assert 59 < deadline - time.monotonic() <= 60
     warnings = [r.getMessage() for r in caplog.records if "no ConnectionsMiddleware" in r.getMessage()]
     assert len(warnings) == 1
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_protocol_adds_nothing_to_uvicorns_instance_dict(parser: str) -> None:
+    # CPython shares an instance dict's keys only up to 30 of them; uvicorn's
+    # httptools protocol has 28 after a request, so connlist's fields must
+    # live in slots, or every attribute access of uvicorn's code slows down.
+    def instance_dict_keys(http: str) -> set[str]:
+        with serve(echo_app, http) as running:
+            sock = connect(running.port)
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_response(sock).endswith(b"ok 0")
+            protocols = running.call(lambda: list(running.server.server_state.connections))
+            assert len(protocols) == 1
+            keys = set(vars(protocols[0]))
+            sock.close()
+        return keys
+
+    integrated = instance_dict_keys(INTEGRATED[parser])
+    assert integrated == instance_dict_keys(PLAIN[parser])
+    assert len(integrated) < 30
 
 
 @pytest.mark.parametrize("parser", ["httptools", "h11"])
