@@ -103,6 +103,7 @@ def check(
     assert len(lst) == len(all_)
     assert lst.active_count == len(active)
     assert lst.idle_count == len(idle)
+    assert lst.timed_out_count == len(all_) - len(active) - len(idle)
     # The debug view's phase counts.
     assert lst.headers_pending_count == sum(not conn.headers_completed for conn in active)
     assert lst.idle_responding_count == sum(conn.responding for conn in idle)

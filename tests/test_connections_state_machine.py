@@ -177,6 +177,9 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         assert len(lst) == len(self.all_order)
         assert lst.active_count == len(self.active_order)
         assert lst.idle_count == len(idle)
+        assert lst.timed_out_count == sum(
+            self.model[c].start != 0 and c not in self.active_order for c in self.all_order
+        )
         assert lst.headers_pending_count == sum(
             not self.model[c].headers_completed for c in self.active_order
         )

@@ -45,13 +45,16 @@ Invariants:
   requests); an expired connection keeps its start, so it is neither idle
   nor active.  The clock must therefore never return 0 (``time.monotonic``
   does not).
-* The counts of ``all``, ``active`` and idle connections are kept as the
-  nodes move, so each is O(1).  So are two more, for the debug view's
-  phases: active connections whose headers are incomplete, and idle
-  connections whose response is unfinished (``Connection.responding`` is a
-  property that updates the count of the list that made the connection).
-  ``headers_completed`` and ``last_message_start`` must therefore change
-  only through the list's events.
+* The counts are kept as the nodes move, so each is O(1): ``all``,
+  ``active``, and expired connections not yet closed (``timed_out``); idle
+  is what remains (``all - active - timed_out``), so a request, which moves
+  a connection out of idle and back, updates one count, not two.  Two more
+  serve the debug view's phases: active connections whose headers are
+  incomplete, and idle connections whose response is unfinished
+  (``Connection.responding`` is a property that updates the count of the
+  list that made the connection).  ``headers_completed`` and
+  ``last_message_start`` must therefore change only through the list's
+  events.
 """
 
 from __future__ import annotations
@@ -195,8 +198,8 @@ class ConnectionsList:
         "_n_active",
         "_n_all",
         "_n_headers_pending",
-        "_n_idle",
         "_n_idle_responding",
+        "_n_timed_out",
     )
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -206,7 +209,10 @@ class ConnectionsList:
         self._active_root = Connection()
         self._n_all = 0
         self._n_active = 0
-        self._n_idle = 0
+        # Expired connections not yet closed (neither active nor idle); the
+        # idle count is derived from it, so that requests, which move
+        # connections between active and idle, update one count, not two.
+        self._n_timed_out = 0
         # Active connections whose headers are incomplete.
         self._n_headers_pending = 0
         # Idle connections whose response is unfinished.
@@ -270,10 +276,10 @@ class ConnectionsList:
         else:
             self._n_active += 1
             self._n_headers_pending += 1
-            if conn.last_message_start == 0.0:
-                self._n_idle -= 1
-                if conn._responding:
-                    self._n_idle_responding -= 1
+            if conn.last_message_start != 0.0:
+                self._n_timed_out -= 1
+            elif conn._responding:
+                self._n_idle_responding -= 1
         conn.last_message_start = self._clock()
         conn.headers_completed = False
         root = self._active_root
@@ -322,14 +328,15 @@ class ConnectionsList:
             self._n_active -= 1
             if not conn.headers_completed:
                 self._n_headers_pending -= 1
-        if conn.last_message_start != 0.0:
-            # A request was open (active, or expired and not yet closed): it is
-            # now fully received.  A second call for the same request counts nothing.
-            conn.last_message_start = 0.0
-            conn.requests += 1
-            self._n_idle += 1
-            if conn._responding:
-                self._n_idle_responding += 1
+        elif conn.last_message_start != 0.0:
+            # Expired and not yet closed: its request is fully received after all.
+            self._n_timed_out -= 1
+        else:
+            return  # idle already: a second call for the same request counts nothing
+        conn.last_message_start = 0.0
+        conn.requests += 1
+        if conn._responding:
+            self._n_idle_responding += 1
 
     def remove(self, conn: Connection) -> None:
         """Closed or upgraded: leaves both lists.  Idempotent, safe in any state."""
@@ -338,6 +345,11 @@ class ConnectionsList:
             self._n_active -= 1
             if not conn.headers_completed:
                 self._n_headers_pending -= 1
+        elif conn._all_next is not conn:
+            if conn.last_message_start != 0.0:
+                self._n_timed_out -= 1
+            elif conn._responding:
+                self._n_idle_responding -= 1
         if conn._all_next is not conn:
             prev = conn._all_prev
             nxt = conn._all_next
@@ -345,10 +357,6 @@ class ConnectionsList:
             nxt._all_prev = prev
             conn._all_prev = conn._all_next = conn
             self._n_all -= 1
-            if conn.last_message_start == 0.0:
-                self._n_idle -= 1
-                if conn._responding:
-                    self._n_idle_responding -= 1
 
     # -- views ---------------------------------------------------------------
 
@@ -361,7 +369,12 @@ class ConnectionsList:
 
     @property
     def idle_count(self) -> int:
-        return self._n_idle
+        return self._n_all - self._n_active - self._n_timed_out
+
+    @property
+    def timed_out_count(self) -> int:
+        """Expired connections not yet closed: in ``all``, neither active nor idle."""
+        return self._n_timed_out
 
     @property
     def headers_pending_count(self) -> int:
@@ -477,6 +490,7 @@ class ConnectionsList:
                 expired.append(node)
             node = nxt
         self._n_active -= len(expired)
+        self._n_timed_out += len(expired)
         return expired
 
     def next_deadline(self, headers_timeout: float, request_timeout: float) -> float | None:

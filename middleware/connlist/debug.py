@@ -187,7 +187,7 @@ def count(enforcer: Enforcer) -> dict[str, int]:
         "reading": reading,
         "writing": n_active - reading + handling + in_flight,
         "waiting": n_idle - handling,
-        "timed_out": n_all - n_active - n_idle,
+        "timed_out": connections.timed_out_count,
     }
 
 
