@@ -5,13 +5,15 @@ Node.js checks its ConnectionsList every ``connectionsCheckingInterval``
 ``loop.call_later`` timer per worker instead, armed at the earliest deadline
 any active connection can reach; ``ConnectionsList.next_deadline`` finds it
 near the head of the ordered ``active`` list.  After each sweep the timer is
-armed again, never further away than the shortest timeout: a connection that
-arrives after the timer was armed cannot have an earlier deadline than that,
-so arrivals only have to arm a timer when none is armed.
+armed again, never further away than the shortest timeout: a message that
+begins after the timer was armed cannot have an earlier deadline than that.
+While any connection is tracked, a timer stays armed (at the shortest timeout
+when no connection is active), so ``message_begin``, which runs for every
+request, never has to arm one; only ``connect`` may find none armed.
 
 The server layer (``connlist.uvicorn``) or the middleware in ASGI-only mode
-feeds the list and calls ``watch()`` after ``connect`` and ``message_begin``;
-what expires is closed through the connection's handle.
+feeds the list and calls ``watch()`` after ``connect``; what expires is
+closed through the connection's handle.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ class Enforcer:
     # -- the timer -----------------------------------------------------------
 
     def watch(self) -> None:
-        """Arm the timer if none is armed; call after ``connect`` and ``message_begin``."""
+        """Arm the timer if none is armed; call after ``connect``."""
         if self._timer is None:
             self._arm()
 
@@ -140,12 +142,15 @@ class Enforcer:
             self._timer_loop = None
 
     def _arm(self) -> None:
+        shortest = self.headers_timeout or self.request_timeout
+        if not shortest or not len(self.connections):
+            return  # both timeouts disabled, or nothing to watch until a connect
         deadline = self.connections.next_deadline(self.headers_timeout, self.request_timeout)
         if deadline is None:
-            return
+            delay = shortest  # nothing active: the earliest a message begun from now can expire
+        else:
+            delay = min(max(deadline - self.clock(), 0.0) + _SLACK, shortest)
         loop = asyncio.get_running_loop()
-        shortest = self.headers_timeout or self.request_timeout
-        delay = min(max(deadline - self.clock(), 0.0) + _SLACK, shortest)
         self._timer = loop.call_later(delay, self._sweep)
         self._timer_loop = loop
 

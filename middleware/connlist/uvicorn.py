@@ -229,10 +229,8 @@ if httptools_impl is not None:
             _HttpTools.on_message_begin(self)
             conn = self._connlist_conn
             if conn is not None:
-                enforcer = self._connlist
-                enforcer.connections.message_begin(conn)
-                if enforcer._timer is None:  # Enforcer.watch()'s test, without its call
-                    enforcer.watch()
+                # No watch(): the enforcer keeps a timer armed while any connection is tracked.
+                self._connlist.connections.message_begin(conn)
 
         def on_headers_complete(self) -> None:
             _HttpTools.on_headers_complete(self)
@@ -307,7 +305,6 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
     def _connlist_begin(self, conn: Connection) -> None:
         self._connlist_phase = _HEADERS
         self._connlist.connections.message_begin(conn)
-        self._connlist.watch()
 
     def data_received(self, data: bytes) -> None:
         conn = self._connlist_conn
