@@ -146,10 +146,8 @@ class Enforcer:
         if not shortest or not len(self.connections):
             return  # both timeouts disabled, or nothing to watch until a connect
         deadline = self.connections.next_deadline(self.headers_timeout, self.request_timeout)
-        if deadline is None:
-            delay = shortest  # nothing active: the earliest a message begun from now can expire
-        else:
-            delay = min(max(deadline - self.clock(), 0.0) + _SLACK, shortest)
+        # With nothing active, ``shortest`` is the earliest a message begun from now can expire.
+        delay = shortest if deadline is None else min(max(deadline - self.clock(), 0.0) + _SLACK, shortest)
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(delay, self._sweep)
         self._timer_loop = loop
