@@ -85,6 +85,11 @@ class ConnectionHandle(Protocol):
         """Close the connection now, whatever it is doing."""
 
 
+# A peer or local address as the server layer has it: an ASGI ``(host, port)``
+# pair (uvicorn's ``client`` and ``server``), a string, or None (unknown, or a
+# unix socket); the debug view formats it.
+Address = tuple[str, int | None] | str | None
+
 _ids = itertools.count(1)
 # Ids for what the view lists, records or not (ASGI-only mode's requests without a body).
 next_id = _ids.__next__
@@ -120,8 +125,8 @@ class Connection:
     def __init__(
         self,
         *,
-        client: str | None = None,
-        server: str | None = None,
+        client: Address = None,
+        server: Address = None,
         handle: ConnectionHandle | None = None,
         connected_at: float = 0.0,
     ) -> None:
