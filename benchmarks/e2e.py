@@ -31,9 +31,9 @@ setups measured one after the other (even in interleaved one-second windows)
 differ by more than the targets.  Two servers sharing one CPU at the same
 moments are slowed alike: a bare/bare pair reads 0.99-1.01 here.  Sharing
 the CPU adds context switches and cache refills to both, which weigh on a
-setup's extra code: the ratios come out 1-2% of a request above the
-instruction counts of ``benchmarks/per_request.py`` (5% for the
-``asyncio.timeout`` middleware), never below.
+setup's extra code: the ratios come out within about 2% of a request of
+the instruction counts of ``benchmarks/per_request.py`` (above them for
+connlist, 5% above for the ``asyncio.timeout`` middleware).
 
 Targets (from the issue): connlist (B) costs at most 3% more server CPU per
 request than bare uvicorn, ASGI-only mode (C) at most 5%, and both are cheaper
