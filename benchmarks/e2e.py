@@ -326,17 +326,14 @@ def parse_wrk(output: str) -> dict[str, Any]:
     return result
 
 
-def start_wrk(wrk: str, cpu: int, conns: int, seconds: int, port: int) -> subprocess.Popen[str]:
-    command = [
-        "taskset",
-        "-c",
-        str(cpu),
-        wrk,
-        "-t1",
-        f"-c{conns}",
-        f"-d{seconds}s",
-        f"http://127.0.0.1:{port}/",
-    ]
+def start_wrk(
+    wrk: str, cpu: int, conns: int, seconds: int, port: int, *, timeout: int | None = None
+) -> subprocess.Popen[str]:
+    """``wrk`` pinned to ``cpu``, loading ``port`` for ``seconds``; collect it with ``finish_wrk``."""
+    command = ["taskset", "-c", str(cpu), wrk, "-t1", f"-c{conns}", f"-d{seconds}s"]
+    if timeout is not None:
+        command.append(f"--timeout={timeout}s")
+    command.append(f"http://127.0.0.1:{port}/")
     return subprocess.Popen(
         command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -357,19 +354,7 @@ def finish_wrk(process: subprocess.Popen[str], seconds: int) -> dict[str, Any]:
 def run_wrk(
     wrk: str, cpu: int, conns: int, seconds: int, port: int, *, timeout: int | None = None
 ) -> dict[str, Any]:
-    command = ["taskset", "-c", str(cpu), wrk, "-t1", f"-c{conns}", f"-d{seconds}s"]
-    if timeout is not None:
-        command.append(f"--timeout={timeout}s")
-    command.append(f"http://127.0.0.1:{port}/")
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=seconds + 30, stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"wrk did not finish within {seconds + 30:g}s") from None
-    if done.returncode != 0:
-        raise BenchError(f"wrk failed with status {done.returncode}:\n{done.stdout}{done.stderr}")
-    return parse_wrk(done.stdout)
+    return finish_wrk(start_wrk(wrk, cpu, conns, seconds, port, timeout=timeout), seconds)
 
 
 # -- one measurement, the rounds, the summary --------------------------------------
