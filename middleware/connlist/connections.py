@@ -345,17 +345,17 @@ class ConnectionsList:
 
     def remove(self, conn: Connection) -> None:
         """Closed or upgraded: leaves both lists.  Idempotent, safe in any state."""
-        if conn._active_next is not conn:
-            self._active_unlink(conn)
-            self._n_active -= 1
-            if not conn.headers_completed:
-                self._n_headers_pending -= 1
-        elif conn._all_next is not conn:
-            if conn.last_message_start != 0.0:
+        if conn._all_next is not conn:
+            # Only a tracked connection can be in ``active``.
+            if conn._active_next is not conn:
+                self._active_unlink(conn)
+                self._n_active -= 1
+                if not conn.headers_completed:
+                    self._n_headers_pending -= 1
+            elif conn.last_message_start != 0.0:
                 self._n_timed_out -= 1
             elif conn._responding:
                 self._n_idle_responding -= 1
-        if conn._all_next is not conn:
             prev = conn._all_prev
             nxt = conn._all_next
             prev._all_next = nxt

@@ -102,8 +102,8 @@ class _Tracking:
     """What both protocols add to uvicorn's: the list events and the connection handle."""
 
     # Slots, not instance attributes: CPython (3.11, 3.12) shares the keys
-    # of an instance dict only up to 30 of them, and uvicorn's protocols
-    # have 28 by their first request.  Two more in the dict would unshare it
+    # of an instance dict only up to 30 of them, and uvicorn's httptools
+    # protocol has 28 by its first request.  Two more in the dict unshared it
     # and slow down every attribute access of uvicorn's own code, by about
     # 1% of a request.
     __slots__ = ("_connlist", "_connlist_conn")
