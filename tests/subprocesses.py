@@ -36,6 +36,30 @@ def free_port() -> int:
         return port
 
 
+def gunicorn_command(port: int, app: str, *options: str, workers: int) -> list[str]:
+    """gunicorn with the example config and ``workers`` workers on 127.0.0.1:``port``, serving ``app``."""
+    import gunicorn.config  # the callers skip their tests without gunicorn
+
+    command = [
+        PYTHON,
+        "-m",
+        "gunicorn",
+        "-c",
+        str(EXAMPLES / "gunicorn.conf.py"),
+        "-w",
+        str(workers),
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--graceful-timeout",
+        "2",
+        *options,
+    ]
+    if "control_socket_disable" in gunicorn.config.make_settings():
+        # gunicorn >= 25.1 opens a control socket under $HOME by default.
+        command.append("--no-control-socket")
+    return [*command, app]
+
+
 def server_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)

@@ -17,10 +17,8 @@ import pytest
 pytest.importorskip("gunicorn")
 pytest.importorskip("uvicorn_worker")
 
-import gunicorn.config
-
 from tests.servers import EARLY, LATE, connect, is_408, read_until_closed
-from tests.subprocesses import EXAMPLES, PYTHON, Process, get_json, run_server, server_env
+from tests.subprocesses import Process, get_json, gunicorn_command, run_server, server_env
 
 HEADERS_TIMEOUT = 0.5
 REQUEST_TIMEOUT = 1.0
@@ -32,28 +30,6 @@ WORKER_CLASSES = {
     "connlist.gunicorn.UvicornWorker": "uvicorn-httptools",
     "connlist.gunicorn.UvicornH11Worker": "uvicorn-h11",
 }
-
-
-def gunicorn_args(worker_class: str, port: int) -> list[str]:
-    args = [
-        PYTHON,
-        "-m",
-        "gunicorn",
-        "-c",
-        str(EXAMPLES / "gunicorn.conf.py"),
-        "-k",
-        worker_class,
-        "-w",
-        str(WORKERS),
-        "--bind",
-        f"127.0.0.1:{port}",
-        "--graceful-timeout",
-        "2",
-    ]
-    if "control_socket_disable" in gunicorn.config.make_settings():
-        # gunicorn >= 25.1 opens a control socket under $HOME by default.
-        args.append("--no-control-socket")
-    return [*args, "examples.app:app"]
 
 
 def workers_seen(port: int, tries: int = MAX_TRIES) -> dict[int, dict[str, Any]]:
@@ -78,7 +54,7 @@ def gunicorn_server(
         CONNLIST_REQUEST_TIMEOUT=str(REQUEST_TIMEOUT),
     )
     with run_server(
-        lambda port: gunicorn_args(worker_class, port),
+        lambda port: gunicorn_command(port, "examples.app:app", "-k", worker_class, workers=WORKERS),
         log,
         env=env,
         # Both workers up, so the tests do not race a booting one.

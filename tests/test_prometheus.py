@@ -48,7 +48,7 @@ from tests.servers import (
     serve,
     wait_for,
 )
-from tests.subprocesses import EXAMPLES, PYTHON, get, get_json, run_server, server_env
+from tests.subprocesses import get, get_json, gunicorn_command, run_server, server_env
 
 HEADERS_TIMEOUT = 0.5
 REQUEST_TIMEOUT = 1.0
@@ -264,7 +264,6 @@ def gunicorn_metrics(tmp_path: Path) -> Iterator[tuple[int, Path, Any]]:
     pytest.importorskip("gunicorn")
     pytest.importorskip("uvicorn_worker")
     pytest.importorskip("fastapi")
-    import gunicorn.config
 
     multiproc = tmp_path / "prometheus"
     multiproc.mkdir()
@@ -277,25 +276,8 @@ def gunicorn_metrics(tmp_path: Path) -> Iterator[tuple[int, Path, Any]]:
     )
 
     def args(port: int) -> list[str]:
-        extra = ["--no-control-socket"] if "control_socket_disable" in gunicorn.config.make_settings() else []
-        return [
-            PYTHON,
-            "-m",
-            "gunicorn",
-            "-c",
-            str(EXAMPLES / "gunicorn.conf.py"),
-            "-w",
-            str(WORKERS),
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--graceful-timeout",
-            "2",
-            # Longer than the test, so the idle connections it holds stay open.
-            "--keep-alive",
-            "30",
-            *extra,
-            "examples.fastapi_app:app",
-        ]
+        # --keep-alive longer than the test, so the idle connections it holds stay open.
+        return gunicorn_command(port, "examples.fastapi_app:app", "--keep-alive", "30", workers=WORKERS)
 
     def both_workers_up(port: int) -> bool:
         return len({get_json(port, "/_connections")["pid"] for _ in range(10)}) == WORKERS
