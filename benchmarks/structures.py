@@ -87,7 +87,7 @@ from typing import Any
 from sortedcontainers import SortedList
 
 import connlist.connections
-from connlist.connections import Connection, ConnectionsList, check_timeout
+from connlist.connections import Address, Connection, ConnectionsList, check_timeout
 
 # -- the alternatives ------------------------------------------------------------
 
@@ -116,8 +116,8 @@ class Conn:
     def __init__(
         self,
         *,
-        client: str | None = None,
-        server: str | None = None,
+        client: Address = None,
+        server: Address = None,
         handle: Any = None,
         connected_at: float = 0.0,
     ) -> None:
@@ -249,7 +249,30 @@ class SortedListConns(_Alternative):
         return expired
 
 
-class SetConns(_Alternative):
+class _RemovedByValue(_Alternative):
+    """``active`` is a container with ``remove(conn)``: the set and the list."""
+
+    __slots__ = ()
+
+    def message_complete(self, conn: Conn) -> None:
+        if not conn.tracked:
+            return
+        if conn.active:
+            self._active.remove(conn)
+            conn.active = False
+        conn.last_message_start = 0.0
+        conn.requests += 1
+
+    def remove(self, conn: Conn) -> None:
+        if conn.active:
+            self._active.remove(conn)
+            conn.active = False
+        if conn.tracked:
+            del self._all[conn]
+            conn.tracked = False
+
+
+class SetConns(_RemovedByValue):
     """``active`` is a set (the unordered_set): ``expired()`` scans all of it."""
 
     __slots__ = ()
@@ -277,23 +300,6 @@ class SetConns(_Alternative):
         conn.last_message_start = self._clock()
         conn.headers_completed = False
 
-    def message_complete(self, conn: Conn) -> None:
-        if not conn.tracked:
-            return
-        if conn.active:
-            self._active.remove(conn)
-            conn.active = False
-        conn.last_message_start = 0.0
-        conn.requests += 1
-
-    def remove(self, conn: Conn) -> None:
-        if conn.active:
-            self._active.remove(conn)
-            conn.active = False
-        if conn.tracked:
-            del self._all[conn]
-            conn.tracked = False
-
     def expired(self, headers_timeout: float, request_timeout: float) -> list[Conn]:
         headers_timeout, request_timeout = _effective(headers_timeout, request_timeout)
         if not headers_timeout and not request_timeout:
@@ -317,7 +323,7 @@ class SetConns(_Alternative):
         return expired
 
 
-class ListConns(_Alternative):
+class ListConns(_RemovedByValue):
     """``active`` is a plain list (the vector): ``list.remove`` is O(n), ``expired()`` scans."""
 
     __slots__ = ()
@@ -347,23 +353,6 @@ class ListConns(_Alternative):
         conn.last_message_start = self._clock()
         conn.headers_completed = False
         active.append(conn)
-
-    def message_complete(self, conn: Conn) -> None:
-        if not conn.tracked:
-            return
-        if conn.active:
-            self._active.remove(conn)
-            conn.active = False
-        conn.last_message_start = 0.0
-        conn.requests += 1
-
-    def remove(self, conn: Conn) -> None:
-        if conn.active:
-            self._active.remove(conn)
-            conn.active = False
-        if conn.tracked:
-            del self._all[conn]
-            conn.tracked = False
 
     def expired(self, headers_timeout: float, request_timeout: float) -> list[Conn]:
         headers_timeout, request_timeout = _effective(headers_timeout, request_timeout)
@@ -459,24 +448,17 @@ class DictConns(_Alternative):
         return expired
 
 
-class OrderedDictConns(_Alternative):
-    """``active`` is a collections.OrderedDict: ``move_to_end`` on message_begin."""
+class OrderedDictConns(DictConns):
+    """``active`` is a collections.OrderedDict: ``move_to_end`` on message_begin.
+
+    Everything but ``message_begin`` is the dict variant's, on an OrderedDict.
+    """
 
     __slots__ = ()
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(clock)
-        self._active: OrderedDict[Conn, None] = OrderedDict()
-
-    def connect(self, **details: Any) -> Conn:
-        now = self._clock()
-        conn = Conn(connected_at=now, **details)
-        self._all[conn] = None
-        conn.tracked = True
-        conn.last_message_start = now
-        self._active[conn] = None
-        conn.active = True
-        return conn
+        self._active = OrderedDict()
 
     def message_begin(self, conn: Conn) -> None:
         if not conn.tracked:
@@ -488,44 +470,6 @@ class OrderedDictConns(_Alternative):
         else:
             self._active[conn] = None
             conn.active = True
-
-    def message_complete(self, conn: Conn) -> None:
-        if not conn.tracked:
-            return
-        if conn.active:
-            del self._active[conn]
-            conn.active = False
-        conn.last_message_start = 0.0
-        conn.requests += 1
-
-    def remove(self, conn: Conn) -> None:
-        if conn.active:
-            del self._active[conn]
-            conn.active = False
-        if conn.tracked:
-            del self._all[conn]
-            conn.tracked = False
-
-    def expired(self, headers_timeout: float, request_timeout: float) -> list[Conn]:
-        headers_timeout, request_timeout = _effective(headers_timeout, request_timeout)
-        if not headers_timeout and not request_timeout:
-            return []
-        now = self._clock()
-        headers_deadline = now - headers_timeout if headers_timeout else -math.inf
-        request_deadline = now - request_timeout if request_timeout else -math.inf
-        young = headers_deadline if headers_timeout else request_deadline
-        expired: list[Conn] = []
-        active = self._active
-        for conn in active:
-            start = conn.last_message_start
-            if start >= young:
-                break
-            if start < request_deadline or (not conn.headers_completed and start < headers_deadline):
-                expired.append(conn)
-        for conn in expired:
-            del active[conn]
-            conn.active = False
-        return expired
 
 
 STRUCTURES: dict[str, Callable[..., Any]] = {
