@@ -36,6 +36,7 @@ from connlist.debug import (
     snapshot,
 )
 from connlist.enforcer import Enforcer
+from connlist.settings import resolve
 from tests.servers import (
     INTEGRATED,
     PLAIN,
@@ -62,7 +63,7 @@ class FakeClock:
 
 
 def make_enforcer(clock: FakeClock) -> Enforcer:
-    return Enforcer(headers_timeout=10, request_timeout=20, clock=clock)
+    return Enforcer(resolve(headers_timeout=10, request_timeout=20), clock=clock)
 
 
 def counts_by_walking(lst: ConnectionsList) -> dict[str, int]:
@@ -76,6 +77,7 @@ def counts_by_walking(lst: ConnectionsList) -> dict[str, int]:
         "writing": sum(state in ("reading_body", "handling") for state in states),
         "waiting": states.count("idle"),
         "timed_out": states.count("timed_out"),
+        "stalled": states.count("stalled"),
     }
 
 
@@ -171,6 +173,7 @@ def test_each_state_in_the_right_lists_with_the_right_fields() -> None:
         "writing": 2,
         "waiting": 1,
         "timed_out": 1,
+        "stalled": 0,
     }
     assert data["counts"] == counts_by_walking(enforcer.connections)
     assert data["truncated"] is False and data["limit"] == DEFAULT_LIMIT
@@ -214,6 +217,7 @@ def test_limit_caps_every_list_and_counts_stay_exact() -> None:
         "writing": 0,
         "waiting": 5,
         "timed_out": 0,
+        "stalled": 0,
     }
     empty = snapshot(enforcer, limit=0)
     assert (empty["all"], empty["idle"], empty["active"], empty["truncated"]) == ([], [], [], True)
@@ -288,7 +292,7 @@ OPS = ("connect", "begin", "headers", "complete", "respond", "remove", "expire")
 )
 def test_counts_match_the_states_after_any_events(steps: list[tuple[str, int, bool, float]]) -> None:
     clock = FakeClock()
-    enforcer = Enforcer(headers_timeout=0.5, request_timeout=1.0, clock=clock)
+    enforcer = Enforcer(resolve(headers_timeout=0.5, request_timeout=1.0), clock=clock)
     lst = enforcer.connections
     conns: list[Connection] = []
     for op, index, flag, delay in steps:
@@ -497,6 +501,9 @@ def test_snapshot_method_is_what_the_endpoint_serves() -> None:
         "mode",
         "headers_timeout",
         "request_timeout",
+        "send_timeout",
+        "body_min_rate",
+        "body_grace",
         "counts",
         "totals",
         "limit",
@@ -698,12 +705,15 @@ def test_real_server_each_state_in_the_right_lists(parser: str) -> None:
             "writing": 3,
             "waiting": 1,
             "timed_out": 0,
+            "stalled": 0,
         }
         assert data["totals"] == {
             "connections": 6,
             "requests": 4,
             "headers_timeouts": 0,
             "request_timeouts": 0,
+            "rate_timeouts": 0,
+            "send_timeouts": 0,
         }
         entries = {entry["client"]: entry for entry in data["all"]}
         clients = [entry["client"] for entry in data["all"]]
@@ -761,7 +771,16 @@ def test_real_server_each_state_in_the_right_lists(parser: str) -> None:
 @pytest.mark.parametrize("parser", ["httptools", "h11"])
 def test_real_server_counts_and_totals_move(parser: str) -> None:
     with Server(INTEGRATED[parser], headers_timeout=0.5, request_timeout=1.0) as server:
-        zero = {"all": 0, "idle": 0, "active": 0, "reading": 0, "writing": 0, "waiting": 0, "timed_out": 0}
+        zero = {
+            "all": 0,
+            "idle": 0,
+            "active": 0,
+            "reading": 0,
+            "writing": 0,
+            "waiting": 0,
+            "timed_out": 0,
+            "stalled": 0,
+        }
         assert server.snapshot()["counts"] == zero
         client = connect(server.port)
         client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -776,6 +795,8 @@ def test_real_server_counts_and_totals_move(parser: str) -> None:
             "requests": 2,
             "headers_timeouts": 0,
             "request_timeouts": 0,
+            "rate_timeouts": 0,
+            "send_timeouts": 0,
         }
         # The silent one is cut off at 0.5 s, the stalled body at 1 s.
         assert b"408" in read_until_closed(silent)[0]
@@ -788,6 +809,8 @@ def test_real_server_counts_and_totals_move(parser: str) -> None:
             "requests": 2,
             "headers_timeouts": 1,
             "request_timeouts": 1,
+            "rate_timeouts": 0,
+            "send_timeouts": 0,
         }
         # Idle connections are never timed out; a second request counts.
         time.sleep(0.6)
@@ -900,6 +923,7 @@ def test_asgi_only_mode(parser: str) -> None:
             "writing": 2,
             "waiting": 0,
             "timed_out": 0,
+            "stalled": 0,
         }
         assert [(e["state"], e["method"], e["path"]) for e in data["all"]] == [
             ("reading_body", "POST", "/upload"),

@@ -27,6 +27,25 @@ incomplete and its message started more than ``headers_timeout`` ago, or its
 message started more than ``request_timeout`` ago.  Expired connections leave
 ``active`` (so each is reported once) and stay in ``all`` until removed.
 
+Three more lists, in the same design, serve the checks beyond Node's; each is
+ordered by the time that matters to it, so a check stops at the first young
+record, and none is touched by a request without a body::
+
+    body      requests receiving a body (``body_begin`` once the headers are
+              in, ``body_bytes`` per read), by the time their body began: the
+              minimum body rate applies once ``body_grace`` has passed
+              (Apache mod_reqtimeout's ``body=10,MinRate=500``)
+    stalled   connections whose response the client stopped taking
+              (``stall`` from the transport's ``pause_writing``, ``unstall``
+              from ``resume_writing``), by when they were last sampled; the
+              enforcer samples the bytes still unsent and cuts a connection
+              that made no progress for ``send_timeout`` (nginx's)
+    closing   connections the enforcer closed (``linger``), by when: what
+              has not gone after a short linger is aborted
+
+A record is in at most one of ``stalled`` and ``closing`` (one link pair,
+``out_state`` says which).
+
 The lists are intrusive, circular and doubly linked, like the pure-Python
 ``OrderedDict`` in CPython: each ``Connection`` carries its own links, one pair
 per list, and each list has a sentinel root.
@@ -45,6 +64,10 @@ Invariants:
   requests); an expired connection keeps its start, so it is neither idle
   nor active.  The clock must therefore never return 0 (``time.monotonic``
   does not).
+* ``body_started``, ``out_sampled`` and ``out_since`` are stamped from the
+  same clock as records are appended, so ``body``, ``stalled`` and
+  ``closing`` stay ordered too.  Sampling a stalled record moves it to the
+  tail of ``stalled``, stamped now.
 * The counts are kept as the nodes move, so each is O(1): ``all``,
   ``active``, and expired connections not yet closed (``timed_out``); idle
   is what remains (``all - active - timed_out``), so a request, which moves
@@ -84,11 +107,22 @@ class ConnectionHandle(Protocol):
     def connlist_close(self) -> None:
         """Close the connection now, whatever it is doing."""
 
+    def connlist_abort(self) -> None:
+        """Abort the connection: drop what is unsent and close it at once."""
+
+    def connlist_pending(self) -> int:
+        """Bytes of the response the client has not taken yet (the transport's buffer and the kernel's)."""
+
 
 # A peer or local address as the server layer has it: an ASGI ``(host, port)``
 # pair (uvicorn's ``client`` and ``server``), a string, or None (unknown, or a
 # unix socket); the debug view formats it.
 Address = tuple[str, int | None] | str | None
+
+# Connection.out_state: in neither ``stalled`` nor ``closing``, or in one of them.
+OUT_NONE = 0
+OUT_STALLED = 1
+OUT_CLOSING = 2
 
 _ids = itertools.count(1)
 # Ids for what the view lists, records or not (ASGI-only mode's requests without a body).
@@ -108,8 +142,14 @@ class Connection:
         "_active_prev",
         "_all_next",
         "_all_prev",
+        "_body_next",
+        "_body_prev",
         "_list",
+        "_out_next",
+        "_out_prev",
         "_responding",
+        "body_received",
+        "body_started",
         "client",
         "connected_at",
         "handle",
@@ -117,6 +157,10 @@ class Connection:
         "id",
         "last_message_start",
         "method",
+        "out_pending",
+        "out_sampled",
+        "out_since",
+        "out_state",
         "path",
         "requests",
         "server",
@@ -135,6 +179,10 @@ class Connection:
         self._all_next: Connection = self
         self._active_prev: Connection = self
         self._active_next: Connection = self
+        self._body_prev: Connection = self
+        self._body_next: Connection = self
+        self._out_prev: Connection = self
+        self._out_next: Connection = self
         self.id: int = next_id()
         self.client = client
         self.server = server
@@ -151,6 +199,17 @@ class Connection:
         # See the ``responding`` property; ``_list`` is the list that made this connection.
         self._responding = False
         self._list: ConnectionsList | None = None
+        # The body being received (while in ``body``): when it began, and
+        # how many bytes have arrived since (framing included).
+        self.body_started = 0.0
+        self.body_received = 0
+        # ``stalled`` or ``closing`` (OUT_STALLED, OUT_CLOSING; OUT_NONE: in
+        # neither).  Stalled: last progress, last sample, bytes unsent then;
+        # closing: when the enforcer closed it.
+        self.out_state = OUT_NONE
+        self.out_since = 0.0
+        self.out_sampled = 0.0
+        self.out_pending = 0
 
     @property
     def responding(self) -> bool:
@@ -177,6 +236,16 @@ class Connection:
         """Whether the connection is in ``active`` (receiving a request)."""
         return self._active_next is not self
 
+    @property
+    def receiving_body(self) -> bool:
+        """Whether the connection is in ``body`` (its request's body is timed by the minimum rate)."""
+        return self._body_next is not self
+
+    @property
+    def stalled(self) -> bool:
+        """Whether the client stopped taking the response (the transport paused writing)."""
+        return self.out_state == OUT_STALLED
+
     def __repr__(self) -> str:
         return (
             f"<Connection id={self.id} client={self.client!r} start={self.last_message_start!r} "
@@ -199,12 +268,16 @@ class ConnectionsList:
     __slots__ = (
         "_active_root",
         "_all_root",
+        "_body_root",
         "_clock",
+        "_closing_root",
         "_n_active",
         "_n_all",
         "_n_headers_pending",
         "_n_idle_responding",
+        "_n_stalled",
         "_n_timed_out",
+        "_stalled_root",
     )
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -222,6 +295,12 @@ class ConnectionsList:
         self._n_headers_pending = 0
         # Idle connections whose response is unfinished.
         self._n_idle_responding = 0
+        # The lists beyond Node's (see the module docstring); their roots are
+        # Connections too, so the link code is the same.
+        self._body_root = Connection()
+        self._stalled_root = Connection()
+        self._closing_root = Connection()
+        self._n_stalled = 0
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -244,6 +323,40 @@ class ConnectionsList:
         prev._active_next = nxt
         nxt._active_prev = prev
         conn._active_prev = conn._active_next = conn
+
+    @staticmethod
+    def _body_append(root: Connection, conn: Connection) -> None:
+        last = root._body_prev
+        conn._body_prev = last
+        conn._body_next = root
+        last._body_next = conn
+        root._body_prev = conn
+
+    @staticmethod
+    def _body_unlink(conn: Connection) -> None:
+        prev = conn._body_prev
+        nxt = conn._body_next
+        prev._body_next = nxt
+        nxt._body_prev = prev
+        conn._body_prev = conn._body_next = conn
+
+    @staticmethod
+    def _out_append(root: Connection, conn: Connection) -> None:
+        last = root._out_prev
+        conn._out_prev = last
+        conn._out_next = root
+        last._out_next = conn
+        root._out_prev = conn
+
+    def _out_unlink(self, conn: Connection) -> None:
+        if conn.out_state == OUT_STALLED:
+            self._n_stalled -= 1
+        conn.out_state = OUT_NONE
+        prev = conn._out_prev
+        nxt = conn._out_next
+        prev._out_next = nxt
+        nxt._out_prev = prev
+        conn._out_prev = conn._out_next = conn
 
     # -- events --------------------------------------------------------------
 
@@ -333,6 +446,8 @@ class ConnectionsList:
             self._n_active -= 1
             if not conn.headers_completed:
                 self._n_headers_pending -= 1
+            elif conn._body_next is not conn:
+                self._body_unlink(conn)
         elif conn.last_message_start != 0.0:
             # Expired and not yet closed: its request is fully received after all.
             self._n_timed_out -= 1
@@ -356,12 +471,158 @@ class ConnectionsList:
                 self._n_timed_out -= 1
             elif conn._responding:
                 self._n_idle_responding -= 1
+            if conn._body_next is not conn:
+                self._body_unlink(conn)
+            if conn.out_state:
+                self._out_unlink(conn)
             prev = conn._all_prev
             nxt = conn._all_next
             prev._all_next = nxt
             nxt._all_prev = prev
             conn._all_prev = conn._all_next = conn
             self._n_all -= 1
+
+    # -- the body, the stalled and the closing lists ---------------------------
+
+    def body_begin(self, conn: Connection) -> None:
+        """The request's headers are in and a body follows: it joins the tail of ``body``, timed from now.
+
+        Only a request that is being received (in ``active``, headers
+        complete) can join; a second call for the same body does nothing.
+        """
+        if conn._body_next is conn and conn._active_next is not conn and conn.headers_completed:
+            conn.body_started = self._clock()
+            conn.body_received = 0
+            self._body_append(self._body_root, conn)
+
+    def body_bytes(self, conn: Connection, nbytes: int) -> None:
+        """``nbytes`` more of the body arrived (the server layer may add to ``body_received`` itself)."""
+        conn.body_received += nbytes
+
+    def rate_expired(
+        self, min_rate: float, grace: float, now: float, limit: int = -1
+    ) -> tuple[list[Connection], float | None, float | None]:
+        """Unlink and return the bodies that fell behind ``min_rate`` bytes/s (after ``grace`` seconds).
+
+        A body that began at ``t`` with ``b`` bytes received is behind when
+        ``now > t + grace + b / min_rate``.  Expired connections leave
+        ``body`` and ``active`` (they count as timed out, like ``expired``).
+        Walks ``body`` from the head and stops at the first body still in
+        its grace period, or after ``limit`` expired ones (``-1``: no
+        limit).  For the timer, also returns the earliest deadline of the
+        bodies it walked and kept, and the end of the grace period of the
+        body it stopped at (each None if there is none): no other body can
+        be due before either.
+        """
+        expired: list[Connection] = []
+        earliest = _INF
+        grace_end: float | None = None
+        root = self._body_root
+        young = now - grace
+        node = root._body_next
+        while node is not root:
+            started = node.body_started
+            if started >= young:
+                grace_end = started + grace
+                break
+            nxt = node._body_next
+            deadline = started + grace + node.body_received / min_rate
+            if now > deadline:
+                if len(expired) == limit:
+                    break
+                self._body_unlink(node)
+                if node._active_next is not node:
+                    self._active_unlink(node)
+                    self._n_active -= 1
+                    self._n_timed_out += 1
+                expired.append(node)
+            elif deadline < earliest:
+                earliest = deadline
+            node = nxt
+        return expired, (None if earliest == _INF else earliest), grace_end
+
+    def stall(self, conn: Connection, pending: int) -> None:
+        """The client stopped taking the response (``pending`` bytes unsent): joins the tail of ``stalled``.
+
+        Does nothing for a connection that is closing, already stalled, or
+        not tracked.
+        """
+        if conn.out_state == OUT_NONE and conn._all_next is not conn:
+            now = self._clock()
+            conn.out_state = OUT_STALLED
+            conn.out_since = conn.out_sampled = now
+            conn.out_pending = pending
+            self._out_append(self._stalled_root, conn)
+            self._n_stalled += 1
+
+    def unstall(self, conn: Connection) -> None:
+        """The response is flowing again: leaves ``stalled`` (nothing happens if it was not in it)."""
+        if conn.out_state == OUT_STALLED:
+            self._out_unlink(conn)
+
+    def stalled_due(self, interval: float, now: float, limit: int) -> list[Connection]:
+        """Up to ``limit`` stalled connections, oldest first, last sampled at least ``interval`` ago."""
+        due: list[Connection] = []
+        root = self._stalled_root
+        bound = now - interval
+        node = root._out_next
+        while node is not root and node.out_sampled <= bound and len(due) < limit:
+            due.append(node)
+            node = node._out_next
+        return due
+
+    def stall_sample(self, conn: Connection, pending: int, now: float) -> float:
+        """Record a sample of a stalled connection's unsent bytes; return how long it made no progress.
+
+        Fewer bytes unsent than at the last sample is progress.  The record
+        moves to the tail of ``stalled``, stamped ``now`` (``now`` must not be
+        older than any stamp in the list).
+        """
+        if conn.out_state != OUT_STALLED:
+            return 0.0
+        if pending < conn.out_pending:
+            conn.out_since = now
+        conn.out_pending = pending
+        conn.out_sampled = now
+        prev = conn._out_prev
+        nxt = conn._out_next
+        prev._out_next = nxt
+        nxt._out_prev = prev
+        self._out_append(self._stalled_root, conn)
+        return now - conn.out_since
+
+    def stalled_head_sampled(self) -> float | None:
+        """When the least recently sampled stalled connection was sampled, or None."""
+        head = self._stalled_root._out_next
+        return None if head is self._stalled_root else head.out_sampled
+
+    def linger(self, conn: Connection) -> None:
+        """The enforcer closed the connection: it joins the tail of ``closing`` (leaving ``stalled``)."""
+        if conn._all_next is conn or conn.out_state == OUT_CLOSING:
+            return
+        if conn.out_state == OUT_STALLED:
+            self._out_unlink(conn)
+        conn.out_state = OUT_CLOSING
+        conn.out_since = self._clock()
+        self._out_append(self._closing_root, conn)
+
+    def lingered(self, linger: float, now: float, limit: int) -> list[Connection]:
+        """Unlink and return up to ``limit`` closing connections closed at least ``linger`` ago."""
+        done: list[Connection] = []
+        root = self._closing_root
+        bound = now - linger
+        node = root._out_next
+        while node is not root and node.out_since <= bound and len(done) < limit:
+            nxt = node._out_next
+            self._out_unlink(node)
+            done.append(node)
+            node = nxt
+        return done
+
+    def closing_head_since(self) -> float | None:
+        """When the oldest connection in ``closing`` was closed, or None."""
+        head = self._closing_root._out_next
+        return None if head is self._closing_root else head.out_since
 
     # -- views ---------------------------------------------------------------
 
@@ -390,6 +651,11 @@ class ConnectionsList:
     def idle_responding_count(self) -> int:
         """Idle connections (no request being received) whose response is unfinished."""
         return self._n_idle_responding
+
+    @property
+    def stalled_count(self) -> int:
+        """Connections in ``stalled``: the client stopped taking the response."""
+        return self._n_stalled
 
     def iter_all(self) -> Iterator[Connection]:
         """``all`` in connection order; the current node may be removed while iterating."""
@@ -460,12 +726,14 @@ class ConnectionsList:
             headers_timeout, request_timeout = request_timeout, headers_timeout
         return headers_timeout, request_timeout
 
-    def expired(self, headers_timeout: float, request_timeout: float) -> list[Connection]:
+    def expired(self, headers_timeout: float, request_timeout: float, limit: int = -1) -> list[Connection]:
         """Unlink and return the active connections that ran out of time (Node's rule).
 
         0 disables a timeout; if both are set and ``headers_timeout >
         request_timeout`` they are swapped.  The cost is proportional to the
         connections older than the shorter timeout, not to all active ones.
+        At most ``limit`` are returned (``-1``: no limit); the rest stay for
+        the next call.
         """
         headers_timeout, request_timeout = self._effective(headers_timeout, request_timeout)
         if not headers_timeout and not request_timeout:
@@ -486,12 +754,16 @@ class ConnectionsList:
                 break
             nxt = node._active_next
             if start < request_deadline or (not node.headers_completed and start < headers_deadline):
+                if len(expired) == limit:
+                    break
                 prev = node._active_prev
                 prev._active_next = nxt
                 nxt._active_prev = prev
                 node._active_prev = node._active_next = node
                 if not node.headers_completed:
                     self._n_headers_pending -= 1
+                elif node._body_next is not node:
+                    self._body_unlink(node)
                 expired.append(node)
             node = nxt
         self._n_active -= len(expired)

@@ -13,6 +13,8 @@ Derived from the list's fields (nothing extra is stored to show them)::
     reading_headers  a request began, its headers are incomplete
     reading_body     headers in, body still arriving
     handling         request received, response not finished
+    stalled          handling, and the client stopped taking the response
+                     (the transport paused writing): the send timeout runs
     idle             keep-alive, waiting for the next request
     timed_out        expired and being closed: the enforcer unlinked it from
                      ``active`` and closed its transport (408 if no response
@@ -66,12 +68,15 @@ loopback, and use a token behind a proxy.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
 import hmac
 import ipaddress
 import json
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -83,6 +88,7 @@ from connlist.enforcer import Enforcer, format_address
 __all__ = [
     "DEFAULT_LIMIT",
     "IDLE_SCAN",
+    "MAX_LIMIT",
     "PATH_MAX",
     "STATES",
     "DebugEndpoint",
@@ -90,23 +96,31 @@ __all__ = [
     "count",
     "describe",
     "is_loopback",
+    "json_pieces",
     "not_found",
     "parse_limit",
     "snapshot",
+    "snapshot_steps",
 ]
 
 DEFAULT_LIMIT = 1000
 # The idle list is looked for among the first ``IDLE_SCAN * limit``
 # connections of ``all`` (see "Cost" above).
 IDLE_SCAN = 10
+# The endpoint works in slices of at most SLICE seconds of loop time, looking
+# at the clock every STEP connections (a few hundred microseconds of work).
+SLICE = 0.010
+STEP = 100
 # Paths longer than this are cut (and end with "..."): the view must stay
 # small whatever clients send.
 PATH_MAX = 256
 
-STATES = ("new", "reading_headers", "reading_body", "handling", "idle", "timed_out")
+STATES = ("new", "reading_headers", "reading_body", "handling", "stalled", "idle", "timed_out")
 
-# The largest ``limit`` accepted in a query string (lists are capped by the counts anyway).
-_LIMIT_DIGITS = 12
+# The largest ``limit`` the endpoint accepts: describing a connection costs a
+# few microseconds on the event loop, so this bounds what one request can
+# make the worker do (see "Cost").
+MAX_LIMIT = 10_000
 
 
 def connection_state(conn: Connection) -> str:
@@ -123,6 +137,8 @@ def connection_state(conn: Connection) -> str:
         return "closed"
     if conn.last_message_start != 0:
         return "timed_out"  # left active without completing its message: expired
+    if conn.stalled:
+        return "stalled"
     return "handling" if conn.responding else "idle"
 
 
@@ -188,6 +204,7 @@ def count(enforcer: Enforcer) -> dict[str, int]:
         "writing": n_active - reading + handling + in_flight,
         "waiting": n_idle - handling,
         "timed_out": connections.timed_out_count,
+        "stalled": connections.stalled_count,
     }
 
 
@@ -209,8 +226,8 @@ def _describe_in_flight(entry: tuple[int, float, Any], now: float) -> dict[str, 
 
 
 def _check_limit(limit: object) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise ValueError(f"limit must be an integer >= 0, got {limit!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit must be an integer from 0 to {MAX_LIMIT}, got {limit!r}")
     return limit
 
 
@@ -220,7 +237,27 @@ def snapshot(enforcer: Enforcer, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any
     Counts are exact; each list holds at most ``limit`` connections, and
     ``truncated`` says whether any list holds fewer than its count.  Call it
     on the event loop that serves the connections (the list is not
-    thread-safe).
+    thread-safe).  The endpoint builds the same data in slices, yielding to
+    the loop between them (``snapshot_steps``).
+    """
+    steps = snapshot_steps(enforcer, limit=limit)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: dict[str, Any] = done.value
+            return result
+
+
+def snapshot_steps(
+    enforcer: Enforcer, *, limit: int = DEFAULT_LIMIT
+) -> Generator[None, None, dict[str, Any]]:
+    """``snapshot`` as a generator that stops every ``STEP`` connections, so the caller can yield the loop.
+
+    Between steps the lists may change: the walks carry on safely (a
+    connection removed meanwhile is skipped, and a walk whose next
+    connection was removed too ends early, with ``truncated`` true); the
+    counts are those of the start.
     """
     limit = _check_limit(limit)
     connections = enforcer.connections
@@ -237,6 +274,10 @@ def snapshot(enforcer: Enforcer, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any
     want_idle = min(limit, connections.idle_count)
     scan = limit * IDLE_SCAN
     for seen, conn in enumerate(connections.iter_all()):
+        if seen % STEP == STEP - 1:
+            yield
+            if not conn.tracked:
+                continue  # removed while the caller had the loop
         if seen < limit:
             entry = describe(conn, now, servers)
             described[conn.id] = entry
@@ -250,7 +291,7 @@ def snapshot(enforcer: Enforcer, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any
 
     # ASGI-only mode's requests without a body have no record: they are
     # listed after the records, in the order they arrived.
-    for request in enforcer.in_flight.values():
+    for request in list(enforcer.in_flight.values()):
         if len(all_list) >= limit and len(idle_list) >= limit:
             break
         item = _describe_in_flight(request, now)
@@ -261,31 +302,53 @@ def snapshot(enforcer: Enforcer, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any
 
     active_list: list[dict[str, Any]] = []
     if limit:
-        for conn in connections.iter_active():
+        for seen, conn in enumerate(connections.iter_active()):
+            if seen % STEP == STEP - 1:
+                yield
+                if not conn.is_active:
+                    continue
             known = described.get(conn.id)
             active_list.append(describe(conn, now, servers) if known is None else dict(known))
             if len(active_list) >= limit:
                 break
 
-    totals = enforcer.totals
     return {
         "pid": os.getpid(),
         "mode": enforcer.mode,
-        "headers_timeout": enforcer.headers_timeout,
-        "request_timeout": enforcer.request_timeout,
+        **dataclasses.asdict(enforcer.settings),
         "counts": counts,
-        "totals": {
-            "connections": totals.connections,
-            "requests": totals.requests,
-            "headers_timeouts": totals.headers_timeouts,
-            "request_timeouts": totals.request_timeouts,
-        },
+        "totals": dataclasses.asdict(enforcer.totals),
         "limit": limit,
         "truncated": len(all_list) < n_all or len(idle_list) < n_idle or len(active_list) < n_active,
         "all": all_list,
         "idle": idle_list,
         "active": active_list,
     }
+
+
+def json_pieces(data: dict[str, Any]) -> Iterator[str]:
+    """The JSON text of a snapshot, in pieces of at most ``STEP`` connections (``"".join`` them)."""
+    lists = [key for key, value in data.items() if isinstance(value, list)]
+    head = {key: value for key, value in data.items() if key not in lists}
+    text = json.dumps(head, separators=(",", ":"))
+    yield text[:-1]
+    for key in lists:
+        items = data[key]
+        yield f",{json.dumps(key)}:["
+        for start in range(0, len(items), STEP):
+            piece = json.dumps(items[start : start + STEP], separators=(",", ":"))[1:-1]
+            yield piece if start == 0 else "," + piece
+        yield "]"
+    yield "}"
+
+
+async def _cooperatively(steps: Iterator[None], clock: Callable[[], float] = time.perf_counter) -> None:
+    """Run ``steps`` to the end, yielding the event loop whenever a slice of ``SLICE`` seconds is used."""
+    until = clock() + SLICE
+    for _ in steps:
+        if clock() > until:
+            await asyncio.sleep(0)
+            until = clock() + SLICE
 
 
 # -- access ----------------------------------------------------------------
@@ -319,8 +382,12 @@ def parse_limit(query_string: bytes) -> int:
     for name, value in parse_qsl(text, keep_blank_values=True):
         if name != "limit":
             raise ValueError(f"unknown query parameter {name[:40]!r}; the only one is 'limit'")
-        if not (value.isascii() and value.isdigit()) or len(value) > _LIMIT_DIGITS:
-            raise ValueError(f"limit must be a whole number from 0 to {10**_LIMIT_DIGITS - 1}")
+        if (
+            not (value.isascii() and value.isdigit())
+            or len(value) > len(str(MAX_LIMIT))
+            or int(value) > MAX_LIMIT
+        ):
+            raise ValueError(f"limit must be a whole number from 0 to {MAX_LIMIT}")
         limit = int(value)
     return limit
 
@@ -359,13 +426,34 @@ class DebugEndpoint:
         except ValueError as exc:
             await _send_json(send, 400, {"error": str(exc)}, method)
             return
-        await _send_json(send, 200, snapshot(self._enforcer_of(), limit=limit), method)
+        # Built and encoded in slices: a large limit on a large worker must
+        # not hold the loop (its other connections) for long.
+        result: dict[str, Any] = {}
+
+        def build() -> Iterator[None]:
+            result.update((yield from snapshot_steps(self._enforcer_of(), limit=limit)))
+
+        await _cooperatively(build())
+        pieces: list[str] = []
+
+        def encode() -> Iterator[None]:
+            for piece in json_pieces(result):
+                pieces.append(piece)
+                yield
+
+        await _cooperatively(encode())
+        await _send_body(send, 200, "".join(pieces).encode(), method)
 
 
 async def _send_json(
     send: Send, status: int, data: Any, method: str, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    body = json.dumps(data, separators=(",", ":")).encode()
+    await _send_body(send, status, json.dumps(data, separators=(",", ":")).encode(), method, extra)
+
+
+async def _send_body(
+    send: Send, status: int, body: bytes, method: str, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

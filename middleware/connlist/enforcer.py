@@ -1,74 +1,88 @@
-"""Per-worker enforcement of the headers and request timeouts, with one timer.
+"""Per-worker enforcement of every timeout, with one timer.
 
 Node.js checks its ConnectionsList every ``connectionsCheckingInterval``
 (30 s by default), so its ``408`` can come up to 30 s late.  connlist keeps one
-``loop.call_later`` timer per worker instead, armed at the earliest deadline
-any active connection can reach; ``ConnectionsList.next_deadline`` finds it
-near the head of the ordered ``active`` list.  After each sweep the timer is
-armed again, never further away than the shortest timeout: a message that
-begins after the timer was armed cannot have an earlier deadline than that.
-While any connection is tracked, a timer stays armed (at the shortest timeout
-when no connection is active), so ``message_begin``, which runs for every
-request, never has to arm one; only ``connect`` may find none armed.
+``loop.call_later`` timer per worker instead, armed at the earliest moment
+anything can be due:
+
+* a request's headers or request timeout (``ConnectionsList.next_deadline``
+  finds it near the head of the ordered ``active`` list);
+* a body's minimum rate (the bodies past their grace period, at the head of
+  ``body``; the others cannot be due before their grace ends);
+* a stalled response's next sample: a stalled connection is sampled every
+  ``send_timeout / 4`` and cut once it made no progress for ``send_timeout``,
+  so it is cut between ``send_timeout`` and ``1.25 * send_timeout`` (plus
+  the timer's lateness) after its last progress;
+* a closed connection's linger (``LINGER``), after which it is aborted;
+* the next log summary, while one is pending.
+
+After each sweep the timer is armed again, never further away than
+``Settings.shortest``: anything that starts a clock after the timer was armed
+(a request, a body, a stall) cannot be due before that.  While any connection
+is tracked a timer stays armed, so ``message_begin``, which runs for every
+request, never has to arm one; only ``connect`` may find none armed, and a
+close that starts a linger outside a sweep brings the timer forward.
+
+Cutting a connection off costs tens of microseconds (the ``408``, the
+transport, the callback), so a mass timeout is spread over loop iterations:
+one sweep spends at most ``BUDGET`` seconds closing, then yields to the loop
+and carries on at the next iteration, so requests of other clients are served
+in between.
 
 The server layer (``connlist.uvicorn``) or the middleware in ASGI-only mode
-feeds the list and calls ``watch()`` after ``connect``; what expires is
-closed through the connection's handle.
+feeds the list and calls ``watch()`` after ``connect``; what is due is closed
+through the connection's handle.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from connlist.connections import Connection, ConnectionsList, check_timeout
+from connlist.connections import Connection, ConnectionsList
+from connlist.logs import Summary, logger
+from connlist.settings import Settings
 
 __all__ = [
-    "DEFAULT_HEADERS_TIMEOUT",
-    "DEFAULT_REQUEST_TIMEOUT",
+    "BUDGET",
+    "CUT_KEY",
+    "LINGER",
     "STATE_KEY",
     "Enforcer",
     "TimeoutKind",
     "Totals",
     "format_address",
-    "resolve_timeouts",
 ]
-
-logger = logging.getLogger("connlist")
 
 # The key under which the middleware hands its enforcer to the server's
 # protocols, in the ASGI lifespan state (uvicorn gives every protocol it).
 STATE_KEY = "connlist.enforcer"
-
-DEFAULT_REQUEST_TIMEOUT = 300.0
-DEFAULT_HEADERS_TIMEOUT = 60.0
+# Set in a request's scope when connlist cuts its connection off, so that the
+# middleware knows the app's ClientDisconnect is connlist's doing.
+CUT_KEY = "connlist.cut"
 
 # A timer that fires exactly at a deadline finds nothing expired: Node's rule
 # is strict (``start < now - timeout``).  Fire this much later.
 _SLACK = 0.001
+# How long a connection connlist closed may take to go (long enough for a
+# well-behaved client to read the 408) before it is aborted.
+LINGER = 1.0
+# Seconds of cutting-off work per loop iteration, and how many connections
+# are taken from a list at a time between two looks at the clock.
+BUDGET = 0.015
+_BATCH = 32
+# A body that keeps just ahead of the minimum rate is looked at again no
+# sooner than this: the cost of watching it stays bounded, the cut-off at most
+# this late.
+RATE_RESOLUTION = 0.1
+# An on_timeout callback that runs longer than this is warned about, once.
+SLOW_CALLBACK = 0.010
 
-TimeoutKind = Literal["headers", "request"]
+TimeoutKind = Literal["headers", "request", "rate", "send"]
 OnTimeout = Callable[[Connection, TimeoutKind], object]
-
-
-def resolve_timeouts(headers_timeout: float | None, request_timeout: float) -> tuple[float, float]:
-    """Validate the two options as Node.js's ``http.createServer`` does; return the effective values."""
-    request_timeout = check_timeout("request_timeout", request_timeout)
-    if headers_timeout is None:
-        # Node: headersTimeout defaults to min(60 s, requestTimeout); with
-        # the request timeout disabled, to 60 s.
-        headers_timeout = min(DEFAULT_HEADERS_TIMEOUT, request_timeout) or DEFAULT_HEADERS_TIMEOUT
-    headers_timeout = check_timeout("headers_timeout", headers_timeout)
-    if headers_timeout and request_timeout and headers_timeout > request_timeout:
-        raise ValueError(
-            f"headers_timeout ({headers_timeout:g}) must not be greater than "
-            f"request_timeout ({request_timeout:g}) when both are enabled"
-        )
-    return headers_timeout, request_timeout
 
 
 def format_address(address: object) -> str | None:
@@ -89,39 +103,58 @@ class Totals:
     requests: int = 0
     headers_timeouts: int = 0
     request_timeouts: int = 0
+    rate_timeouts: int = 0
+    send_timeouts: int = 0
 
 
 class Enforcer:
-    """One worker's ConnectionsList, its timeouts, its timer and its counters."""
+    """One worker's ConnectionsList, its settings, its timer, its counters and its log summary."""
 
     def __init__(
         self,
+        settings: Settings | None = None,
         *,
-        headers_timeout: float | None = None,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         on_timeout: OnTimeout | None = None,
         clock: Callable[[], float] = time.monotonic,
+        linger: float = LINGER,
     ) -> None:
         self.connections = ConnectionsList(clock)
-        self.headers_timeout, self.request_timeout = resolve_timeouts(headers_timeout, request_timeout)
+        self.settings = Settings() if settings is None else settings
         self.on_timeout = on_timeout
         self.totals = Totals()
+        self.summary = Summary()
         # "asgi" until a connlist protocol of the server announces itself.
         self.mode = "asgi"
         # The list's clock, read where a request has no record (ASGI-only mode).
         self.clock = clock
+        self.linger = linger
         # ASGI-only mode: requests without a body have nothing left to
         # receive, so nothing to time and no record; the view lists them from
         # here: key -> (id, start, scope).
-        self.in_flight: dict[int, tuple[int, float, Any]] = {}
+        self.in_flight: dict[int, tuple[int, float, object]] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._timer_loop: asyncio.AbstractEventLoop | None = None
+        # A sweep that ran out of its budget continues at the next iteration.
+        self._continuing = False
+        # From the last sweep: the earliest rate deadline of the bodies it
+        # kept, and the end of the next grace period (see rate_expired).
+        self._rate_next: float | None = None
+        self._grace_end: float | None = None
+        self._slow_callback_warned = False
+        self._failure_logged = False
 
-    def configure(
-        self, *, headers_timeout: float, request_timeout: float, on_timeout: OnTimeout | None
-    ) -> None:
+    @property
+    def headers_timeout(self) -> float:
+        return self.settings.headers_timeout
+
+    @property
+    def request_timeout(self) -> float:
+        return self.settings.request_timeout
+
+    def configure(self, settings: Settings, *, on_timeout: OnTimeout | None) -> None:
         """Take over another owner's settings (already validated); re-arm the timer."""
-        self.headers_timeout, self.request_timeout = headers_timeout, request_timeout
+        self.settings = settings
         self.on_timeout = on_timeout
         self.cancel()
         self.watch()
@@ -130,7 +163,7 @@ class Enforcer:
 
     def watch(self) -> None:
         """Arm the timer if none is armed; call after ``connect``."""
-        if self._timer is None:
+        if self._timer is None and not self._continuing:
             self._arm()
 
     def cancel(self) -> None:
@@ -141,49 +174,183 @@ class Enforcer:
             self._timer = None
             self._timer_loop = None
 
+    def bring_forward(self, when: float) -> None:
+        """Make sure the timer fires by ``when`` (a clock value): for clocks started outside a sweep."""
+        if self._continuing or (self._timer is not None and self._timer_at <= when):
+            return
+        self.cancel()
+        self._arm()
+
+    def _next_due(self, now: float) -> float | None:
+        """The earliest clock value at which anything can be due, or None if nothing can."""
+        settings = self.settings
+        connections = self.connections
+        candidates: list[float] = []
+        deadline = connections.next_deadline(settings.headers_timeout, settings.request_timeout)
+        if deadline is not None:
+            candidates.append(deadline + _SLACK)
+        if settings.body_min_rate:
+            # Bodies begun since the last sweep cannot be due before
+            # ``Settings.shortest`` from now, which bounds every delay.
+            if self._rate_next is not None:
+                candidates.append(max(self._rate_next + _SLACK, now + RATE_RESOLUTION))
+            if self._grace_end is not None:
+                candidates.append(self._grace_end + _SLACK)
+        if settings.send_timeout:
+            sampled = connections.stalled_head_sampled()
+            if sampled is not None:
+                candidates.append(sampled + settings.send_timeout / 4)
+        since = connections.closing_head_since()
+        if since is not None:
+            candidates.append(since + self.linger)
+        if self.summary.pending:
+            candidates.append(self.summary.due)
+        return min(candidates) if candidates else None
+
     def _arm(self) -> None:
-        shortest = self.headers_timeout or self.request_timeout
-        if not shortest or not len(self.connections):
-            return  # both timeouts disabled, or nothing to watch until a connect
-        deadline = self.connections.next_deadline(self.headers_timeout, self.request_timeout)
-        # With nothing active, ``shortest`` is the earliest a message begun from now can expire.
-        delay = shortest if deadline is None else min(max(deadline - self.clock(), 0.0) + _SLACK, shortest)
+        now = self.clock()
+        due = self._next_due(now)
+        shortest = self.settings.shortest
+        if shortest and len(self.connections):
+            # With nothing due, ``shortest`` is the earliest anything begun from now can be.
+            due = now + shortest if due is None else min(due, now + shortest)
+        elif due is None:
+            return  # nothing to watch until a connect
         loop = asyncio.get_running_loop()
+        delay = max(due - now, 0.0)
         self._timer = loop.call_later(delay, self._sweep)
+        self._timer_at = now + delay
         self._timer_loop = loop
 
     def _sweep(self) -> None:
         self._timer = None
-        for conn in self.connections.expired(self.headers_timeout, self.request_timeout):
-            self._expire(conn)
-        self._arm()
+        self._continuing = False
+        if self._work():
+            self.summary.flush(self.clock())
+            self._arm()
+        else:
+            # Out of budget: carry on at the next loop iteration, after the
+            # I/O that is ready (other clients) has been served.
+            self._continuing = True
+            asyncio.get_running_loop().call_soon(self._sweep)
+
+    def _work(self) -> bool:
+        """Cut off what is due, within ``BUDGET``; whether everything due was done."""
+        clock = self.clock
+        now = clock()
+        stop = now + BUDGET
+        settings = self.settings
+        connections = self.connections
+        # Headers and request timeouts (Node's rule).
+        if settings.headers_timeout or settings.request_timeout:
+            while True:
+                batch = connections.expired(settings.headers_timeout, settings.request_timeout, _BATCH)
+                for conn in batch:
+                    kind: TimeoutKind = (
+                        "headers" if settings.headers_timeout and not conn.headers_completed else "request"
+                    )
+                    self._cut(conn, kind)
+                if len(batch) < _BATCH:
+                    break
+                if clock() > stop:
+                    return False
+        # Minimum body rate.
+        if settings.body_min_rate:
+            while True:
+                batch, self._rate_next, self._grace_end = connections.rate_expired(
+                    settings.body_min_rate, settings.body_grace, now, _BATCH
+                )
+                for conn in batch:
+                    self._cut(conn, "rate")
+                if len(batch) < _BATCH:
+                    break
+                if clock() > stop:
+                    return False
+        # Stalled responses: sample, cut those without progress.
+        if settings.send_timeout:
+            interval = settings.send_timeout / 4
+            # Samples are stamped now, and a stall that began during this
+            # sweep (a callback wrote) may be stamped later than its start.
+            now = clock()
+            while True:
+                batch = connections.stalled_due(interval, now, _BATCH)
+                for conn in batch:
+                    handle = conn.handle
+                    pending = 0 if handle is None else handle.connlist_pending()
+                    if connections.stall_sample(conn, pending, now) >= settings.send_timeout:
+                        connections.unstall(conn)
+                        self._record(conn, "send")
+                        if handle is not None:
+                            self._call(handle.connlist_abort)
+                if len(batch) < _BATCH:
+                    break
+                if clock() > stop:
+                    return False
+        # Closed connections that did not go within the linger.
+        while True:
+            batch = connections.lingered(self.linger, now, _BATCH)
+            for conn in batch:
+                if conn.handle is not None:
+                    self._call(conn.handle.connlist_abort)
+            if len(batch) < _BATCH:
+                break
+            if clock() > stop:
+                return False
+        return True
 
     # -- closing -------------------------------------------------------------
 
-    def _expire(self, conn: Connection) -> None:
-        # The headers timeout is the shorter one, so a connection whose
-        # headers were still incomplete ran out of headers time.
-        kind: TimeoutKind = "headers" if self.headers_timeout and not conn.headers_completed else "request"
+    def _record(self, conn: Connection, kind: TimeoutKind) -> None:
+        """Count a timeout, log it, and call ``on_timeout``."""
+        settings = self.settings
+        totals = self.totals
         if kind == "headers":
-            self.totals.headers_timeouts += 1
-            limit = self.headers_timeout
+            totals.headers_timeouts += 1
+            detail = f"headers not received within {settings.headers_timeout:g}s, closing"
+        elif kind == "request":
+            totals.request_timeouts += 1
+            detail = f"request not received within {settings.request_timeout:g}s, closing"
+        elif kind == "rate":
+            totals.rate_timeouts += 1
+            detail = f"body slower than {settings.body_min_rate:g} bytes/s, closing"
         else:
-            self.totals.request_timeouts += 1
-            limit = self.request_timeout
-        logger.warning(
-            "%s - %s timeout: %s not received within %gs, closing",
-            format_address(conn.client) or "unknown client",
-            kind,
-            "headers" if kind == "headers" else "request",
-            limit,
-        )
-        if self.on_timeout is not None:
+            totals.send_timeouts += 1
+            detail = f"response not taken for {settings.send_timeout:g}s, aborting"
+        self.summary.add(kind, format_address(conn.client), detail)
+        on_timeout = self.on_timeout
+        if on_timeout is not None:
+            started = self.clock()
             try:
-                self.on_timeout(conn, kind)
+                on_timeout(conn, kind)
             except Exception:
-                logger.exception("on_timeout callback failed; closing the connection anyway")
-        if conn.handle is not None:
-            try:
-                conn.handle.connlist_close_expired()
-            except Exception:  # pragma: no cover - a handle must not stop the sweep
-                logger.exception("closing an expired connection failed")
+                if self._failure_logged:
+                    self.summary.failures += 1
+                else:
+                    self._failure_logged = True
+                    logger.exception(
+                        "on_timeout callback failed; closing the connection anyway "
+                        "(later failures are counted in the summary)"
+                    )
+            elapsed = self.clock() - started
+            if elapsed > SLOW_CALLBACK and not self._slow_callback_warned:
+                self._slow_callback_warned = True
+                logger.warning(
+                    "connlist: on_timeout took %.0f ms; it runs on the event loop and delays every "
+                    "connection behind it: keep it short (this warning is not repeated)",
+                    elapsed * 1000,
+                )
+
+    def _cut(self, conn: Connection, kind: TimeoutKind) -> None:
+        """An expired connection: count, log, call back, then 408 (if possible) and close, and linger."""
+        self._record(conn, kind)
+        handle = conn.handle
+        if handle is not None:
+            self._call(handle.connlist_close_expired)
+            self.connections.linger(conn)
+
+    @staticmethod
+    def _call(method: Callable[[], object]) -> None:
+        try:
+            method()
+        except Exception:  # pragma: no cover - a handle must not stop the sweep
+            logger.exception("closing a connection failed")

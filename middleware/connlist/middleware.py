@@ -27,16 +27,20 @@ import inspect
 import logging
 from typing import Any
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from connlist.connections import Connection, ConnectionsList, next_id
 from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot
-from connlist.enforcer import (
+from connlist.enforcer import CUT_KEY, STATE_KEY, Enforcer, OnTimeout
+from connlist.logs import route_to_uvicorn
+from connlist.settings import (
+    DEFAULT_BODY_GRACE,
+    DEFAULT_BODY_MIN_RATE,
     DEFAULT_REQUEST_TIMEOUT,
-    STATE_KEY,
-    Enforcer,
-    OnTimeout,
-    resolve_timeouts,
+    DEFAULT_SEND_TIMEOUT,
+    Settings,
+    resolve,
 )
 
 __all__ = ["ConnectionsMiddleware"]
@@ -81,11 +85,20 @@ class ConnectionsMiddleware:
         *,
         headers_timeout: float | None = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        send_timeout: float = DEFAULT_SEND_TIMEOUT,
+        body_min_rate: float = DEFAULT_BODY_MIN_RATE,
+        body_grace: float = DEFAULT_BODY_GRACE,
         debug_path: str | None = "/_connections",
         debug_token: str | None = None,
         on_timeout: OnTimeout | None = None,
     ) -> None:
-        headers_timeout, request_timeout = resolve_timeouts(headers_timeout, request_timeout)
+        settings = resolve(
+            headers_timeout=headers_timeout,
+            request_timeout=request_timeout,
+            send_timeout=send_timeout,
+            body_min_rate=body_min_rate,
+            body_grace=body_grace,
+        )
         if debug_path is not None and not isinstance(debug_path, str):
             raise TypeError(f"debug_path must be None or a str, got {type(debug_path).__name__}")
         if debug_path is not None and not debug_path.startswith("/"):
@@ -101,9 +114,7 @@ class ConnectionsMiddleware:
             raise TypeError("on_timeout must be a plain function, not a coroutine function")
         self.app = app
         self.debug_path = debug_path
-        self._enforcer = Enforcer(
-            headers_timeout=headers_timeout, request_timeout=request_timeout, on_timeout=on_timeout
-        )
+        self._enforcer = Enforcer(settings, on_timeout=on_timeout)
         self._endpoint = DebugEndpoint(lambda: self._enforcer, token=debug_token)
         self._first_request_seen = False
 
@@ -116,11 +127,28 @@ class ConnectionsMiddleware:
 
     @property
     def headers_timeout(self) -> float:
-        return self._enforcer.headers_timeout
+        return self._enforcer.settings.headers_timeout
 
     @property
     def request_timeout(self) -> float:
-        return self._enforcer.request_timeout
+        return self._enforcer.settings.request_timeout
+
+    @property
+    def send_timeout(self) -> float:
+        return self._enforcer.settings.send_timeout
+
+    @property
+    def body_min_rate(self) -> float:
+        return self._enforcer.settings.body_min_rate
+
+    @property
+    def body_grace(self) -> float:
+        return self._enforcer.settings.body_grace
+
+    @property
+    def settings(self) -> Settings:
+        """Every option's effective value."""
+        return self._enforcer.settings
 
     @property
     def mode(self) -> str:
@@ -150,7 +178,14 @@ class ConnectionsMiddleware:
                 return
             enforcer = self._enforcer
             if enforcer.mode != "asgi":
-                await self.app(scope, receive, send)  # the server integration does the work
+                # The server integration does the work.  A handler that was
+                # awaiting the body of a request connlist cut off gets
+                # ClientDisconnect: expected, so no traceback in the log.
+                try:
+                    await self.app(scope, receive, send)
+                except ClientDisconnect:
+                    if CUT_KEY not in scope:
+                        raise
             elif _has_body(scope):
                 await self._asgi_only(scope, receive, send)
             else:
@@ -177,6 +212,7 @@ class ConnectionsMiddleware:
             state = scope.get("state")
             if state is not None:
                 state[STATE_KEY] = self._enforcer
+            route_to_uvicorn()
         await self.app(scope, receive, send)
 
     def _first_request(self, scope: Scope) -> None:
@@ -186,11 +222,7 @@ class ConnectionsMiddleware:
         if found is not None and found is not self._enforcer:
             # The lifespan was off, so the protocol made a fallback enforcer
             # of its own: give it our settings and serve its list.
-            found.configure(
-                headers_timeout=self._enforcer.headers_timeout,
-                request_timeout=self._enforcer.request_timeout,
-                on_timeout=self._enforcer.on_timeout,
-            )
+            found.configure(self._enforcer.settings, on_timeout=self._enforcer.on_timeout)
             self._enforcer = found
             logger.warning(
                 "connlist: the ASGI lifespan is off, so the server integration ran with the default "
@@ -211,6 +243,7 @@ class ConnectionsMiddleware:
         connections = enforcer.connections
         conn = connections.connect(client=scope.get("client"), server=scope.get("server"))
         connections.headers_complete(conn, scope["method"], scope["path"])
+        connections.body_begin(conn)
         enforcer.totals.connections += 1
         enforcer.totals.requests += 1
         handle = _AsgiRequest(conn, send)
@@ -224,6 +257,7 @@ class ConnectionsMiddleware:
             if handle.cut:
                 return _DISCONNECT
             if message["type"] == "http.request":
+                conn.body_received += len(message.get("body", b""))
                 if not message.get("more_body", False):
                     connections.message_complete(conn)
             else:
@@ -239,6 +273,9 @@ class ConnectionsMiddleware:
 
         try:
             await self.app(scope, receive_tracked, send_tracked)
+        except ClientDisconnect:
+            if not handle.cut:
+                raise  # not connlist's doing
         finally:
             connections.remove(conn)
             if handle.task is not None:
@@ -276,3 +313,9 @@ class _AsgiRequest:
 
     def connlist_close(self) -> None:
         self.connlist_close_expired()
+
+    def connlist_abort(self) -> None:
+        pass  # an ASGI app cannot abort its connection; the record goes when the app returns
+
+    def connlist_pending(self) -> int:
+        return 0  # never stalled: ASGI has no view of the transport

@@ -36,7 +36,7 @@ it is timed from its first byte, as in Node.js.
 
 from __future__ import annotations
 
-import logging
+import struct
 from typing import Any, ClassVar
 
 import h11
@@ -44,7 +44,16 @@ import uvicorn
 from uvicorn.protocols.http import h11_impl
 
 from connlist.connections import Connection
-from connlist.enforcer import STATE_KEY, Enforcer
+from connlist.enforcer import CUT_KEY, STATE_KEY, Enforcer
+from connlist.logs import logger, route_to_uvicorn
+
+try:  # Linux: the bytes in a socket's send queue that the peer has not acknowledged
+    import fcntl
+    import termios
+
+    _OUTQ: int | None = termios.TIOCOUTQ  # SIOCOUTQ
+except (ImportError, AttributeError):  # pragma: no cover - not Linux
+    _OUTQ = None
 
 try:
     from uvicorn.protocols.http import httptools_impl
@@ -52,8 +61,6 @@ except ImportError:  # httptools is not installed
     httptools_impl = None  # type: ignore[assignment]
 
 __all__ = ["AutoProtocol", "H11Protocol", "HttpToolsProtocol"]
-
-logger = logging.getLogger("connlist")
 
 RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
@@ -78,7 +85,14 @@ def _require_attributes(protocol: object, names: tuple[str, ...]) -> None:
         )
 
 
-_COMMON_HOOKS = ("connection_made", "connection_lost", "handle_websocket_upgrade", "on_response_complete")
+_COMMON_HOOKS = (
+    "connection_made",
+    "connection_lost",
+    "handle_websocket_upgrade",
+    "on_response_complete",
+    "pause_writing",
+    "resume_writing",
+)
 _COMMON_ATTRIBUTES = ("transport", "client", "server", "cycle", "app_state")
 
 
@@ -88,6 +102,7 @@ def _enforcer_for(app_state: dict[str, Any]) -> Enforcer:
     if enforcer is None:
         enforcer = Enforcer()
         app_state[STATE_KEY] = enforcer
+        route_to_uvicorn()
         logger.warning(
             "connlist: no ConnectionsMiddleware in the ASGI lifespan state; the server enforces the "
             "default timeouts (headers %gs, request %gs). Add ConnectionsMiddleware to the app, with "
@@ -157,6 +172,29 @@ class _Tracking:
             # Break the protocol <-> record cycle; a removed record needs no handle.
             conn.handle = None
 
+    # -- the body rate: a request with a body, and its reads ------------------
+
+    def _connlist_body_begin(self, conn: Connection) -> None:
+        """The request's headers are in and its body is still to come: the minimum rate times it."""
+        enforcer = self._connlist
+        if enforcer.settings.body_min_rate:
+            enforcer.connections.body_begin(conn)
+
+    # -- the send timeout: fed by flow control, which runs only under back-pressure
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        conn = self._connlist_conn
+        enforcer = self._connlist
+        if conn is not None and enforcer.settings.send_timeout:
+            enforcer.connections.stall(conn, self.connlist_pending())
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        conn = self._connlist_conn
+        if conn is not None:
+            self._connlist.connections.unstall(conn)
+
     # -- the 408 decision, and what close_idle skips -------------------------
 
     def _connlist_response_written(self, conn: Connection) -> bool:
@@ -176,13 +214,33 @@ class _Tracking:
 
     # -- ConnectionHandle ----------------------------------------------------
 
+    def _connlist_mark_cut(self) -> None:
+        """Tell the middleware that the app's coming ClientDisconnect is connlist's doing."""
+        scope = getattr(self, "scope", None)
+        if isinstance(scope, dict):
+            scope[CUT_KEY] = True
+        cycle: Any = self.cycle  # type: ignore[attr-defined]
+        if cycle is not None:
+            cycle.scope[CUT_KEY] = True
+
+    def _connlist_linger(self) -> None:
+        """A close connlist decided outside a sweep: abort the connection if it has not gone in time."""
+        conn = self._connlist_conn
+        if conn is not None:
+            enforcer = self._connlist
+            enforcer.connections.linger(conn)
+            enforcer.bring_forward(enforcer.clock() + enforcer.linger)
+
     def connlist_close_expired(self) -> None:
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        self._connlist_mark_cut()
         conn = self._connlist_conn
         if conn is not None and not self._connlist_response_written(conn):
             transport.write(RESPONSE_408)
+        # A close waits for the write buffer to drain, which a client that
+        # reads nothing never lets happen: the enforcer aborts it after the linger.
         transport.close()
 
     def connlist_close_idle(self) -> bool:
@@ -190,12 +248,36 @@ class _Tracking:
         if transport is None or transport.is_closing() or self._connlist_responding():
             return False
         transport.close()
+        self._connlist_linger()
         return True
 
     def connlist_close(self) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.close()
+            self._connlist_linger()
+
+    def connlist_abort(self) -> None:
+        transport = self.transport
+        if transport is not None:
+            self._connlist_mark_cut()
+            transport.abort()
+
+    def connlist_pending(self) -> int:
+        transport = self.transport
+        if transport is None:
+            return 0
+        pending: int = transport.get_write_buffer_size()
+        if _OUTQ is not None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                try:
+                    queued = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
+                except OSError:  # closed meanwhile, or not a socket that has a send queue
+                    pass
+                else:
+                    pending += struct.unpack("i", queued)[0]
+        return pending
 
 
 if httptools_impl is not None:
@@ -224,6 +306,19 @@ if httptools_impl is not None:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._connlist_setup()
+
+        def data_received(self, data: bytes) -> None:
+            conn = self._connlist_conn
+            if conn is None:
+                _HttpTools.data_received(self, data)
+                return
+            if conn._body_next is not conn:
+                conn.body_received += len(data)
+            _HttpTools.data_received(self, data)
+            # Headers in and the message not complete after this read: a
+            # body is still to come.
+            if conn.headers_completed and conn._active_next is not conn and conn._body_next is conn:
+                self._connlist_body_begin(conn)
 
         def on_message_begin(self) -> None:
             _HttpTools.on_message_begin(self)
@@ -308,10 +403,14 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         conn = self._connlist_conn
-        # A byte while no request is open starts one, unless h11 holds it
-        # unread behind a response still being written (their_state DONE).
-        if conn is not None and self._connlist_phase == _BETWEEN and self.conn.their_state is h11.IDLE:
-            self._connlist_begin(conn)
+        if conn is not None:
+            phase = self._connlist_phase
+            # A byte while no request is open starts one, unless h11 holds it
+            # unread behind a response still being written (their_state DONE).
+            if phase == _BETWEEN and self.conn.their_state is h11.IDLE:
+                self._connlist_begin(conn)
+            elif phase == _BODY:
+                conn.body_received += len(data)
         super().data_received(data)
 
     def handle_events(self) -> None:
@@ -333,9 +432,12 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
             self._connlist.totals.requests += 1
             self._connlist_phase = _BODY
         their_state = self.conn.their_state
-        if self._connlist_phase == _BODY and their_state is not h11.SEND_BODY:
-            connections.message_complete(conn)
-            self._connlist_phase = _BETWEEN
+        if self._connlist_phase == _BODY:
+            if their_state is not h11.SEND_BODY:
+                connections.message_complete(conn)
+                self._connlist_phase = _BETWEEN
+            elif conn._body_next is conn:
+                self._connlist_body_begin(conn)
         if self._connlist_phase == _BETWEEN and their_state is h11.IDLE and self.conn.trailing_data[0]:
             # The next request's first bytes were already buffered.
             self._connlist_begin(conn)

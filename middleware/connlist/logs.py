@@ -1,0 +1,105 @@
+"""What connlist writes to the log, kept readable under attack.
+
+A timeout is one DEBUG line per connection.  At WARNING there is at most one
+summary line per ``SUMMARY_INTERVAL`` seconds while timeouts happen: counts by
+kind and a few example clients.  A flood of ten thousand slow clients is
+therefore one line every ten seconds, not ten thousand lines, and writing
+the log is no longer most of the cost of cutting them off.  The enforcer
+calls ``Summary.flush`` from its one timer, so nothing else is scheduled.
+
+The ``connlist`` logger is the public name.  Nothing configures it in a
+plain ``uvicorn app:app``, where its records would reach Python's last-resort
+handler (no level, no time).  ``route_to_uvicorn`` sends them through
+uvicorn's own ``uvicorn.error`` logger instead when the application has
+configured no logging of its own, so they share the format, the handlers and
+the level of uvicorn's lines, also under gunicorn (whose uvicorn worker hands
+``uvicorn.error`` gunicorn's error log).
+"""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = ["SUMMARY_INTERVAL", "Summary", "logger", "route_to_uvicorn"]
+
+logger = logging.getLogger("connlist")
+
+SUMMARY_INTERVAL = 10.0
+# Example clients named in one summary line.
+EXAMPLES = 3
+
+
+class _ToUvicorn(logging.Handler):
+    """Hands connlist's records to uvicorn's error logger, whose handlers and format apply."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        target = logging.getLogger("uvicorn.error")
+        if target.isEnabledFor(record.levelno):
+            target.handle(record)
+
+
+def route_to_uvicorn() -> None:
+    """Send the ``connlist`` logger's records through ``uvicorn.error``, unless logging is configured.
+
+    Called when a server starts.  Leaves everything alone if the
+    ``connlist`` logger has handlers, if the root logger has handlers (the
+    application configured logging: its records reach them already), or if
+    uvicorn's logger has none anywhere up its chain (not under uvicorn).
+    """
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    if not logging.getLogger("uvicorn.error").hasHandlers():
+        return
+    logger.addHandler(_ToUvicorn())
+    # uvicorn's --log-level applies; taking it over here means a DEBUG line
+    # that uvicorn would drop is never built (a mass timeout makes thousands).
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.getLogger("uvicorn.error").getEffectiveLevel())
+    logger.propagate = False
+
+
+class Summary:
+    """Counts the timeouts of one worker and writes them as one WARNING line per interval."""
+
+    __slots__ = ("_counts", "_examples", "_interval", "due", "failures")
+
+    def __init__(self, interval: float = SUMMARY_INTERVAL) -> None:
+        self._interval = interval
+        self._counts: dict[str, int] = {}
+        self._examples: list[str] = []
+        # Clock value before which no summary is written (the last one plus the interval).
+        self.due = 0.0
+        # on_timeout calls that raised, since the last summary.
+        self.failures = 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether something waits to be written."""
+        return bool(self._counts) or bool(self.failures)
+
+    def add(self, kind: str, client: str | None, detail: str) -> None:
+        """One timeout: counted for the summary, and a DEBUG line of its own."""
+        self._counts[kind] = self._counts.get(kind, 0) + 1
+        name = client or "unknown client"
+        if len(self._examples) < EXAMPLES and name not in self._examples:
+            self._examples.append(name)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("%s - %s timeout: %s", name, kind, detail)
+
+    def flush(self, now: float) -> None:
+        """Write the summary if one is pending and the interval since the last one has passed."""
+        if not self.pending or now < self.due:
+            return
+        counts, self._counts = self._counts, {}
+        examples, self._examples = self._examples, []
+        failures, self.failures = self.failures, 0
+        total = sum(counts.values())
+        parts = []
+        if total:
+            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+            plural = "" if total == 1 else "s"
+            parts.append(f"{total} connection{plural} timed out ({kinds}); e.g. {', '.join(examples)}")
+        if failures:
+            parts.append(f"on_timeout raised {failures} time{'' if failures == 1 else 's'}")
+        logger.warning("connlist: %s", "; ".join(parts))
+        self.due = now + self._interval

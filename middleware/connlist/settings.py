@@ -1,0 +1,105 @@
+"""connlist's options: their defaults, their rules, and the one validated set an enforcer runs with.
+
+Every option is checked here, once, when a middleware (or a fallback
+enforcer) is built, so that a bad value fails at start-up with an error that
+names the option and the rule; docs/settings.md is the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from connlist.connections import check_timeout
+
+__all__ = [
+    "DEFAULT_BODY_GRACE",
+    "DEFAULT_BODY_MIN_RATE",
+    "DEFAULT_HEADERS_TIMEOUT",
+    "DEFAULT_REQUEST_TIMEOUT",
+    "DEFAULT_SEND_TIMEOUT",
+    "Settings",
+    "resolve",
+    "resolve_timeouts",
+]
+
+# Node.js's requestTimeout and headersTimeout.
+DEFAULT_REQUEST_TIMEOUT = 300.0
+DEFAULT_HEADERS_TIMEOUT = 60.0
+# nginx's send_timeout.
+DEFAULT_SEND_TIMEOUT = 60.0
+# Apache mod_reqtimeout's default in Debian: body=10,MinRate=500.
+DEFAULT_BODY_MIN_RATE = 500.0
+DEFAULT_BODY_GRACE = 10.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The effective, validated options of one enforcer (seconds, and bytes per second)."""
+
+    headers_timeout: float = DEFAULT_HEADERS_TIMEOUT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    send_timeout: float = DEFAULT_SEND_TIMEOUT
+    body_min_rate: float = DEFAULT_BODY_MIN_RATE
+    body_grace: float = DEFAULT_BODY_GRACE
+
+    @property
+    def shortest(self) -> float:
+        """The shortest time in which anything that starts now can be due (0: nothing is ever due).
+
+        The enforcer's timer never sleeps longer than this, so an event that
+        starts a clock (a request, a body, a stall) never has to re-arm it.
+        """
+        candidates = [self.headers_timeout or self.request_timeout]
+        if self.body_min_rate:
+            candidates.append(self.body_grace)
+        if self.send_timeout:
+            # A stall is sampled four times per send_timeout (see the enforcer).
+            candidates.append(self.send_timeout / 4)
+        enabled = [value for value in candidates if value]
+        return min(enabled) if enabled else 0.0
+
+
+def resolve_timeouts(headers_timeout: float | None, request_timeout: float) -> tuple[float, float]:
+    """Validate the two options as Node.js's ``http.createServer`` does; return the effective values."""
+    request_timeout = check_timeout("request_timeout", request_timeout)
+    if headers_timeout is None:
+        # Node: headersTimeout defaults to min(60 s, requestTimeout); with
+        # the request timeout disabled, to 60 s.
+        headers_timeout = min(DEFAULT_HEADERS_TIMEOUT, request_timeout) or DEFAULT_HEADERS_TIMEOUT
+    headers_timeout = check_timeout("headers_timeout", headers_timeout)
+    if headers_timeout and request_timeout and headers_timeout > request_timeout:
+        raise ValueError(
+            f"headers_timeout ({headers_timeout:g}) must not be greater than "
+            f"request_timeout ({request_timeout:g}) when both are enabled"
+        )
+    return headers_timeout, request_timeout
+
+
+def _check_rate(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of bytes per second, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"{name} must be a finite number of bytes per second >= 0 (0 disables it), got {value!r}"
+        )
+    return float(value)
+
+
+def resolve(
+    *,
+    headers_timeout: float | None = None,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    send_timeout: float = DEFAULT_SEND_TIMEOUT,
+    body_min_rate: float = DEFAULT_BODY_MIN_RATE,
+    body_grace: float = DEFAULT_BODY_GRACE,
+) -> Settings:
+    """Validate every option (``ValueError``/``TypeError`` naming it) and return the effective settings."""
+    headers_timeout, request_timeout = resolve_timeouts(headers_timeout, request_timeout)
+    send_timeout = check_timeout("send_timeout", send_timeout)
+    body_min_rate = _check_rate("body_min_rate", body_min_rate)
+    body_grace = check_timeout("body_grace", body_grace)
+    if body_min_rate and not body_grace:
+        # With no grace a body would be behind the moment its headers are in.
+        raise ValueError("body_grace must be greater than 0 while body_min_rate is enabled (0 disables it)")
+    return Settings(headers_timeout, request_timeout, send_timeout, body_min_rate, body_grace)
