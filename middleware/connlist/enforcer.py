@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from connlist.connections import Connection, ConnectionsList
-from connlist.logs import Summary, logger
+from connlist.logs import Summary, format_address, logger
 from connlist.settings import Settings
 
 __all__ = [
@@ -72,7 +72,7 @@ _SLACK = 0.001
 LINGER = 1.0
 # Seconds of cutting-off work per loop iteration, and how many connections
 # are taken from a list at a time between two looks at the clock.
-BUDGET = 0.015
+BUDGET = 0.008
 _BATCH = 32
 # A body that keeps just ahead of the minimum rate is looked at again no
 # sooner than this: the cost of watching it stays bounded, the cut-off at most
@@ -83,16 +83,6 @@ SLOW_CALLBACK = 0.010
 
 TimeoutKind = Literal["headers", "request", "rate", "send"]
 OnTimeout = Callable[[Connection, TimeoutKind], object]
-
-
-def format_address(address: object) -> str | None:
-    """``("127.0.0.1", 5000)`` -> ``"127.0.0.1:5000"``; None stays None."""
-    if isinstance(address, (tuple, list)) and len(address) == 2:
-        host, port = address
-        if port is None:
-            return str(host)
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return None if address is None else str(address)
 
 
 @dataclass
@@ -143,6 +133,21 @@ class Enforcer:
         self._grace_end: float | None = None
         self._slow_callback_warned = False
         self._failure_logged = False
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        self._settings = settings
+        # What each kind's DEBUG line says (built only when one is written).
+        self._details: dict[str, Callable[[], str]] = {
+            "headers": lambda: f"headers not received within {settings.headers_timeout:g}s, closing",
+            "request": lambda: f"request not received within {settings.request_timeout:g}s, closing",
+            "rate": lambda: f"body slower than {settings.body_min_rate:g} bytes/s, closing",
+            "send": lambda: f"response not taken for {settings.send_timeout:g}s, aborting",
+        }
 
     @property
     def headers_timeout(self) -> float:
@@ -302,21 +307,16 @@ class Enforcer:
 
     def _record(self, conn: Connection, kind: TimeoutKind) -> None:
         """Count a timeout, log it, and call ``on_timeout``."""
-        settings = self.settings
         totals = self.totals
         if kind == "headers":
             totals.headers_timeouts += 1
-            detail = f"headers not received within {settings.headers_timeout:g}s, closing"
         elif kind == "request":
             totals.request_timeouts += 1
-            detail = f"request not received within {settings.request_timeout:g}s, closing"
         elif kind == "rate":
             totals.rate_timeouts += 1
-            detail = f"body slower than {settings.body_min_rate:g} bytes/s, closing"
         else:
             totals.send_timeouts += 1
-            detail = f"response not taken for {settings.send_timeout:g}s, aborting"
-        self.summary.add(kind, format_address(conn.client), detail)
+        self.summary.add(kind, conn.client, self._details[kind])
         on_timeout = self.on_timeout
         if on_timeout is not None:
             started = self.clock()

@@ -19,14 +19,25 @@ the level of uvicorn's lines, also under gunicorn (whose uvicorn worker hands
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-__all__ = ["SUMMARY_INTERVAL", "Summary", "logger", "route_to_uvicorn"]
+__all__ = ["SUMMARY_INTERVAL", "Summary", "format_address", "logger", "route_to_uvicorn"]
 
 logger = logging.getLogger("connlist")
 
 SUMMARY_INTERVAL = 10.0
 # Example clients named in one summary line.
 EXAMPLES = 3
+
+
+def format_address(address: object) -> str | None:
+    """``("127.0.0.1", 5000)`` -> ``"127.0.0.1:5000"``; None stays None."""
+    if isinstance(address, (tuple, list)) and len(address) == 2:
+        host, port = address
+        if port is None:
+            return str(host)
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return None if address is None else str(address)
 
 
 class _ToUvicorn(logging.Handler):
@@ -77,18 +88,26 @@ class Summary:
         """Whether something waits to be written."""
         return bool(self._counts) or bool(self.failures)
 
-    def add(self, kind: str, client: str | None, detail: str) -> None:
-        """One timeout: counted for the summary, and a DEBUG line of its own."""
-        self._counts[kind] = self._counts.get(kind, 0) + 1
-        name = client or "unknown client"
-        if len(self._examples) < EXAMPLES and name not in self._examples:
-            self._examples.append(name)
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("%s - %s timeout: %s", name, kind, detail)
+    def add(self, kind: str, client: object, detail: Callable[[], str]) -> None:
+        """One timeout: counted for the summary, and a DEBUG line of its own.
 
-    def flush(self, now: float) -> None:
-        """Write the summary if one is pending and the interval since the last one has passed."""
-        if not self.pending or now < self.due:
+        ``client`` is the peer's address as the server has it; it is
+        formatted, and ``detail()`` called, only if they are written (a mass
+        timeout adds thousands).
+        """
+        counts = self._counts
+        counts[kind] = counts.get(kind, 0) + 1
+        debug = logger.isEnabledFor(logging.DEBUG)
+        if debug or len(self._examples) < EXAMPLES:
+            name = format_address(client) or "unknown client"
+            if len(self._examples) < EXAMPLES and name not in self._examples:
+                self._examples.append(name)
+            if debug:
+                logger.debug("%s - %s timeout: %s", name, kind, detail())
+
+    def flush(self, now: float, *, force: bool = False) -> None:
+        """Write the summary if one is pending and the interval since the last one passed (or ``force``)."""
+        if not self.pending or (now < self.due and not force):
             return
         counts, self._counts = self._counts, {}
         examples, self._examples = self._examples, []

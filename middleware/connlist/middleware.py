@@ -213,7 +213,20 @@ class ConnectionsMiddleware:
             if state is not None:
                 state[STATE_KEY] = self._enforcer
             route_to_uvicorn()
+            await self.app(scope, self._lifespan_receive(receive), send)
+            return
         await self.app(scope, receive, send)
+
+    def _lifespan_receive(self, receive: Receive) -> Receive:
+        """The app's lifespan receive; at shutdown, what the log summary still holds is written."""
+
+        async def receive_lifespan() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                self._enforcer.summary.flush(self._enforcer.clock(), force=True)
+            return message
+
+        return receive_lifespan
 
     def _first_request(self, scope: Scope) -> None:
         self._first_request_seen = True
