@@ -27,6 +27,9 @@ INTEGRATED = {
 }
 PLAIN = {"httptools": "httptools", "h11": "h11"}
 
+# The size of echo_app's /large response: several MiB.
+LARGE = 8 * 1024 * 1024
+
 # How late a 408 may arrive after its deadline (the promise).
 LATE = 0.25
 # How early it may seem to arrive: the server's clock starts a little after
@@ -177,6 +180,24 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
+    if path == "/large":
+        # LARGE bytes in 256 KiB chunks (more than any socket buffers hold),
+        # before reading the body, if any.
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/octet-stream"),
+                    (b"content-length", b"%d" % LARGE),
+                ],
+            }
+        )
+        chunk = b"x" * (256 * 1024)
+        for _ in range(LARGE // len(chunk)):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
     size = 0
     while True:
         message = await receive()

@@ -1,0 +1,230 @@
+"""Slow readers, slow bodies and connections that will not close, against real uvicorn servers.
+
+Both parsers, raw sockets on 127.0.0.1, short timeouts.  Where the client
+cannot tell what happened (it reads nothing), the server's own view is
+checked: the record's state and fields, the totals, and when it left.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import pytest
+
+from connlist.connections import Connection
+from connlist.debug import connection_state
+from connlist.enforcer import LINGER
+from tests.servers import (
+    EARLY,
+    INTEGRATED,
+    LARGE,
+    LATE,
+    PLAIN,
+    Running,
+    connect,
+    is_408,
+    middleware,
+    read_response,
+    read_until_closed,
+    serve,
+    wait_for,
+)
+
+pytestmark = pytest.mark.parametrize("parser", ["httptools", "h11"])
+
+
+def only_record(running: Running, mw: Any) -> Connection | None:
+    conns = running.call(lambda: mw.connections.all())
+    return conns[0] if len(conns) == 1 else None
+
+
+def small_receiver(port: int) -> socket.socket:
+    """A client with a small receive buffer, set before connecting (so the window stays small)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", port))
+    from tests.servers import OPEN_SOCKETS
+
+    OPEN_SOCKETS.append(sock)
+    return sock
+
+
+# -- send timeout --------------------------------------------------------------
+
+
+def test_reader_that_stops_is_stalled_then_aborted(parser: str) -> None:
+    send_timeout = 1.0
+    mw = middleware(headers_timeout=5, request_timeout=10, send_timeout=send_timeout)
+    with serve(mw, INTEGRATED[parser]) as running:
+        sock = small_receiver(running.port)
+        sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\n\r\n")
+        # The server's buffers fill up and the transport pauses writing.
+        assert wait_for(lambda: running.call(lambda: mw.connections.stalled_count) == 1, 5)
+        conn = only_record(running, mw)
+        assert conn is not None
+        assert running.call(lambda: connection_state(conn)) == "stalled"
+        view = running.call(lambda: mw.snapshot())
+        assert view["counts"]["stalled"] == 1 and view["all"][0]["state"] == "stalled"
+        # Last progress as the server saw it: cut between send_timeout and
+        # 1.25 * send_timeout + 0.25 s after it.
+        assert wait_for(lambda: running.call(lambda: len(mw.connections)) == 0, 5)
+        gone = time.monotonic()
+        last_progress = conn.out_since
+        assert send_timeout - EARLY <= gone - last_progress <= 1.25 * send_timeout + 0.25 + 0.05, (
+            gone - last_progress
+        )
+        assert mw.enforcer.totals.send_timeouts == 1
+        # Aborted: whatever the client reads now ends in a reset, never the whole response.
+        data, _ = read_until_closed(sock)
+        assert len(data) < LARGE
+
+
+def test_slow_but_steady_reader_gets_every_byte(parser: str) -> None:
+    mw = middleware(headers_timeout=5, request_timeout=10, send_timeout=1.0)
+    with serve(mw, INTEGRATED[parser]) as running:
+        sock = small_receiver(running.port)
+        sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        received = 0
+        stalled_seen = False
+        while True:
+            # 64 KiB every 50 ms: about 1.3 MB/s, far slower than the server writes.
+            budget = 64 * 1024
+            while budget > 0:
+                data = sock.recv(min(budget, 65536))
+                if not data:
+                    break
+                received += len(data)
+                budget -= len(data)
+            if not data:
+                break
+            stalled_seen = stalled_seen or running.call(lambda: mw.connections.stalled_count) == 1
+            time.sleep(0.05)
+        assert received > LARGE  # the head and every byte of the body
+        assert stalled_seen  # it was stalled all along, and never cut
+        assert mw.enforcer.totals.send_timeouts == 0
+
+
+def assert_aborted_after_the_linger(running: Running, mw: Any, sock: socket.socket, started: float) -> None:
+    """The timeout fired 0.5 s after ``started``; the record is timed_out, then gone after the linger."""
+    assert wait_for(lambda: mw.enforcer.totals.headers_timeouts + mw.enforcer.totals.request_timeouts == 1, 3)
+    conn = only_record(running, mw)
+    assert conn is not None and running.call(lambda: connection_state(conn)) == "timed_out"
+    assert running.call(lambda: mw.connections.timed_out_count) == 1
+    assert wait_for(lambda: running.call(lambda: len(mw.connections)) == 0, 4)
+    gone = time.monotonic() - started
+    # Gone within about 2 s of the timeout, and not before the linger.
+    assert 0.5 + LINGER - EARLY <= gone <= 0.5 + LINGER + LATE + 0.3, gone
+    assert running.call(lambda: mw.connections.timed_out_count) == 0
+    data, _ = read_until_closed(sock)
+    assert data.startswith(b"HTTP/1.1 200") and len(data) < LARGE
+    assert b"408" not in data[:100]  # a response had started: no 408 in the middle of it
+
+
+def test_pipelined_partial_request_behind_an_unread_response_is_aborted_after_the_linger(
+    parser: str,
+) -> None:
+    # A large response, a partial pipelined request, and nothing read: the
+    # headers timeout fires, the close waits for the write buffer to drain,
+    # and the linger aborts it.  The send timeout is off to isolate the linger.
+    if parser == "h11":
+        pytest.skip("h11 holds a pipelined request unread behind a response, so it is not timed (documented)")
+    mw = middleware(headers_timeout=0.5, request_timeout=5, send_timeout=0)
+    with serve(mw, INTEGRATED[parser]) as running:
+        sock = small_receiver(running.port)
+        started = time.monotonic()
+        sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x")
+        assert_aborted_after_the_linger(running, mw, sock, started)
+        assert mw.enforcer.totals.headers_timeouts == 1
+
+
+def test_partial_body_behind_an_unread_response_is_aborted_after_the_linger(parser: str) -> None:
+    # The app answers before reading the body; the body never completes and
+    # the client reads nothing: the request timeout fires, then the linger.
+    mw = middleware(headers_timeout=0.3, request_timeout=0.5, send_timeout=0)
+    with serve(mw, INTEGRATED[parser]) as running:
+        sock = small_receiver(running.port)
+        started = time.monotonic()
+        sock.sendall(b"POST /large HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+        assert_aborted_after_the_linger(running, mw, sock, started)
+        assert mw.enforcer.totals.request_timeouts == 1
+
+
+# -- minimum body rate ----------------------------------------------------------
+
+
+def test_trickled_body_gets_408_at_the_grace(parser: str) -> None:
+    grace = 1.0
+    mw = middleware(headers_timeout=5, request_timeout=10, body_min_rate=500, body_grace=grace)
+    with serve(mw, INTEGRATED[parser]) as running:
+        sock = connect(running.port)
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        started = time.monotonic()
+        sock.settimeout(0.2)
+        data = b""
+        while time.monotonic() - started < 3:
+            try:
+                sock.sendall(b"abc")  # 3 bytes every 0.2 s: 15 bytes/s
+                data += sock.recv(1000)
+                if data:
+                    break
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        rest, closed = read_until_closed(sock)
+        assert is_408(data + rest), data + rest
+        # Behind from the start: cut at the end of the grace (the bytes buy
+        # a few milliseconds), checked every 0.1 s at most.
+        assert grace - EARLY <= closed - started <= grace + LATE, closed - started
+        assert mw.enforcer.totals.rate_timeouts == 1
+        assert mw.enforcer.totals.request_timeouts == 0
+
+
+def test_body_that_keeps_twice_the_rate_is_served(parser: str) -> None:
+    mw = middleware(headers_timeout=5, request_timeout=10, body_min_rate=1000, body_grace=0.5)
+    with serve(mw, INTEGRATED[parser]) as running:
+        sock = connect(running.port)
+        size = 3000
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
+        # 100 bytes every 50 ms: 2,000 bytes/s for 1.5 s, well past the grace.
+        for _ in range(size // 100):
+            sock.sendall(b"x" * 100)
+            time.sleep(0.05)
+        assert read_response(sock).endswith(b"ok %d" % size)
+        assert mw.enforcer.totals.rate_timeouts == 0
+
+
+def test_upload_of_megabytes_at_a_healthy_rate_is_served(parser: str) -> None:
+    # The defaults' rate with a short grace, so the rate is checked during the upload.
+    mw = middleware(headers_timeout=5, request_timeout=30, body_grace=0.5)
+    assert mw.body_min_rate == 500.0
+    with serve(mw, INTEGRATED[parser]) as running:
+        sock = connect(running.port)
+        size = 2 * 1024 * 1024
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
+        chunk = b"y" * (32 * 1024)
+        for _ in range(size // len(chunk)):  # 32 KiB every 50 ms: about 640 KiB/s, 3.2 s
+            sock.sendall(chunk)
+            time.sleep(0.05)
+        assert read_response(sock, limit=10).endswith(b"ok %d" % size)
+        assert mw.enforcer.totals.rate_timeouts == 0
+
+
+def test_asgi_only_mode_trickled_body_gets_408_at_the_grace(parser: str) -> None:
+    grace = 1.0
+    mw = middleware(request_timeout=10, body_min_rate=500, body_grace=grace)
+    with serve(mw, PLAIN[parser]) as running:
+        sock = connect(running.port)
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nab")
+        started = time.monotonic()
+        time.sleep(0.2)
+        sock.sendall(b"cd")
+        data, closed = read_until_closed(sock)
+        assert mw.mode == "asgi"
+        assert is_408(data), data
+        # The app is called once the headers are in, so the clock starts a little later.
+        assert grace - EARLY <= closed - started <= grace + LATE, closed - started
+        assert mw.enforcer.totals.rate_timeouts == 1
