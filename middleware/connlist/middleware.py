@@ -38,6 +38,7 @@ from connlist.enforcer import (
     OnTimeout,
     resolve_timeouts,
 )
+from connlist.workers import WorkerGroup
 
 __all__ = ["ConnectionsMiddleware"]
 
@@ -104,8 +105,11 @@ class ConnectionsMiddleware:
         self._enforcer = Enforcer(
             headers_timeout=headers_timeout, request_timeout=request_timeout, on_timeout=on_timeout
         )
-        self._endpoint = DebugEndpoint(lambda: self._enforcer, token=debug_token)
+        # The sibling workers' view (workers=all): only with the endpoint on.
+        self._workers = None if debug_path is None else WorkerGroup(self._snapshot_of)
+        self._endpoint = DebugEndpoint(lambda: self._enforcer, token=debug_token, workers=self._workers)
         self._first_request_seen = False
+        self._starting: asyncio.Task[None] | None = None
 
     # -- public API ------------------------------------------------------------
 
@@ -133,6 +137,9 @@ class ConnectionsMiddleware:
 
     def snapshot(self, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
         """What the debug endpoint serves, as JSON-ready data."""
+        return snapshot(self._enforcer, limit=limit)
+
+    def _snapshot_of(self, limit: int) -> dict[str, Any]:
         return snapshot(self._enforcer, limit=limit)
 
     # -- ASGI ------------------------------------------------------------------
@@ -177,10 +184,23 @@ class ConnectionsMiddleware:
             state = scope.get("state")
             if state is not None:
                 state[STATE_KEY] = self._enforcer
+            workers = self._workers
+            if workers is not None:
+                # This worker's socket for its siblings, for as long as the server runs.
+                await workers.start()
+                try:
+                    await self.app(scope, receive, send)
+                finally:
+                    workers.stop()
+                return
         await self.app(scope, receive, send)
 
     def _first_request(self, scope: Scope) -> None:
         self._first_request_seen = True
+        workers = self._workers
+        if workers is not None and not workers.started:
+            # The lifespan is off: serve the siblings from now on (removed at exit).
+            self._starting = asyncio.get_running_loop().create_task(workers.start())
         state = scope.get("state")
         found = None if state is None else state.get(STATE_KEY)
         if found is not None and found is not self._enforcer:
