@@ -69,6 +69,12 @@ def _text(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+def _seconds(value: object) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:g} s" if value else "off"
+    return _text(value)
+
+
 def _numbers_table(caption: str, numbers: dict[str, Any]) -> str:
     """A two-row table: the names, then the values (in the data's order)."""
     names = "".join(f"<th>{_text(name)}</th>" for name in numbers)
@@ -100,8 +106,8 @@ def _worker_section(worker: dict[str, Any], *, heading: bool) -> str:
         parts.append(f"<h2>worker {pid}</h2>")
         parts.append(_numbers_table("counts", worker.get("counts", {})))
     settings = (
-        f"mode {_text(worker.get('mode'))}, headers timeout {_text(worker.get('headers_timeout'))} s, "
-        f"request timeout {_text(worker.get('request_timeout'))} s"
+        f"mode {_text(worker.get('mode'))}, headers timeout {_seconds(worker.get('headers_timeout'))}, "
+        f"request timeout {_seconds(worker.get('request_timeout'))}"
     )
     parts.append(f"<p>{settings}</p>")
     connections = worker.get("all", [])
