@@ -1,13 +1,15 @@
 """Headless Chromium for the tests: the page as the browser rendered it, and screenshots.
 
 Debian's ``chromium`` package (``.ci/run`` installs it).  Tests that need it
-are skipped, saying why, where it is missing.  Each call runs one browser with
+are skipped, saying why, where it is missing (they fail instead when
+``CONNLIST_REQUIRE_CHROMIUM`` is set, as in CI).  Each call runs one browser with
 a fresh profile and a deadline; its console (``--enable-logging=stderr``) is
 returned too, so a test can look for Content-Security-Policy violations.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -26,7 +28,10 @@ def chromium() -> str:
         path = shutil.which(name)
         if path is not None:
             return path
-    pytest.skip("chromium is not installed (Debian: apt-get install -y chromium; .ci/run installs it)")
+    reason = "chromium is not installed (Debian: apt-get install -y chromium; .ci/run installs it)"
+    if os.environ.get("CONNLIST_REQUIRE_CHROMIUM"):
+        pytest.fail(f"{reason}, and CONNLIST_REQUIRE_CHROMIUM is set")
+    pytest.skip(reason)
 
 
 def _run(*args: str) -> tuple[str, str]:
