@@ -53,6 +53,15 @@ O(N), whatever the number of connections: 3 to 6 ms per thousand entries
 listed, JSON encoding included, and under 0.05 ms with ``limit=0``, on a
 slow shared VM (``benchmarks/snapshot.py`` measures it).
 
+Every worker, and the page
+--------------------------
+
+``?workers=all`` answers with every worker of the server, each worker's own
+snapshot under ``workers`` and the sums of their counts and totals
+(``connlist.workers`` finds and asks the siblings).  A browser (``Accept``
+preferring ``text/html``) or ``?format=html`` gets the view as a page
+(``connlist.page``); everything else gets the JSON, as it always did.
+
 Access
 ------
 
