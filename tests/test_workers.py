@@ -433,3 +433,47 @@ def test_the_default_directory_is_the_masters(monkeypatch: pytest.MonkeyPatch, t
     assert workers.supervisor_pid() == ppid
     monkeypatch.setattr(workers, "_master_pid", ppid + 1)
     assert workers.supervisor_pid() is None
+
+
+def test_a_worker_removes_what_dead_masters_left_and_its_own_at_stop(
+    monkeypatch: pytest.MonkeyPatch, tmp_dir: Path
+) -> None:
+    if os.getppid() <= 1:
+        pytest.skip("this process has no parent to play the master")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_dir))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv(workers.ENV_DIR, raising=False)
+    monkeypatch.setattr(workers, "_master_pid", os.getppid())  # as connlist.gunicorn's workers do
+    base = tmp_dir / f"connlist-{os.getuid()}"
+    base.mkdir(mode=0o700)
+    gone = base / f"{dead_pid()}-1"  # a master killed with its workers
+    gone.mkdir(mode=0o700)
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(gone / "4242.sock"))
+    stale.close()
+    elsewhere = base / f"{dead_pid()}-2"  # looks gone, but a worker listens (another pid namespace)
+    elsewhere.mkdir(mode=0o700)
+    live = socket.socket(socket.AF_UNIX)
+    live.bind(str(elsewhere / "4243.sock"))
+    live.listen()
+
+    async def run() -> Path | None:
+        group = WorkerGroup(lambda limit: {"pid": os.getpid()})
+        await group.start()
+        try:
+            assert group.serving and group.master == os.getppid()
+            directory = group.directory
+            assert directory is not None and directory.parent == base
+            assert socket_files(directory) == {os.getpid(): 0o600}
+            await group.start()  # once per server: a second call changes nothing
+            return directory
+        finally:
+            group.stop()
+
+    try:
+        directory = asyncio.run(run())
+    finally:
+        live.close()
+    assert not gone.exists()
+    assert (elsewhere / "4243.sock").exists()
+    assert directory is not None and not directory.exists()  # the last worker removed the group's directory

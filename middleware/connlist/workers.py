@@ -52,6 +52,7 @@ import json
 import logging
 import multiprocessing
 import os
+import socket
 import stat
 import tempfile
 from collections.abc import Callable
@@ -165,8 +166,25 @@ def _pid_of(name: str) -> int | None:
     return int(stem) if stem.isascii() and stem.isdigit() else None
 
 
+def _listening(path: str) -> bool:
+    """Whether something accepts connections on the unix socket ``path`` (a refusal is definite)."""
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.settimeout(0.1)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            return True  # busy (a full backlog), or not ours to judge: leave it
+        return True
+
+
 def _remove_stale_groups(base: Path) -> None:
-    """Remove the directories of masters that are gone (their workers could not clean up: kill -9)."""
+    """Remove the directories of masters that are gone (their workers could not clean up: kill -9).
+
+    Only sockets that refuse connections go: a master that looks gone from
+    here may be alive in another pid namespace sharing this directory.
+    """
     try:
         entries = list(os.scandir(base))
     except OSError:
@@ -179,9 +197,10 @@ def _remove_stale_groups(base: Path) -> None:
             continue  # that master still runs
         with contextlib.suppress(OSError):
             for name in os.listdir(entry.path):
-                if _pid_of(name) is not None:
-                    os.unlink(os.path.join(entry.path, name))
-            os.rmdir(entry.path)
+                path = os.path.join(entry.path, name)
+                if _pid_of(name) is not None and not _listening(path):
+                    os.unlink(path)
+            os.rmdir(entry.path)  # fails, as it should, if anything is left
 
 
 def combine(workers: list[dict[str, Any]], *, limit: int) -> dict[str, Any]:
