@@ -74,6 +74,9 @@ class ConnectionsMiddleware:
     clients presenting ``Authorization: Bearer <token>``.
     ``on_timeout(connection, kind)`` is called for each expired connection
     (``kind`` is ``"headers"`` or ``"request"``) before it is closed.
+    With the endpoint on, the worker also serves its view to its sibling
+    workers (``?workers=all``, ``connlist.workers``) from the lifespan startup
+    to its shutdown.
     """
 
     def __init__(
@@ -106,7 +109,7 @@ class ConnectionsMiddleware:
             headers_timeout=headers_timeout, request_timeout=request_timeout, on_timeout=on_timeout
         )
         # The sibling workers' view (workers=all): only with the endpoint on.
-        self._workers = None if debug_path is None else WorkerGroup(self._snapshot_of)
+        self._workers = None if debug_path is None else WorkerGroup(lambda limit: self.snapshot(limit=limit))
         self._endpoint = DebugEndpoint(lambda: self._enforcer, token=debug_token, workers=self._workers)
         self._first_request_seen = False
         self._starting: asyncio.Task[None] | None = None
@@ -137,9 +140,6 @@ class ConnectionsMiddleware:
 
     def snapshot(self, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
         """What the debug endpoint serves, as JSON-ready data."""
-        return snapshot(self._enforcer, limit=limit)
-
-    def _snapshot_of(self, limit: int) -> dict[str, Any]:
         return snapshot(self._enforcer, limit=limit)
 
     # -- ASGI ------------------------------------------------------------------
@@ -199,7 +199,7 @@ class ConnectionsMiddleware:
         self._first_request_seen = True
         workers = self._workers
         if workers is not None and not workers.started:
-            # The lifespan is off: serve the siblings from now on (removed at exit).
+            # The lifespan is off: serve the siblings from now on.
             self._starting = asyncio.get_running_loop().create_task(workers.start())
         state = scope.get("state")
         found = None if state is None else state.get(STATE_KEY)
