@@ -5,7 +5,9 @@
 
 Command-line options override these (``--bind``, ``-w``).  Each worker is a
 uvicorn server with its own connections list, timer and debug endpoint; the
-``pid`` in ``GET /_connections`` says which worker answered.  The timeouts
+``pid`` in ``GET /_connections`` says which worker answered, and
+``GET /_connections?workers=all`` shows every worker (connlist's worker class
+tells each worker it is one of this master's; no hook is needed).  The timeouts
 are the app's (``ConnectionsMiddleware``), not gunicorn's.
 
 For Prometheus with several workers (``examples/fastapi_app.py`` serves

@@ -55,6 +55,15 @@ O(N), whatever the number of connections: 3 to 6 ms per thousand entries
 listed, JSON encoding included, and under 0.05 ms with ``limit=0``, on a
 slow shared VM (``benchmarks/snapshot.py`` measures it).
 
+Every worker, and the page
+--------------------------
+
+``?workers=all`` answers with every worker of the server, each worker's own
+snapshot under ``workers`` and the sums of their counts and totals
+(``connlist.workers`` finds and asks the siblings).  A browser (``Accept``
+preferring ``text/html``) or ``?format=html`` gets the view as a page
+(``connlist.page``); everything else gets the JSON, as it always did.
+
 Access
 ------
 
@@ -76,22 +85,26 @@ import ipaddress
 import json
 import os
 import time
-from collections.abc import Callable, Generator, Iterator
-from typing import Any
+from collections.abc import Callable, Generator, Iterable, Iterator
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
 from starlette.types import Receive, Scope, Send
 
+from connlist import page
 from connlist.connections import Connection
 from connlist.enforcer import Enforcer, format_address
+from connlist.workers import WorkerGroup, combine
 
 __all__ = [
     "DEFAULT_LIMIT",
     "IDLE_SCAN",
     "MAX_LIMIT",
     "PATH_MAX",
+    "QUERY_PARAMETERS",
     "STATES",
     "DebugEndpoint",
+    "Query",
     "connection_state",
     "count",
     "describe",
@@ -99,8 +112,10 @@ __all__ = [
     "json_pieces",
     "not_found",
     "parse_limit",
+    "parse_query",
     "snapshot",
     "snapshot_steps",
+    "wants_html",
 ]
 
 DEFAULT_LIMIT = 1000
@@ -121,6 +136,11 @@ STATES = ("new", "reading_headers", "reading_body", "handling", "stalled", "idle
 # few microseconds on the event loop, so this bounds what one request can
 # make the worker do (see "Cost").
 MAX_LIMIT = 10_000
+
+# The query parameters, and the values of those that take a word.
+QUERY_PARAMETERS = ("limit", "workers", "format")
+_PARAMETER_NAMES = ", ".join(map(repr, QUERY_PARAMETERS))
+_CHOICES = {"workers": ("all",), "format": ("json", "html")}
 
 
 def connection_state(conn: Connection) -> str:
@@ -381,7 +401,9 @@ def parse_limit(query_string: bytes) -> int:
     limit = DEFAULT_LIMIT
     for name, value in parse_qsl(text, keep_blank_values=True):
         if name != "limit":
-            raise ValueError(f"unknown query parameter {name[:40]!r}; the only one is 'limit'")
+            if name in QUERY_PARAMETERS:
+                continue  # parse_query's
+            raise ValueError(f"unknown query parameter {name[:40]!r}; the parameters are {_PARAMETER_NAMES}")
         if (
             not (value.isascii() and value.isdigit())
             or len(value) > len(str(MAX_LIMIT))
@@ -392,16 +414,67 @@ def parse_limit(query_string: bytes) -> int:
     return limit
 
 
+class Query(NamedTuple):
+    """A debug request's query: ``limit``, ``workers`` (``"all"`` or None) and ``format`` (or None)."""
+
+    limit: int
+    workers: str | None
+    format: str | None
+
+
+def parse_query(query_string: bytes) -> Query:
+    """``parse_limit``, plus ``workers=all`` and ``format=json|html``; ValueError if bad."""
+    limit = parse_limit(query_string)  # checks the names and the encoding too
+    found: dict[str, str] = {}
+    for name, value in parse_qsl(query_string.decode("ascii"), keep_blank_values=True):
+        if name in _CHOICES:
+            if value not in _CHOICES[name]:
+                raise ValueError(f"{name} must be {' or '.join(map(repr, _CHOICES[name]))}")
+            found[name] = value
+    return Query(limit, found.get("workers"), found.get("format"))
+
+
+def wants_html(query: Query, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """``format`` if given, else whether ``Accept`` prefers ``text/html`` to JSON (a browser's does).
+
+    A tie, no ``Accept`` or ``*/*`` (curl) get JSON, as before the page existed.
+    """
+    if query.format is not None:
+        return query.format == "html"
+    accept = b",".join(value for name, value in headers if name == b"accept")
+    html = json_q = 0.0
+    for item in accept.decode("latin-1").lower().split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        q = 1.0
+        for param in params:
+            key, _, number = param.partition("=")
+            if key.strip() == "q":
+                try:
+                    q = float(number)
+                except ValueError:
+                    q = 0.0
+        if media in ("text/html", "application/xhtml+xml"):
+            html = max(html, q)
+        elif media in ("application/json", "application/*", "*/*"):
+            json_q = max(json_q, q)
+    return html > json_q
+
+
 class DebugEndpoint:
     """Serves the snapshot as JSON to loopback clients, or, with a token, to its holders.
 
     ``enforcer_of`` returns the enforcer to show (the middleware's may be
-    replaced at the first request).
+    replaced at the first request); ``workers`` is this worker's group, for
+    ``workers=all`` (None: this worker alone).  A browser gets the page of
+    ``connlist.page`` instead of the JSON.
     """
 
-    def __init__(self, enforcer_of: Callable[[], Enforcer], *, token: str | None) -> None:
+    def __init__(
+        self, enforcer_of: Callable[[], Enforcer], *, token: str | None, workers: WorkerGroup | None = None
+    ) -> None:
         self._enforcer_of = enforcer_of
         self._token = None if token is None else _digest(token.encode())
+        self._workers = workers
 
     def allowed(self, scope: Scope) -> bool:
         """Whether the client may see the endpoint; if not, it must look as if it did not exist."""
@@ -422,27 +495,47 @@ class DebugEndpoint:
             await _send_json(send, 405, {"error": "method not allowed"}, method, [(b"allow", b"GET, HEAD")])
             return
         try:
-            limit = parse_limit(scope.get("query_string", b""))
+            query = parse_query(scope.get("query_string", b""))
         except ValueError as exc:
             await _send_json(send, 400, {"error": str(exc)}, method)
             return
-        # Built and encoded in slices: a large limit on a large worker must
-        # not hold the loop (its other connections) for long.
-        result: dict[str, Any] = {}
+        limit = query.limit
+        if query.workers is None:
+            # Built in slices: a large limit on a large worker must not hold
+            # the loop (its other connections) for long.
+            data = await snapshot_cooperatively(self._enforcer_of(), limit=limit)
+        elif self._workers is None:
+            data = combine([snapshot(self._enforcer_of(), limit=limit)], limit=limit)
+        else:
+            data = await self._workers.gather(limit)
+        if wants_html(query, scope["headers"]):
+            await _send_page(send, data, method)
+        else:
+            await _send_body(send, 200, await json_cooperatively(data), method)
 
-        def build() -> Iterator[None]:
-            result.update((yield from snapshot_steps(self._enforcer_of(), limit=limit)))
 
-        await _cooperatively(build())
-        pieces: list[str] = []
+async def snapshot_cooperatively(enforcer: Enforcer, *, limit: int) -> dict[str, Any]:
+    """``snapshot``, yielding the event loop between slices of work."""
+    result: dict[str, Any] = {}
 
-        def encode() -> Iterator[None]:
-            for piece in json_pieces(result):
-                pieces.append(piece)
-                yield
+    def build() -> Iterator[None]:
+        result.update((yield from snapshot_steps(enforcer, limit=limit)))
 
-        await _cooperatively(encode())
-        await _send_body(send, 200, "".join(pieces).encode(), method)
+    await _cooperatively(build())
+    return result
+
+
+async def json_cooperatively(data: dict[str, Any]) -> bytes:
+    """The JSON of a snapshot, encoded in slices between which the event loop runs."""
+    pieces: list[str] = []
+
+    def encode() -> Iterator[None]:
+        for piece in json_pieces(data):
+            pieces.append(piece)
+            yield
+
+    await _cooperatively(encode())
+    return "".join(pieces).encode()
 
 
 async def _send_json(
@@ -462,6 +555,17 @@ async def _send_body(
         *(extra or []),
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
+
+
+async def _send_page(send: Send, data: dict[str, Any], method: str) -> None:
+    body = page.render(data)
+    headers = [
+        (b"content-type", b"text/html; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+        *page.HEADERS,
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
 
 

@@ -18,12 +18,16 @@ gunicorn's ``--keep-alive``, ``--forwarded-allow-ips``, signals) is
 ``uvicorn-worker``'s.
 
 Each worker process has its own ``ConnectionsMiddleware``, list and timer;
-the debug endpoint's ``pid`` says which worker answered.
+the debug endpoint's ``pid`` says which worker answered, and
+``?workers=all`` shows them all: these classes tell ``connlist.workers``
+that the process is a worker of gunicorn's master (``init_process``).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
+
+from connlist import workers
 
 try:
     import uvicorn_worker  # type: ignore[import-untyped, import-not-found, unused-ignore]
@@ -49,7 +53,19 @@ def _base_kwargs(cls: Any) -> dict[str, Any]:
     return dict(kwargs)
 
 
-class UvicornWorker(uvicorn_worker.UvicornWorker):  # type: ignore[misc]
+class _Sibling:
+    """Tells connlist, in the worker, that it is one of the master's workers (for ``workers=all``)."""
+
+    ppid: int
+
+    def init_process(self) -> None:
+        # Runs in the worker after the fork, before the app is loaded (and
+        # before its lifespan starts the worker's socket for its siblings).
+        workers.supervised_by(self.ppid)
+        super().init_process()  # type: ignore[misc]
+
+
+class UvicornWorker(_Sibling, uvicorn_worker.UvicornWorker):  # type: ignore[misc]
     """``uvicorn_worker.UvicornWorker`` serving through ``connlist.uvicorn:AutoProtocol``."""
 
     CONFIG_KWARGS: ClassVar[dict[str, Any]] = {
@@ -58,7 +74,7 @@ class UvicornWorker(uvicorn_worker.UvicornWorker):  # type: ignore[misc]
     }
 
 
-class UvicornH11Worker(uvicorn_worker.UvicornH11Worker):  # type: ignore[misc]
+class UvicornH11Worker(_Sibling, uvicorn_worker.UvicornH11Worker):  # type: ignore[misc]
     """``uvicorn_worker.UvicornH11Worker`` (asyncio, h11) serving through ``connlist.uvicorn:H11Protocol``."""
 
     CONFIG_KWARGS: ClassVar[dict[str, Any]] = {

@@ -42,6 +42,7 @@ from connlist.settings import (
     Settings,
     resolve,
 )
+from connlist.workers import WorkerGroup
 
 __all__ = ["ConnectionsMiddleware"]
 
@@ -77,6 +78,9 @@ class ConnectionsMiddleware:
     clients presenting ``Authorization: Bearer <token>``.
     ``on_timeout(connection, kind)`` is called for each expired connection
     (``kind`` is ``"headers"`` or ``"request"``) before it is closed.
+    With the endpoint on, the worker also serves its view to its sibling
+    workers (``?workers=all``, ``connlist.workers``) from the lifespan startup
+    to its shutdown.
     """
 
     def __init__(
@@ -115,8 +119,11 @@ class ConnectionsMiddleware:
         self.app = app
         self.debug_path = debug_path
         self._enforcer = Enforcer(settings, on_timeout=on_timeout)
-        self._endpoint = DebugEndpoint(lambda: self._enforcer, token=debug_token)
+        # The sibling workers' view (workers=all): only with the endpoint on.
+        self._workers = None if debug_path is None else WorkerGroup(lambda limit: self.snapshot(limit=limit))
+        self._endpoint = DebugEndpoint(lambda: self._enforcer, token=debug_token, workers=self._workers)
         self._first_request_seen = False
+        self._starting: asyncio.Task[None] | None = None
 
     # -- public API ------------------------------------------------------------
 
@@ -213,8 +220,16 @@ class ConnectionsMiddleware:
             if state is not None:
                 state[STATE_KEY] = self._enforcer
             route_to_uvicorn()
-            await self.app(scope, self._lifespan_receive(receive), send)
-            return
+            receive = self._lifespan_receive(receive)
+            workers = self._workers
+            if workers is not None:
+                # This worker's socket for its siblings, for as long as the server runs.
+                await workers.start()
+                try:
+                    await self.app(scope, receive, send)
+                finally:
+                    workers.stop()
+                return
         await self.app(scope, receive, send)
 
     def _lifespan_receive(self, receive: Receive) -> Receive:
@@ -230,6 +245,10 @@ class ConnectionsMiddleware:
 
     def _first_request(self, scope: Scope) -> None:
         self._first_request_seen = True
+        workers = self._workers
+        if workers is not None and not workers.started:
+            # The lifespan is off: serve the siblings from now on.
+            self._starting = asyncio.get_running_loop().create_task(workers.start())
         state = scope.get("state")
         found = None if state is None else state.get(STATE_KEY)
         if found is not None and found is not self._enforcer:

@@ -1,0 +1,269 @@
+"""The debug endpoint's page: content negotiation, escaping, the CSP, and a real browser.
+
+In process: which requests get the page and which keep the JSON (byte for
+byte), the escaping of client-supplied values, the style allowed by its hash,
+counts and totals rendered from whatever keys the data has.  In headless
+Chromium (skipped where it is not installed): the page a browser gets from a
+real uvicorn holding connections in known states, and ``workers=all`` from a
+real ``uvicorn --workers 2``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from connlist import ConnectionsMiddleware, page
+from connlist.debug import snapshot
+from tests.browser import Dom, chromium, dump_dom
+from tests.servers import INTEGRATED, close_sockets, connect, echo_app, read_response, serve, wait_for
+from tests.subprocesses import run_server
+from tests.test_workers import all_workers, both_up, env_for, reachable, stop_master, uvicorn_command
+
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,*/*;q=0.8"
+HOSTILE = "/<script>alert(1)</script>"
+# As sent on the wire: uvicorn gives the app (and the list) the decoded path.
+HOSTILE_TARGET = "/%3Cscript%3Ealert(1)%3C/script%3E"
+
+
+def get(app: Any, url: str, **headers: str) -> httpx.Response:
+    async def run() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            return await client.get(url, headers=headers)
+
+    return asyncio.run(run())
+
+
+def head(app: Any, url: str, **headers: str) -> httpx.Response:
+    async def run() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            return await client.head(url, headers=headers)
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("accept", "html"),
+    [
+        (None, False),
+        ("*/*", False),  # curl
+        ("application/json", False),
+        ("text/html, application/json", False),  # a tie keeps JSON
+        ("application/json;q=0.5, text/html", True),
+        ("text/html;q=0", False),
+        (BROWSER_ACCEPT, True),  # Chromium's and Firefox's navigation
+        ("application/xhtml+xml", True),
+    ],
+)
+def test_accept_decides_unless_format_says(accept: str | None, html: bool) -> None:
+    app = ConnectionsMiddleware(echo_app)
+    headers = {} if accept is None else {"accept": accept}
+    response = get(app, "/_connections", **headers)
+    kind = "text/html; charset=utf-8" if html else "application/json"
+    assert response.headers["content-type"] == kind
+    assert get(app, "/_connections?format=json", **headers).headers["content-type"] == "application/json"
+    forced = get(app, "/_connections?format=html", **headers)
+    assert forced.headers["content-type"] == "text/html; charset=utf-8"
+
+
+def test_the_json_is_unchanged_byte_for_byte() -> None:
+    app = ConnectionsMiddleware(echo_app)
+    plain = get(app, "/_connections")
+    expected = json.dumps(snapshot(app.enforcer), separators=(",", ":")).encode()
+    assert plain.content == expected
+    assert list(plain.headers.items()) == [
+        ("content-type", "application/json"),
+        ("content-length", str(len(expected))),
+        ("cache-control", "no-store"),
+        ("x-content-type-options", "nosniff"),
+    ]
+    for url, accept in (("/_connections?format=json", BROWSER_ACCEPT), ("/_connections", "*/*")):
+        response = get(app, url, accept=accept)
+        assert response.content == plain.content
+        assert list(response.headers.items()) == list(plain.headers.items())
+
+
+def test_the_page_headers_and_head() -> None:
+    app = ConnectionsMiddleware(echo_app)
+    response = get(app, "/_connections", accept=BROWSER_ACCEPT)
+    assert response.status_code == 200
+    assert response.headers["content-security-policy"] == page.CSP
+    assert response.headers["cache-control"] == "no-store"
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert int(response.headers["content-length"]) == len(response.content)
+    empty = head(app, "/_connections", accept=BROWSER_ACCEPT)
+    assert empty.content == b"" and empty.headers == response.headers
+    # Errors stay JSON, for browsers too.
+    bad = get(app, "/_connections?format=pdf", accept=BROWSER_ACCEPT)
+    assert bad.status_code == 400 and "format" in bad.json()["error"]
+
+    # The access rules are the JSON's: a remote browser gets the plain 404.
+    async def remote() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, client=("203.0.113.7", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            return await client.get("/_connections?workers=all&format=html")
+
+    assert asyncio.run(remote()).status_code == 404
+
+
+def connection(**fields: Any) -> dict[str, Any]:
+    base = {
+        "id": 1,
+        "client": "127.0.0.1:5000",
+        "server": "127.0.0.1:8000",
+        "state": "handling",
+        "age": 1.5,
+        "duration": None,
+        "headers_completed": True,
+        "requests": 1,
+        "method": "GET",
+        "path": "/",
+    }
+    base.update(fields)
+    return base
+
+
+def test_everything_from_clients_is_escaped_and_no_script_is_sent() -> None:
+    data = {
+        "pid": 7,
+        "mode": "uvicorn-httptools",
+        "headers_timeout": 10.0,
+        "request_timeout": 30.0,
+        "counts": {"all": 1},
+        "totals": {"connections": 1},
+        "limit": 1000,
+        "truncated": False,
+        "all": [connection(path=HOSTILE, client='"><img src=x onerror=alert(2)>', method="G<E>T")],
+    }
+    body = page.render(data).decode()
+    assert "<script" not in body and "<img" not in body and "<E>" not in body
+    assert "/&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    dom = Dom(body)
+    (row,) = dom.connection_rows()
+    assert row == {
+        "state": "handling",
+        "client": '"><img src=x onerror=alert(2)>',
+        "age": "1.500",
+        "duration": "\u2013",
+        "method": "G<E>T",
+        "path": HOSTILE,
+    }
+    assert "script" not in dom.tags and "img" not in dom.tags
+
+
+def test_the_style_is_the_one_the_csp_allows() -> None:
+    body = page.render({"pid": 1, "counts": {}, "totals": {}, "all": []}).decode()
+    (style,) = re.findall(r"<style>(.*?)</style>", body, re.S)
+    digest = base64.b64encode(hashlib.sha256(style.encode()).digest()).decode()
+    assert f"style-src 'sha256-{digest}'" in page.CSP
+    for directive in ("default-src 'none'", "img-src 'none'", "frame-ancestors 'none'", "base-uri 'none'"):
+        assert directive in page.CSP
+    assert f'<meta http-equiv="refresh" content="{page.REFRESH}">' in body
+    assert "style=" not in body  # no inline style attribute (the CSP would block it)
+
+
+def test_counts_totals_and_states_come_from_the_data() -> None:
+    """New states and totals (as another version may have) show without a change to the page."""
+    worker = {
+        "pid": 9,
+        "counts": {"all": 2, "stalled": 1},
+        "totals": {"requests": 3, "rate_timeouts": 2},
+        "all": [connection(state="stalled"), connection(id=2, state="some_new_state", duration=0.25)],
+    }
+    answer = {
+        "pid": 9,
+        "counts": {"all": 2, "stalled": 1},
+        "totals": {"requests": 3, "rate_timeouts": 2},
+        "unreachable": 1,
+        "workers": [worker, {"pid": 10, "unreachable": True, "error": "no answer within 0.5 s"}],
+    }
+    dom = Dom(page.render(answer).decode())
+    assert [row["state"] for row in dom.connection_rows()] == ["stalled", "some_new_state"]
+    assert dom.connection_rows()[1]["duration"] == "0.250"
+    assert ["all", "stalled"] in [cells for _, cells in dom.rows]
+    assert ["requests", "rate_timeouts"] in [cells for _, cells in dom.rows]
+    assert "worker 10: unreachable (no answer within 0.5 s)" in dom.headings
+    assert "worker 9" in dom.headings
+
+
+# -- in a real browser ---------------------------------------------------------------
+
+
+async def held_app(scope: Any, receive: Any, send: Any) -> None:
+    """echo_app, except that the hostile path is handled until the client leaves."""
+    if scope["type"] == "http" and scope["path"] == HOSTILE:
+        await receive()
+        await receive()  # http.disconnect, when the test closes the socket
+        return
+    await echo_app(scope, receive, send)
+
+
+def console_errors(log: str) -> list[str]:
+    return [line for line in log.splitlines() if "Content Security Policy" in line or "Refused" in line]
+
+
+def test_chromium_shows_every_state_and_the_escaped_path(tmp_path: Path) -> None:
+    chromium()
+    app = ConnectionsMiddleware(held_app, headers_timeout=30, request_timeout=60)
+    with serve(app, INTEGRATED["httptools"]) as running:
+        port = running.port
+        connect(port)  # new
+        connect(port).sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # reading_headers
+        connect(port).sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nabc")  # reading_body
+        connect(port).sendall(f"GET {HOSTILE_TARGET} HTTP/1.1\r\nHost: x\r\n\r\n".encode())  # handling
+        idle = connect(port)
+        idle.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(idle).startswith(b"HTTP/1.1 200")  # idle, kept alive
+        wanted = {"new", "reading_headers", "reading_body", "handling", "idle"}
+        assert wait_for(lambda: {c["state"] for c in running.call(app.snapshot)["all"]} >= wanted)
+
+        started = time.monotonic()
+        markup, log = dump_dom(f"http://127.0.0.1:{port}/_connections")
+        elapsed = time.monotonic() - started
+        close_sockets()
+
+    dom = Dom(markup)
+    rows = dom.connection_rows()
+    states = [row["state"] for row in rows]
+    assert set(states) >= wanted, rows
+    # The browser's own request is in the view too, handling.
+    assert any(row["path"] == "/_connections" and row["state"] == "handling" for row in rows), rows
+    (hostile,) = [row for row in rows if row["path"] == HOSTILE]
+    assert hostile["state"] == "handling" and hostile["method"] == "GET"
+    assert "script" not in dom.tags and "<script" not in markup
+    assert console_errors(log) == [], log
+    # The counts at the top match the rows.
+    ((_, names), (_, values)) = dom.rows[:2]
+    counts = dict(zip(names, map(int, values), strict=True))
+    assert counts["all"] == len(rows) and counts["reading"] == states.count("new") + states.count(
+        "reading_headers"
+    )
+    print(f"chromium --dump-dom took {elapsed:.2f} s")
+
+
+def test_chromium_shows_every_worker(tmp_path: Path) -> None:
+    chromium()
+    env = env_for(TMPDIR=str(tmp_path))
+    with run_server(uvicorn_command, tmp_path / "uvicorn.log", env=env, ready=both_up) as server:
+        pids = sorted(reachable(all_workers(server.port, "&limit=0")))
+        markup, log = dump_dom(f"http://127.0.0.1:{server.port}/_connections?workers=all")
+        stop_master(server)
+    dom = Dom(markup)
+    assert [heading for heading in dom.headings if heading.startswith("worker ")] == [
+        f"worker {pid}" for pid in pids
+    ]
+    assert dom.headings[0].startswith(f"connections of {len(pids)} workers ({len(pids)} answered)")
+    # The browser's request is in exactly one worker's table.
+    assert [row["state"] for row in dom.connection_rows() if row["path"] == "/_connections"] == ["handling"]
+    assert console_errors(log) == [], log
