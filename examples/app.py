@@ -7,7 +7,9 @@ Serve it with the server integration (the headers timeout needs it)::
 
 Try it: ``curl localhost:8000/``, ``curl -X POST -d hello localhost:8000/echo``,
 ``curl localhost:8000/_connections``; a client that connects and sends
-nothing gets ``408 Request Timeout`` after ``CONNLIST_HEADERS_TIMEOUT`` seconds.
+nothing gets ``408 Request Timeout`` after ``CONNLIST_HEADERS_TIMEOUT`` seconds,
+and the server's log says so (connlist's warning, then ``on_timeout``'s
+line; serve.py configures both loggers).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from starlette.routing import Route
 
 from connlist import ConnectionsMiddleware
 from connlist.connections import Connection
+from connlist.enforcer import format_address
 
 logger = logging.getLogger("example")
 
@@ -38,7 +41,7 @@ async def echo(request: Request) -> PlainTextResponse:
 
 def on_timeout(connection: Connection, kind: str) -> None:
     # Like Node's 'clientError': a place for metrics or a ban list.
-    logger.info("cut off %s (%s timeout)", connection.client, kind)
+    logger.info("on_timeout: cut off %s (%s timeout)", format_address(connection.client), kind)
 
 
 app = Starlette(

@@ -6,12 +6,26 @@ python3 examples/serve.py [--host 127.0.0.1] [--port 8000] [--http h11|httptools
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def log_config() -> dict[str, object]:
+    """uvicorn's logging, plus connlist's logger and the example's, at INFO on uvicorn's handler.
+
+    Without it the example's on_timeout message (INFO, logger "example")
+    would go nowhere: uvicorn configures only its own loggers.
+    """
+    config = copy.deepcopy(LOGGING_CONFIG)
+    for name in ("connlist", "example"):
+        config["loggers"][name] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    return config
 
 
 def main() -> None:
@@ -32,7 +46,7 @@ def main() -> None:
     print(f"  integration on: --http {http}", flush=True)
     # lifespan "on": the middleware hands its list to the protocol in the
     # lifespan state, and a bad setting then fails the start-up loudly.
-    uvicorn.run("app:app", host=args.host, port=args.port, http=http, lifespan="on")
+    uvicorn.run("app:app", host=args.host, port=args.port, http=http, lifespan="on", log_config=log_config())
 
 
 if __name__ == "__main__":

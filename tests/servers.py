@@ -1,7 +1,9 @@
 """Real uvicorn servers on 127.0.0.1 for the tests, and raw-socket clients.
 
 A server runs in a thread with its own event loop, on a socket bound to port 0,
-and stops when the ``with`` block ends.  Timing assertions use
+and stops when the ``with`` block ends.  The loop is asyncio's, or uvloop's
+(which production ``uvicorn[standard]`` runs on) with
+``CONNLIST_TEST_LOOP=uvloop``; ``.ci/run`` runs test_timeouts.py once so.  Timing assertions use
 ``time.monotonic`` on the client side.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -29,6 +32,21 @@ PLAIN = {"httptools": "httptools", "h11": "h11"}
 
 # The size of echo_app's /large response: several MiB.
 LARGE = 8 * 1024 * 1024
+
+# "asyncio" (the default) or "uvloop": the event loop the servers run on.
+LOOP = os.environ.get("CONNLIST_TEST_LOOP", "asyncio")
+if LOOP not in ("asyncio", "uvloop"):
+    raise RuntimeError(f"CONNLIST_TEST_LOOP must be asyncio or uvloop, got {LOOP!r}")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    if LOOP == "uvloop":
+        import uvloop  # the test extra installs it; failing here beats silently testing asyncio
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        return loop
+    return asyncio.new_event_loop()
+
 
 # How late a 408 may arrive after its deadline (the issue's promise).
 LATE = 0.25
@@ -64,7 +82,7 @@ def serve(app: Any, http: str, **config: Any) -> Iterator[Running]:
     loops: list[asyncio.AbstractEventLoop] = []
 
     def run() -> None:
-        loop = asyncio.new_event_loop()
+        loop = new_event_loop()
         loops.append(loop)
         try:
             loop.run_until_complete(server.serve(sockets=[sock]))

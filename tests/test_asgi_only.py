@@ -165,3 +165,53 @@ def test_unit_handle_without_server() -> None:
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert sent[0]["status"] == 408
     assert (b"connection", b"close") in sent[0]["headers"]
+
+
+def test_pending_receive_returns_when_the_server_never_answers() -> None:
+    # granian's receive() stays pending until the client's next byte, and
+    # the server keeps the connection open while it does: the handle cancels
+    # that receive after the 408, the app gets http.disconnect, and the
+    # cancel is taken back (the app's own asyncio.timeout still works).
+    async def scenario() -> tuple[list[Any], list[Any]]:
+        got: list[Any] = []
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            got.append((await receive())["type"])
+            got.append((await receive())["type"])
+            task = asyncio.current_task()
+            assert task is not None
+            got.append(task.cancelling())
+            async with asyncio.timeout(0.01):
+                await asyncio.sleep(0)
+
+        messages = [{"type": "http.request", "body": b"a", "more_body": True}]
+        never = asyncio.Event()
+
+        async def receive() -> Any:
+            if messages:
+                return messages.pop()
+            await never.wait()
+
+        sent: list[Any] = []
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        mw = ConnectionsMiddleware(app, headers_timeout=0.05, request_timeout=0.1, debug_path=None)
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/",
+            "headers": [(b"content-length", b"5")],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 2),
+        }
+        await asyncio.wait_for(mw(scope, receive, send), 2)
+        # Nothing left behind.
+        assert len(mw.connections) == 0
+        return got, sent
+
+    got, sent = asyncio.run(scenario())
+    assert got == ["http.request", "http.disconnect", 0]
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 408

@@ -12,6 +12,7 @@ import runpy
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,12 +37,41 @@ def totals(output: str, title: str) -> dict[str, int]:
     return {name: int(value) for name, value in (item.split("=") for item in line.group(1).split())}
 
 
+def readme_sample() -> dict[str, Any]:
+    """The README's ``/_connections`` sample."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("shows one: its own.\n\n```json\n", 1)[1].split("```", 1)[0]
+    sample: dict[str, Any] = json.loads(block)
+    return sample
+
+
+def first_view(port: int) -> dict[str, Any]:
+    """The debug endpoint once the readiness probes' connections are gone: the caller's own alone."""
+    view: dict[str, Any] = get_json(port, "/_connections")
+    deadline = time.monotonic() + 3
+    while view["counts"]["all"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        view = get_json(port, "/_connections")
+    return view
+
+
 def test_slow_client_against_the_example_server(tmp_path: Path) -> None:
     with run_server(
         lambda port: [PYTHON, str(EXAMPLES / "serve.py"), "--port", str(port)],
         tmp_path / "serve.log",
         env=example_env(),
     ) as server:
+        # What the README shows is what a user sees first: their own
+        # connection, idle (not receiving a request) in state handling.
+        sample, view = readme_sample(), first_view(server.port)
+        assert view["counts"] == sample["counts"]
+        assert view.keys() == sample.keys() and view["totals"].keys() == sample["totals"].keys()
+        assert view["active"] == sample["active"] == []
+        own = view["idle"][0]
+        assert view["all"] == view["idle"] == [own]
+        assert own.keys() == sample["idle"][0].keys()
+        expected = {k: sample["idle"][0][k] for k in ("state", "headers_completed", "method", "path")}
+        assert {k: own[k] for k in expected} == expected
         assert get(server.port, "/")[1] == b"Hello from connlist\n"
         result = subprocess.run(
             [PYTHON, str(EXAMPLES / "slow_client.py"), "--port", str(server.port), "--limit", "10"],
@@ -64,6 +94,10 @@ def test_slow_client_against_the_example_server(tmp_path: Path) -> None:
     # Through uvicorn's own log format (a level prefix), not Python's last-resort handler.
     assert re.search(
         r"^WARNING: +connlist: 1 connection timed out \(1 headers\); e\.g\. 127\.0\.0\.1:", log, re.M
+    ), log
+    # The example's on_timeout line is in the log too (serve.py configures its logger).
+    assert re.search(
+        r"^INFO: +on_timeout: cut off 127\.0\.0\.1:\d+ \(headers timeout\)$", log, re.MULTILINE
     ), log
 
     # Before, during and after, as the debug endpoint told.

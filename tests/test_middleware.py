@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+import uvicorn
 
 from connlist import ConnectionsMiddleware
 from connlist.connections import Connection
@@ -90,8 +91,13 @@ def test_missing_hook_fails_loudly() -> None:
     class Moved:
         def connection_made(self) -> None: ...
 
-    with pytest.raises(ImportError, match=r"cannot hook uvicorn .*Moved has no on_message_begin"):
+    with pytest.raises(ImportError) as info:
         _require(Moved, ("connection_made", "on_message_begin"))
+    # The installed version, what is missing, and the range connlist is tested with.
+    message = str(info.value)
+    assert f"cannot hook uvicorn {uvicorn.__version__}: " in message
+    assert "Moved has no on_message_begin." in message
+    assert "tested with uvicorn 0.36.0 to 0.54.0;" in message
 
 
 # -- the hand-over to the server's protocol -----------------------------------

@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,7 @@ from connlist.prometheus import (
     Exporter,
     MetricsMiddleware,
     count_states,
+    mark_dead_processes,
     metrics_for,
 )
 from tests.servers import (
@@ -48,7 +50,7 @@ from tests.servers import (
     serve,
     wait_for,
 )
-from tests.subprocesses import get, get_json, gunicorn_command, run_server, server_env
+from tests.subprocesses import PYTHON, get, get_json, gunicorn_command, run_server, server_env
 
 HEADERS_TIMEOUT = 0.5
 REQUEST_TIMEOUT = 1.0
@@ -160,6 +162,37 @@ def test_metrics_are_shared_per_registry_and_options_are_checked() -> None:
         MetricsMiddleware(hello, registry=registry, interval=-1)
     with pytest.raises(TypeError, match="interval"):
         MetricsMiddleware(hello, registry=registry, interval="1")  # type: ignore[arg-type]
+
+
+def test_mark_dead_processes_drops_the_live_gauges_of_gone_and_zombie_processes(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # exited and reaped: no such process
+    zombie = subprocess.Popen(["sleep", "30"])
+    zombie.kill()  # killed, not reaped yet: still has a pid, state Z
+    try:
+        stat = Path(f"/proc/{zombie.pid}/stat")
+        assert wait_for(lambda: stat.read_bytes().rpartition(b")")[2].split()[0] == b"Z")
+        alive = os.getppid()
+        names = [
+            *(f"gauge_livesum_{pid}.db" for pid in (gone.pid, zombie.pid, alive, os.getpid())),
+            f"gauge_liveall_{gone.pid}.db",
+            f"counter_{gone.pid}.db",  # a dead worker's counts stay counted
+            f"gauge_all_{gone.pid}.db",  # not a "live" mode: not prometheus_client's to drop
+        ]
+        for name in names:
+            (tmp_path / name).write_bytes(b"")
+        assert mark_dead_processes(str(tmp_path)) == sorted([gone.pid, zombie.pid])
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [
+                f"gauge_livesum_{alive}.db",
+                f"gauge_livesum_{os.getpid()}.db",
+                f"counter_{gone.pid}.db",
+                f"gauge_all_{gone.pid}.db",
+            ]
+        )
+        assert mark_dead_processes(str(tmp_path)) == []
+    finally:
+        zombie.wait()
 
 
 # -- one process: uvicorn in a thread -------------------------------------------
@@ -296,10 +329,8 @@ def per_process(multiproc: Path, pid: int) -> Values:
     return values
 
 
-def test_multiprocess_sums_both_workers(gunicorn_metrics: tuple[int, Path, Any]) -> None:
-    port, multiproc, server = gunicorn_metrics
-    assert not (multiproc / "counter_1.db").exists()
-    # Keep-alive connections, each idle after one debug request, until both workers hold some.
+def hold_idle_on_each_worker(port: int) -> dict[int, list[socket.socket]]:
+    """Keep-alive connections, each idle after one debug request, until every worker holds at least 2."""
     held: dict[int, list[socket.socket]] = {}
     for _ in range(100):
         sock = connect(port)
@@ -310,6 +341,44 @@ def test_multiprocess_sums_both_workers(gunicorn_metrics: tuple[int, Path, Any])
         if len(held) == WORKERS and min(len(s) for s in held.values()) >= 2:
             break
     assert len(held) == WORKERS, held
+    return held
+
+
+def kill_a_worker(
+    port: int, multiproc: Path, held: dict[int, list[socket.socket]], log: Any, *, child_exit: bool
+) -> None:
+    """kill -9 the worker holding fewer connections: its gauges leave the sum, its counters stay.
+
+    With ``child_exit`` (gunicorn) the hook drops its gauge files before any
+    scrape; without (uvicorn --workers) the next scrape does.
+    """
+    values = scrape(port)
+    before = counters(values)
+    victim = min(held, key=lambda pid: len(held[pid]))
+    survivors = sum(len(s) for pid, s in held.items() if pid != victim)
+    assert phases(values)["waiting"] == sum(len(s) for s in held.values())
+    gauges = multiproc / f"gauge_livesum_{victim}.db"
+    assert gauges.exists()
+    os.kill(victim, signal.SIGKILL)
+    if child_exit:
+        assert wait_for(lambda: not gauges.exists(), limit=5.0), log()
+    time.sleep(3 * INTERVAL)
+    assert gauges.exists() != child_exit
+    values = scrape(port)
+    assert not gauges.exists()
+    assert phases(values) == {"reading": 0, "writing": 1, "waiting": survivors, "timed_out": 0}
+    assert counters(values)["accepted"] >= before["accepted"] + 1
+    assert counters(values)["headers"] == before["headers"]
+    for socks in held.values():
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def test_multiprocess_sums_both_workers(gunicorn_metrics: tuple[int, Path, Any]) -> None:
+    port, multiproc, server = gunicorn_metrics
+    assert not (multiproc / "counter_1.db").exists()
+    held = hold_idle_on_each_worker(port)
     assert server.proc.pid not in held
     n_held = sum(len(s) for s in held.values())
 
@@ -334,17 +403,46 @@ def test_multiprocess_sums_both_workers(gunicorn_metrics: tuple[int, Path, Any])
 
     # A worker killed outright: gunicorn's child_exit (in the example config)
     # drops its connections from the gauge; its counters stay counted.
-    victim = min(held, key=lambda pid: len(held[pid]))
-    survivors = sum(len(s) for pid, s in held.items() if pid != victim)
-    accepted = counters(values)["accepted"]
-    os.kill(victim, signal.SIGKILL)
-    assert wait_for(lambda: not (multiproc / f"gauge_livesum_{victim}.db").exists(), limit=5.0), server.log()
-    time.sleep(3 * INTERVAL)
-    values = scrape(port)
-    assert phases(values)["waiting"] == survivors
-    assert counters(values)["accepted"] >= accepted + 1
-    assert counters(values)["headers"] == 4
-    for socks in held.values():
-        for sock in socks:
-            with contextlib.suppress(OSError):
-                sock.close()
+    kill_a_worker(port, multiproc, held, server.log, child_exit=True)
+
+
+def test_uvicorn_workers_drop_a_killed_workers_gauges(tmp_path: Path) -> None:
+    # uvicorn --workers restarts a killed worker but has no child_exit hook:
+    # the scrape itself finds the dead pid's gauge files and drops them.
+    pytest.importorskip("fastapi")
+    multiproc = tmp_path / "prometheus"
+    multiproc.mkdir()
+    env = server_env(
+        PROMETHEUS_MULTIPROC_DIR=str(multiproc),
+        CONNLIST_HEADERS_TIMEOUT=str(HEADERS_TIMEOUT),
+        CONNLIST_REQUEST_TIMEOUT=str(REQUEST_TIMEOUT),
+        CONNLIST_METRICS_INTERVAL=str(INTERVAL),
+    )
+
+    def args(port: int) -> list[str]:
+        return [
+            PYTHON,
+            "-m",
+            "uvicorn",
+            "examples.fastapi_app:app",
+            "--workers",
+            str(WORKERS),
+            "--http",
+            INTEGRATED["httptools"],
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            # Longer than the test, so the idle connections it holds stay open.
+            "--timeout-keep-alive",
+            "30",
+        ]
+
+    def both_workers_up(port: int) -> bool:
+        return len({get_json(port, "/_connections")["pid"] for _ in range(10)}) == WORKERS
+
+    with run_server(args, tmp_path / "uvicorn.log", env=env, ready=both_workers_up) as server:
+        held = hold_idle_on_each_worker(server.port)
+        assert server.proc.pid not in held
+        time.sleep(3 * INTERVAL)
+        kill_a_worker(server.port, multiproc, held, server.log, child_exit=False)

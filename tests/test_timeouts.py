@@ -22,6 +22,7 @@ from tests.servers import (
     EARLY,
     INTEGRATED,
     LATE,
+    LOOP,
     connect,
     is_408,
     middleware,
@@ -63,6 +64,8 @@ def test_integration_is_in_use(server, parser: str) -> None:  # type: ignore[no-
     expected = HttpToolsProtocol if parser == "httptools" else H11Protocol
     assert server.server.config.http_protocol_class is expected
     assert server.call(lambda: len(mw.connections)) == 1
+    # The loop CONNLIST_TEST_LOOP asked for (.ci/run runs this file once on uvloop).
+    assert type(server.loop).__module__.split(".")[0] == LOOP
     conn = server.call(lambda: mw.connections.all()[0])
     assert conn.requests == 1 and conn.path == "/" and conn.method == "GET"
     sock.close()

@@ -285,7 +285,16 @@ class ConnectionsMiddleware:
         async def receive_tracked() -> Message:
             if handle.cut:
                 return _DISCONNECT
-            message = await receive()
+            handle.receiving = asyncio.current_task()
+            try:
+                message = await receive()
+            except asyncio.CancelledError:
+                # Only the handle's cancel (it clears ``receiving`` first) turns into a disconnect.
+                if not handle.cut or handle.receiving is not None or _uncancel():
+                    raise
+                return _DISCONNECT
+            finally:
+                handle.receiving = None
             if handle.cut:
                 return _DISCONNECT
             if message["type"] == "http.request":
@@ -312,12 +321,35 @@ class ConnectionsMiddleware:
             connections.remove(conn)
             if handle.task is not None:
                 await handle.task
+            # Break the record <-> handle cycle: the handle holds the server's
+            # send, and a server may hold the connection open until that is freed.
+            conn.handle = None
+
+
+def _uncancel() -> bool:
+    """Take back the handle's cancel of the current task; whether other cancels are pending (3.11+).
+
+    Without it, 3.11's structured concurrency (``asyncio.timeout``, task
+    groups) in the app would take the handled cancel for one of its own.
+    """
+    uncancel = getattr(asyncio.current_task(), "uncancel", None)
+    return uncancel is not None and uncancel() > 0
 
 
 class _AsgiRequest:
-    """The ConnectionHandle of one request in ASGI-only mode."""
+    """The ConnectionHandle of one request in ASGI-only mode.
 
-    __slots__ = ("conn", "cut", "response_started", "send", "task")
+    Once the request is cut off, the app's pending ``receive()`` must
+    return too, and not only for the app's sake: a server may keep the
+    connection open for as long as a read of the body is pending.  granian
+    does (its pending receive holds hyper's body stream, and hyper keeps
+    reading a body that someone still wants, ``Connection: close`` or not),
+    until the client's next byte.  So the handle cancels the task waiting in
+    the server's ``receive()`` (cancelling granian's future drops its read),
+    and that ``receive()`` returns ``http.disconnect`` to the app.
+    """
+
+    __slots__ = ("conn", "cut", "receiving", "response_started", "send", "task")
 
     def __init__(self, conn: Connection, send: Send) -> None:
         self.conn = conn
@@ -325,13 +357,22 @@ class _AsgiRequest:
         self.cut = False
         self.response_started = False
         self.task: asyncio.Task[None] | None = None
+        # The app's task while it waits in the server's receive(), else None.
+        self.receiving: asyncio.Task[Any] | None = None
 
     def connlist_close_expired(self) -> None:
         if self.cut:
             return
         self.cut = True
-        if not self.response_started:
+        if self.response_started:
+            self._stop_receiving()
+        else:
             self.task = asyncio.get_running_loop().create_task(self._send_408())
+
+    def _stop_receiving(self) -> None:
+        task, self.receiving = self.receiving, None
+        if task is not None:
+            task.cancel()
 
     async def _send_408(self) -> None:
         try:
@@ -339,6 +380,9 @@ class _AsgiRequest:
             await self.send(_408_BODY)
         except Exception:  # the client may be gone already
             logger.debug("sending 408 failed", exc_info=True)
+        finally:
+            # After the 408, so the server has the whole response before the app returns.
+            self._stop_receiving()
 
     def connlist_close_idle(self) -> bool:
         return False  # a request in ASGI-only mode is never idle

@@ -48,8 +48,15 @@ Several worker processes (``uvicorn --workers N``, gunicorn) need
 an empty directory before the workers start.  Each process then writes its
 values to files there, and ``/metrics`` (in whichever worker answers) merges
 the files of all of them: counters are summed, the gauge is
-``multiprocess_mode="livesum"`` (summed over live processes; gunicorn's
-``child_exit`` hook must call ``prometheus_client.multiprocess.mark_process_dead``).
+``multiprocess_mode="livesum"``: summed over live processes, which
+``prometheus_client`` knows only from ``mark_process_dead(pid)`` removing a
+dead process's gauge files.  A worker killed outright (``kill -9``, the OOM
+killer) calls nothing, and ``uvicorn --workers N`` has no hook to call it
+from, so each scrape first calls ``mark_process_dead`` for every process
+that left gauge files and no longer exists (``mark_dead_processes``); under
+gunicorn the example config's ``child_exit`` hook also calls it at once.
+The pids are this host's: a directory shared across containers (other pid
+namespaces) would have their live workers taken for dead.
 
 Why not a custom ``Collector`` reading the list at scrape time: it only runs
 in the scraped process, so with several workers it would show one of them.
@@ -67,6 +74,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import threading
 import weakref
 from typing import Any
@@ -78,7 +86,7 @@ from connlist.enforcer import STATE_KEY, Enforcer
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, make_asgi_app
-    from prometheus_client.multiprocess import MultiProcessCollector
+    from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "connlist.prometheus needs prometheus_client: pip install 'connlist[prometheus]'"
@@ -93,6 +101,7 @@ __all__ = [
     "count_states",
     "exposition_registry",
     "make_metrics_app",
+    "mark_dead_processes",
     "metrics_for",
     "multiprocess_mode",
 ]
@@ -228,12 +237,68 @@ class Exporter:
         self._enforcer = None
 
 
+# prometheus_client's file of one process's "live" gauges (livesum, liveall, ...): gauge_livesum_<pid>.db
+_LIVE_GAUGE_FILE = re.compile(r"gauge_live[a-z]*_(\d+)\.db")
+
+
+def _exists(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host and is not a zombie (killed, not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's: alive
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # "pid (comm) state ...": comm may hold spaces and parentheses.
+            state = stat.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): os.kill said it exists
+    return state != b"Z"
+
+
+def mark_dead_processes(path: str | None = None) -> list[int]:
+    """``mark_process_dead`` for each process with live gauges in the multiprocess directory that is gone.
+
+    ``path`` defaults to ``PROMETHEUS_MULTIPROC_DIR``.  Returns the pids
+    dropped.  Safe to run in several workers at once.
+    """
+    path = path or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        return []
+    try:
+        names = os.listdir(path)
+    except FileNotFoundError:
+        return []
+    pids = {int(m.group(1)) for m in map(_LIVE_GAUGE_FILE.fullmatch, names) if m is not None}
+    dead = sorted(pid for pid in pids if pid != os.getpid() and not _exists(pid))
+    for pid in dead:
+        # Another worker's scrape may remove the same files first.
+        with contextlib.suppress(FileNotFoundError):
+            mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+    if dead:
+        logger.info("connlist: dropped the Prometheus gauges of dead processes %s", dead)
+    return dead
+
+
+class _LiveMultiProcessCollector(MultiProcessCollector):
+    """``MultiProcessCollector`` that first drops the gauges of processes that no longer exist."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)  # type: ignore[no-untyped-call]
+
+    def collect(self) -> Any:
+        mark_dead_processes(self._path)
+        return super().collect()  # type: ignore[no-untyped-call]
+
+
 def exposition_registry(registry: CollectorRegistry = REGISTRY) -> CollectorRegistry:
-    """What to serve: ``registry``, or in multiprocess mode a registry merging every process's files."""
+    """What to serve: ``registry``, or in multiprocess mode a registry merging every live process's files."""
     if not multiprocess_mode():
         return registry
     merged = CollectorRegistry()
-    MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+    _LiveMultiProcessCollector(merged)
     return merged
 
 

@@ -62,6 +62,12 @@ except ImportError:  # httptools is not installed
 
 __all__ = ["AutoProtocol", "H11Protocol", "HttpToolsProtocol"]
 
+# The uvicorn releases CI runs the integration's tests on: the oldest
+# supported one (0.36.0, the first whose --http takes an import string) and
+# the newest at the time.  pyproject.toml has no upper bound; this check is
+# what stops a future uvicorn whose hook points moved.
+TESTED_UVICORN = "0.36.0 to 0.54.0"
+
 RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
@@ -71,8 +77,8 @@ def _require(cls: type, names: tuple[str, ...]) -> None:
     if missing:
         raise ImportError(
             f"connlist cannot hook uvicorn {uvicorn.__version__}: {cls.__module__}.{cls.__qualname__} "
-            f"has no {', '.join(missing)}. connlist is tested with uvicorn 0.54; "
-            "install a supported uvicorn or serve without --http connlist.uvicorn:... (ASGI-only mode)."
+            f"has no {', '.join(missing)}. connlist is tested with uvicorn {TESTED_UVICORN}; "
+            "install one of those or serve without --http connlist.uvicorn:... (ASGI-only mode)."
         )
 
 
