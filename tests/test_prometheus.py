@@ -132,7 +132,7 @@ def test_exporters_of_one_process_add_up() -> None:
     second.connections.message_complete(conn)
     second.totals.requests += 1
     assert gauges() == [0, 0, 0, 0]  # every series exists from the start
-    assert value("timeouts", kind="request") == 0
+    assert [value("timeouts", kind=kind) for kind in ("headers", "request", "rate", "send")] == [0, 0, 0, 0]
     a.refresh(first)
     b.refresh(second)
     b.refresh(second)  # a second refresh adds nothing
@@ -141,9 +141,12 @@ def test_exporters_of_one_process_add_up() -> None:
     assert value("connections_accepted") == 3
     assert value("requests") == 1
     first.totals.headers_timeouts += 1
+    second.totals.rate_timeouts += 2
+    second.totals.send_timeouts += 1
+    b.refresh(second)
     a.close(first)  # the last increments are counted, the connections leave the gauges
     assert gauges() == [0, 0, 1, 0]
-    assert value("timeouts", kind="headers") == 1
+    assert [value("timeouts", kind=kind) for kind in ("headers", "request", "rate", "send")] == [1, 0, 2, 1]
     # A new enforcer behind the same exporter counts from its own zero.
     third = Enforcer()
     third.totals.connections = 5

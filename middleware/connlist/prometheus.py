@@ -26,7 +26,9 @@ Metrics
 ``connlist_requests_total`` (counter)
     Requests whose headers were received.
 ``connlist_timeouts_total{kind}`` (counter)
-    Connections cut off, ``kind`` is ``headers`` or ``request``.
+    Connections cut off, ``kind`` is ``headers``, ``request``, ``rate`` (a
+    body slower than ``body_min_rate``) or ``send`` (a client that stopped
+    taking the response).
 
 How the values get there
 ------------------------
@@ -71,6 +73,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -82,7 +85,7 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from connlist.debug import count
-from connlist.enforcer import STATE_KEY, Enforcer
+from connlist.enforcer import STATE_KEY, Enforcer, Totals
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, make_asgi_app
@@ -109,7 +112,9 @@ __all__ = [
 logger = logging.getLogger("connlist")
 
 STATES = ("reading", "writing", "waiting", "timed_out")
-KINDS = ("headers", "request")
+# The timeout kinds, from the totals' names: a kind added to Totals is counted here too.
+_TOTALS = tuple(field.name for field in dataclasses.fields(Totals))
+KINDS = tuple(name.removesuffix("_timeouts") for name in _TOTALS if name.endswith("_timeouts"))
 DEFAULT_INTERVAL = 1.0
 
 
@@ -124,9 +129,8 @@ def count_states(enforcer: Enforcer) -> dict[str, int]:
     return {state: counts[state] for state in STATES}
 
 
-def _totals(enforcer: Enforcer) -> tuple[int, int, int, int]:
-    t = enforcer.totals
-    return t.connections, t.requests, t.headers_timeouts, t.request_timeouts
+def _totals(enforcer: Enforcer) -> dict[str, int]:
+    return dataclasses.asdict(enforcer.totals)
 
 
 class ConnlistMetrics:
@@ -151,7 +155,7 @@ class ConnlistMetrics:
         )
         self.timeouts = Counter(
             "connlist_timeouts",
-            "Connections cut off by a timeout, by kind (headers or request).",
+            "Connections cut off by a timeout, by kind (headers, request, rate or send).",
             ["kind"],
             registry=registry,
         )
@@ -167,9 +171,8 @@ class ConnlistMetrics:
         for kind in KINDS:
             self.timeouts.labels(kind).inc(0)
 
-    def _publish(self, exporter: Exporter, states: dict[str, int] | None, deltas: tuple[int, ...]) -> None:
+    def _publish(self, exporter: Exporter, states: dict[str, int] | None, deltas: dict[str, int]) -> None:
         """Take one exporter's states (None: it left) and counter increments; set the gauges to the sums."""
-        accepted, requests, headers, request = deltas
         with self._lock:
             if states is None:
                 self._states.pop(exporter, None)
@@ -181,14 +184,14 @@ class ConnlistMetrics:
                     sums[state] = sums.get(state, 0) + n
             for state, n in sums.items():
                 self.connections.labels(state).set(n)
-            if accepted > 0:
-                self.accepted.inc(accepted)
-            if requests > 0:
-                self.requests.inc(requests)
-            if headers > 0:
-                self.timeouts.labels("headers").inc(headers)
-            if request > 0:
-                self.timeouts.labels("request").inc(request)
+            if deltas.get("connections", 0) > 0:
+                self.accepted.inc(deltas["connections"])
+            if deltas.get("requests", 0) > 0:
+                self.requests.inc(deltas["requests"])
+            for kind in KINDS:
+                grew = deltas.get(f"{kind}_timeouts", 0)
+                if grew > 0:
+                    self.timeouts.labels(kind).inc(grew)
 
 
 _metrics: weakref.WeakKeyDictionary[CollectorRegistry, ConnlistMetrics] = weakref.WeakKeyDictionary()
@@ -214,7 +217,7 @@ class Exporter:
     def __init__(self, metrics: ConnlistMetrics) -> None:
         self.metrics = metrics
         self._enforcer: Enforcer | None = None
-        self._last = (0, 0, 0, 0)
+        self._last: dict[str, int] = dict.fromkeys(_TOTALS, 0)
 
     def refresh(self, enforcer: Enforcer | None) -> None:
         if enforcer is None:
@@ -223,17 +226,17 @@ class Exporter:
             # A new enforcer (a new server, or the middleware adopted the
             # protocol's): its totals start from 0.
             self._enforcer = enforcer
-            self._last = (0, 0, 0, 0)
+            self._last = dict.fromkeys(_TOTALS, 0)
         states = count_states(enforcer)
         totals = _totals(enforcer)
-        deltas = tuple(now - last for now, last in zip(totals, self._last, strict=True))
+        deltas = {name: value - self._last[name] for name, value in totals.items()}
         self._last = totals
         self.metrics._publish(self, states, deltas)
 
     def close(self, enforcer: Enforcer | None) -> None:
         """Count the last increments and take this worker's connections out of the gauges."""
         self.refresh(enforcer)
-        self.metrics._publish(self, None, (0, 0, 0, 0))
+        self.metrics._publish(self, None, {})
         self._enforcer = None
 
 
