@@ -1053,3 +1053,174 @@ def test_headers_complete_with_the_request_marks_responding_until_response_compl
     b = lst.connect()
     lst.headers_complete(b)
     assert (b.method, b.responding, b.headers_completed) == (None, False, True)
+
+
+# -- the body, stalled and closing lists ----------------------------------------
+
+
+def check_extra(
+    lst: ConnectionsList,
+    *,
+    body: list[Connection],
+    stalled: list[Connection],
+    closing: list[Connection],
+) -> None:
+    """Assert the three lists beyond Node's, both directions, and every other record linked to itself."""
+    for root, expected, nxt, prv in (
+        (lst._body_root, body, "_body_next", "_body_prev"),
+        (lst._stalled_root, stalled, "_out_next", "_out_prev"),
+        (lst._closing_root, closing, "_out_next", "_out_prev"),
+    ):
+        forward, backward = _walk(root, nxt, prv)
+        assert forward == expected
+        assert backward == expected[::-1]
+    assert lst.stalled_count == len(stalled)
+    for conn in lst.all():
+        assert conn.receiving_body == (conn in body)
+        assert conn.stalled == (conn in stalled)
+        if conn not in body:
+            assert conn._body_next is conn and conn._body_prev is conn
+        if conn not in stalled and conn not in closing:
+            assert conn._out_next is conn and conn._out_prev is conn
+
+
+def receiving_body(lst: ConnectionsList, clock: FakeClock) -> Connection:
+    conn = lst.connect()
+    lst.message_begin(conn)
+    lst.headers_complete(conn, "POST", "/upload")
+    lst.body_begin(conn)
+    return conn
+
+
+def test_body_begin_only_for_a_request_being_received(lst: ConnectionsList, clock: FakeClock) -> None:
+    new = lst.connect()
+    lst.body_begin(new)  # headers incomplete: no body yet
+    idle = lst.connect()
+    lst.message_begin(idle)
+    lst.headers_complete(idle)
+    lst.message_complete(idle)
+    lst.body_begin(idle)  # fully received: no body to time
+    check_extra(lst, body=[], stalled=[], closing=[])
+    clock.advance(1)
+    a = receiving_body(lst, clock)
+    clock.advance(1)
+    b = receiving_body(lst, clock)
+    lst.body_begin(a)  # a second call for the same body does nothing
+    assert (a.body_started, b.body_started) == (T0 + 1, T0 + 2)
+    check_extra(lst, body=[a, b], stalled=[], closing=[])
+    lst.body_bytes(a, 100)
+    lst.body_bytes(a, 50)
+    assert (a.body_received, b.body_received) == (150, 0)
+    check(
+        lst,
+        all_=[new, idle, a, b],
+        active=[new, a, b],
+        idle=[idle],
+        states={new: ACTIVE(T0), idle: IDLE(1, True), a: ACTIVE(T0 + 1, True), b: ACTIVE(T0 + 2, True)},
+    )
+
+
+def test_a_body_leaves_at_message_complete_begin_expiry_and_remove(
+    lst: ConnectionsList, clock: FakeClock
+) -> None:
+    done, again, expired, gone = (receiving_body(lst, clock) for _ in range(4))
+    lst.message_complete(done)
+    clock.advance(31)
+    lst.message_begin(again)  # a new message: the body is over
+    assert lst.expired(10, 30) == [expired, gone]
+    lst.remove(gone)
+    check_extra(lst, body=[], stalled=[], closing=[])
+    assert again.is_active and not again.headers_completed
+
+
+def test_rate_expired_walks_past_the_grace_and_stops_at_the_first_young_body(
+    lst: ConnectionsList, clock: FakeClock
+) -> None:
+    slow = receiving_body(lst, clock)
+    fast = receiving_body(lst, clock)
+    lst.body_bytes(fast, 2000)  # 4 s of credit at 500 bytes/s
+    clock.advance(5)
+    young = receiving_body(lst, clock)
+    # At the end of the grace (10 s after the first two): nothing is behind (the rule is strict).
+    clock.advance(5)
+    assert lst.rate_expired(500, 10, clock.now) == ([], None, T0 + 10)
+    lst.body_bytes(slow, 50)  # 0.1 s of credit
+    clock.advance(0.125)
+    assert lst.rate_expired(500, 10, clock.now) == ([slow], T0 + 14, T0 + 15)
+    check_extra(lst, body=[fast, young], stalled=[], closing=[])
+    # Behind: it left ``active`` and counts as timed out, like an expiry.
+    check(
+        lst,
+        all_=[slow, fast, young],
+        active=[fast, young],
+        idle=[],
+        states={slow: EXPIRED(T0, True), fast: ACTIVE(T0, True), young: ACTIVE(T0 + 5, True)},
+    )
+    assert lst.timed_out_count == 1
+    clock.advance(10)
+    # A limit leaves the rest for the next call.
+    assert lst.rate_expired(500, 10, clock.now, limit=1) == ([fast], None, None)
+    assert lst.rate_expired(500, 10, clock.now) == ([young], None, None)
+    check_extra(lst, body=[], stalled=[], closing=[])
+
+
+def test_stall_sample_unstall(lst: ConnectionsList, clock: FakeClock) -> None:
+    a, b, c = lst.connect(), lst.connect(), lst.connect()
+    lst.stall(a, 1000)
+    clock.advance(1)
+    lst.stall(b, 500)
+    lst.stall(a, 7)  # already stalled: nothing changes
+    check_extra(lst, body=[], stalled=[a, b], closing=[])
+    assert (a.out_since, a.out_sampled, a.out_pending) == (T0, T0, 1000)
+    assert lst.stalled_due(1, clock.now, 10) == [a]
+    assert lst.stalled_due(0, clock.now, 10) == [a, b]
+    assert lst.stalled_due(0, clock.now, 1) == [a]
+    assert lst.stalled_due(2, clock.now, 10) == []
+    clock.advance(1)
+    # Progress: fewer bytes unsent; the sample moves it to the tail, stamped now.
+    assert lst.stall_sample(a, 400, clock.now) == 0.0
+    assert (a.out_since, a.out_sampled, a.out_pending) == (T0 + 2, T0 + 2, 400)
+    # No progress: as many bytes unsent (or more) as at the last sample.
+    assert lst.stall_sample(b, 500, clock.now) == 1.0
+    assert (b.out_since, b.out_sampled, b.out_pending) == (T0 + 1, T0 + 2, 500)
+    check_extra(lst, body=[], stalled=[a, b], closing=[])
+    lst.unstall(a)
+    lst.unstall(c)  # not stalled: nothing happens
+    assert lst.stall_sample(a, 0, clock.now) == 0.0  # not stalled any more: no sample
+    check_extra(lst, body=[], stalled=[b], closing=[])
+    lst.remove(b)
+    check_extra(lst, body=[], stalled=[], closing=[])
+    lst.stall(b, 10)  # removed: never rejoins
+    check_extra(lst, body=[], stalled=[], closing=[])
+
+
+def test_linger_takes_a_connection_out_of_stalled_and_lingered_returns_the_old_ones(
+    lst: ConnectionsList, clock: FakeClock
+) -> None:
+    a, b, c = lst.connect(), lst.connect(), lst.connect()
+    lst.stall(a, 100)
+    lst.linger(a)
+    lst.stall(a, 100)  # closing: it does not go back to stalled
+    clock.advance(0.5)
+    lst.linger(b)
+    lst.linger(a)  # already closing: keeps its place and its time
+    check_extra(lst, body=[], stalled=[], closing=[a, b])
+    assert (a.out_since, b.out_since) == (T0, T0 + 0.5)
+    clock.advance(0.5)
+    assert lst.lingered(1, clock.now, 10) == [a]
+    check_extra(lst, body=[], stalled=[], closing=[b])
+    lst.remove(b)
+    check_extra(lst, body=[], stalled=[], closing=[])
+    assert lst.lingered(0, clock.now, 10) == []
+    lst.remove(c)
+    lst.linger(c)  # removed: never joins
+    check_extra(lst, body=[], stalled=[], closing=[])
+
+
+def test_rate_boundary_is_strict(lst: ConnectionsList, clock: FakeClock) -> None:
+    conn = receiving_body(lst, clock)
+    lst.body_bytes(conn, 250)  # 0.5 s of credit at 500 bytes/s: the deadline is T0 + 10.5
+    clock.advance(10.5)
+    assert lst.rate_expired(500, 10, clock.now) == ([], T0 + 10.5, None)
+    clock.advance(0.125)
+    assert lst.rate_expired(500, 10, clock.now) == ([conn], None, None)

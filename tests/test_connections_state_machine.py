@@ -35,6 +35,13 @@ class FakeClock:
         return self.now
 
 
+# Minimum body rates (powers of two, so that bytes / rate is exact) and graces.
+RATES = st.sampled_from([1, 2, 4])
+GRACES = st.sampled_from([1, 2, 3])
+BYTES = st.sampled_from([0, 1, 2, 4, 8])
+PENDING = st.sampled_from([0, 10, 100, 1000])
+
+
 @dataclass
 class Model:
     start: float
@@ -42,6 +49,11 @@ class Model:
     requests: int = 0
     removed: bool = False
     responding: bool = False
+    body_started: float = 0.0
+    body_received: int = 0
+    out_since: float = 0.0
+    out_sampled: float = 0.0
+    out_pending: int = 0
 
 
 def effective(headers_timeout: float, request_timeout: float) -> tuple[float, float]:
@@ -60,6 +72,9 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         self.model: dict[Connection, Model] = {}
         self.all_order: list[Connection] = []
         self.active_order: list[Connection] = []
+        self.body_order: list[Connection] = []
+        self.stalled_order: list[Connection] = []
+        self.closing_order: list[Connection] = []
 
     # -- the model's own rules ---------------------------------------------------
 
@@ -106,6 +121,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         self.active_order.append(conn)
         m.start = self.clock.now
         m.headers_completed = False
+        self.discard(self.body_order, conn)
 
     @rule(conn=conns)
     def headers_complete(self, conn: Connection) -> None:
@@ -123,6 +139,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         if m.start != 0.0:  # a request was open: it now counts as received
             m.requests += 1
         m.start = 0.0
+        self.discard(self.body_order, conn)
 
     @rule(conn=conns)
     def remove(self, conn: Connection) -> None:
@@ -132,8 +149,8 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             return
         m.removed = True
         self.all_order.remove(conn)
-        if conn in self.active_order:
-            self.active_order.remove(conn)
+        for order in (self.active_order, self.body_order, self.stalled_order, self.closing_order):
+            self.discard(order, conn)
 
     @rule(conn=conns, value=st.sampled_from([True, False, 1, 0, 2, None]))
     def set_responding(self, conn: Connection, value: object) -> None:
@@ -146,8 +163,100 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         expected = [c for c in self.active_order if self.is_expired(c, h, r)]
         assert self.lst.expired(headers_timeout, request_timeout) == expected
         self.active_order = [c for c in self.active_order if c not in expected]
+        self.body_order = [c for c in self.body_order if c not in expected]
         # Reported once: an immediate second call finds nothing.
         assert self.lst.expired(headers_timeout, request_timeout) == []
+
+    @staticmethod
+    def discard(order: list[Connection], conn: Connection) -> None:
+        if conn in order:
+            order.remove(conn)
+
+    # -- the body, stalled and closing lists ------------------------------------------
+
+    @rule(conn=conns)
+    def body_begin(self, conn: Connection) -> None:
+        self.lst.body_begin(conn)
+        m = self.model[conn]
+        if conn in self.active_order and m.headers_completed and conn not in self.body_order:
+            self.body_order.append(conn)
+            m.body_started = self.clock.now
+            m.body_received = 0
+
+    @rule(conn=conns, nbytes=BYTES)
+    def body_bytes(self, conn: Connection, nbytes: int) -> None:
+        self.lst.body_bytes(conn, nbytes)
+        self.model[conn].body_received += nbytes
+
+    @rule(rate=RATES, grace=GRACES)
+    def rate_expired(self, rate: int, grace: int) -> None:
+        now = self.clock.now
+        expected: list[Connection] = []
+        kept: list[float] = []
+        grace_end = None
+        for conn in self.body_order:
+            m = self.model[conn]
+            if now - m.body_started <= grace:  # still in its grace period: the walk stops
+                grace_end = m.body_started + grace
+                break
+            deadline = m.body_started + grace + m.body_received / rate
+            if now > deadline:
+                expected.append(conn)
+            else:
+                kept.append(deadline)
+        assert self.lst.rate_expired(rate, grace, now) == (expected, min(kept, default=None), grace_end)
+        self.body_order = [c for c in self.body_order if c not in expected]
+        self.active_order = [c for c in self.active_order if c not in expected]
+
+    @rule(conn=conns, pending=PENDING)
+    def stall(self, conn: Connection, pending: int) -> None:
+        self.lst.stall(conn, pending)
+        m = self.model[conn]
+        if not m.removed and conn not in self.stalled_order and conn not in self.closing_order:
+            self.stalled_order.append(conn)
+            m.out_since = m.out_sampled = self.clock.now
+            m.out_pending = pending
+
+    @rule(conn=conns)
+    def unstall(self, conn: Connection) -> None:
+        self.lst.unstall(conn)
+        self.discard(self.stalled_order, conn)
+
+    @rule(interval=st.sampled_from([0.5, 1, 2]), limit=st.sampled_from([1, 2, 100]), data=st.data())
+    def sample_stalled(self, interval: float, limit: int, data: st.DataObject) -> None:
+        now = self.clock.now
+        due = [c for c in self.stalled_order if self.model[c].out_sampled <= now - interval][:limit]
+        assert self.lst.stalled_due(interval, now, limit) == due
+        for conn in due:
+            pending = data.draw(PENDING)
+            m = self.model[conn]
+            if pending < m.out_pending:
+                m.out_since = now
+            m.out_pending = pending
+            m.out_sampled = now
+            self.stalled_order.remove(conn)
+            self.stalled_order.append(conn)
+            assert self.lst.stall_sample(conn, pending, now) == now - m.out_since
+
+    @rule(conn=conns)
+    def linger(self, conn: Connection) -> None:
+        self.lst.linger(conn)
+        m = self.model[conn]
+        if not m.removed and conn not in self.closing_order:
+            self.discard(self.stalled_order, conn)
+            self.closing_order.append(conn)
+            m.out_since = self.clock.now
+
+    @rule(linger=st.sampled_from([0, 1, 2]), limit=st.sampled_from([1, 100]))
+    def lingered(self, linger: float, limit: int) -> None:
+        now = self.clock.now
+        done: list[Connection] = []
+        for conn in self.closing_order:
+            if self.model[conn].out_since > now - linger or len(done) == limit:
+                break
+            done.append(conn)
+        assert self.lst.lingered(linger, now, limit) == done
+        self.closing_order = [c for c in self.closing_order if c not in done]
 
     @rule(seconds=ADVANCES)
     def advance(self, seconds: float) -> None:
@@ -184,6 +293,13 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             not self.model[c].headers_completed for c in self.active_order
         )
         assert lst.idle_responding_count == sum(self.model[c].responding for c in idle)
+        assert lst.stalled_count == len(self.stalled_order)
+        assert lst.stalled_head_sampled() == (
+            self.model[self.stalled_order[0]].out_sampled if self.stalled_order else None
+        )
+        assert lst.closing_head_since() == (
+            self.model[self.closing_order[0]].out_since if self.closing_order else None
+        )
 
     @invariant()
     def fields_match_the_model(self) -> None:
@@ -195,6 +311,21 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             assert conn.responding == m.responding
             assert conn.tracked == (not m.removed)
             assert conn.is_active == (conn in active)
+            assert conn.receiving_body == (conn in self.body_order)
+            assert conn.stalled == (conn in self.stalled_order)
+            assert conn.body_received == m.body_received
+            if conn in self.body_order:
+                # In ``body`` only while a body is being received.
+                assert conn.is_active and conn.headers_completed
+                assert conn.body_started == m.body_started
+            if conn in self.stalled_order:
+                assert (conn.out_since, conn.out_sampled, conn.out_pending) == (
+                    m.out_since,
+                    m.out_sampled,
+                    m.out_pending,
+                )
+            if conn in self.closing_order:
+                assert conn.out_since == m.out_since
             if m.removed:
                 # In no list: linked to itself in both.
                 assert not conn.tracked and not conn.is_active
@@ -205,10 +336,15 @@ class ConnectionsListMachine(RuleBasedStateMachine):
 
     @invariant()
     def links_are_consistent(self) -> None:
-        for root, nxt, prv in (
-            (self.lst._all_root, "_all_next", "_all_prev"),
-            (self.lst._active_root, "_active_next", "_active_prev"),
+        lst = self.lst
+        for order, root, nxt, prv in (
+            (self.all_order, lst._all_root, "_all_next", "_all_prev"),
+            (self.active_order, lst._active_root, "_active_next", "_active_prev"),
+            (self.body_order, lst._body_root, "_body_next", "_body_prev"),
+            (self.stalled_order, lst._stalled_root, "_out_next", "_out_prev"),
+            (self.closing_order, lst._closing_root, "_out_next", "_out_prev"),
         ):
+            walked = []
             node = root
             for _ in range(len(self.model) + 1):
                 following = getattr(node, nxt)
@@ -216,8 +352,24 @@ class ConnectionsListMachine(RuleBasedStateMachine):
                 node = following
                 if node is root:
                     break
+                walked.append(node)
             else:
                 raise AssertionError("list does not return to its root")
+            assert walked == order
+        # Ordered by the time that matters to each list.
+        for order, stamp in (
+            (self.body_order, "body_started"),
+            (self.stalled_order, "out_sampled"),
+            (self.closing_order, "out_since"),
+        ):
+            stamps = [getattr(self.model[c], stamp) for c in order]
+            assert stamps == sorted(stamps)
+        # A node in no list of a pair is linked to itself.
+        for conn in self.model:
+            if conn not in self.body_order:
+                assert conn._body_next is conn and conn._body_prev is conn
+            if conn not in self.stalled_order and conn not in self.closing_order:
+                assert conn._out_next is conn and conn._out_prev is conn
 
     @invariant()
     def next_deadline_is_the_brute_force_minimum(self) -> None:

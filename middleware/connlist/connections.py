@@ -391,6 +391,9 @@ class ConnectionsList:
             nxt._active_prev = prev
             if conn.headers_completed:
                 self._n_headers_pending += 1
+                # A new message while a body was being received: that body is over.
+                if conn._body_next is not conn:
+                    self._body_unlink(conn)
         else:
             self._n_active += 1
             self._n_headers_pending += 1
