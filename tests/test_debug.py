@@ -28,6 +28,7 @@ from connlist.connections import Connection, ConnectionsList
 from connlist.debug import (
     DEFAULT_LIMIT,
     IDLE_SCAN,
+    MAX_LIMIT,
     PATH_MAX,
     STATES,
     connection_state,
@@ -466,6 +467,8 @@ def test_only_get_and_head_other_methods_get_405() -> None:
         "limit=%FF",
         "limit=+5",
         "limit=1234567890123",
+        "limit=10001",
+        "limit=999999999999",
         "limt=5",
         "limit=5&pretty=1",
     ],
@@ -479,6 +482,70 @@ def test_bad_query_values_get_400_with_a_json_error(query: str) -> None:
     error = response.json()["error"]
     assert isinstance(error, str) and ("limit" in error or "parameter" in error)
     assert app.calls == []
+
+
+def test_limit_has_a_maximum_and_the_400_names_it() -> None:
+    mw = ConnectionsMiddleware(App())
+    response = request(mw, url=f"{PATH}?limit=10001")
+    assert response.status_code == 400
+    assert response.json() == {"error": f"limit must be a whole number from 0 to {MAX_LIMIT}"}
+    assert MAX_LIMIT == 10_000
+    assert request(mw, url=f"{PATH}?limit=10000").json()["limit"] == MAX_LIMIT
+    with pytest.raises(ValueError, match="from 0 to 10000"):
+        mw.snapshot(limit=MAX_LIMIT + 1)
+
+
+def test_the_endpoint_yields_the_loop_while_it_builds_a_large_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deterministic: a clock that says each step took a slice, so every step yields (no timing)."""
+    import asyncio
+    import itertools
+
+    from connlist import debug
+
+    mw = ConnectionsMiddleware(App(), headers_timeout=10, request_timeout=20)
+    connections = mw.connections
+    for _ in range(2000):
+        connections.connect(client=("127.0.0.1", 1), server=("127.0.0.1", 2))
+    ticks = itertools.count()
+    monkeypatch.setattr(debug.time, "perf_counter", lambda: next(ticks) * debug.SLICE * 2)
+    ran: list[int] = []
+
+    async def main() -> bytes:
+        async def other_client() -> None:
+            while True:
+                ran.append(1)
+                await asyncio.sleep(0)
+
+        other = asyncio.create_task(other_client())
+        sent: list[bytes] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                sent.append(message["body"])
+
+        scope = {
+            "type": "http",
+            "method": "GET",
+            "path": PATH,
+            "query_string": b"limit=2000",
+            "headers": [],
+            "client": ("127.0.0.1", 9),
+        }
+        await mw(scope, receive, send)
+        other.cancel()
+        return b"".join(sent)
+
+    body = asyncio.run(main())
+    # 2,000 entries in each of two lists, STEP at a time, and the JSON in pieces: the
+    # other client ran between the slices, and the answer is whole.
+    assert len(ran) >= 2 * 2000 // debug.STEP
+    data = json.loads(body)
+    assert len(data["all"]) == len(data["active"]) == 2000 and data["truncated"] is False
+    assert [entry["id"] for entry in data["all"]] == [conn.id for conn in connections.all()]
+    assert data["counts"] == mw.snapshot(limit=0)["counts"]
 
 
 def test_parse_limit() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -13,6 +14,7 @@ import uvicorn
 from connlist import ConnectionsMiddleware
 from connlist.connections import Connection
 from connlist.enforcer import STATE_KEY, Enforcer
+from connlist.settings import Settings
 from connlist.uvicorn import _require
 from tests.servers import (
     EARLY,
@@ -40,6 +42,16 @@ def test_defaults_follow_node() -> None:
     assert (mw.headers_timeout, mw.request_timeout) == (60.0, 300.0)
     assert mw.debug_path == "/_connections"
     assert mw.mode == "asgi"
+
+
+def test_defaults_beyond_node_follow_nginx_and_apache() -> None:
+    mw = ConnectionsMiddleware(echo_app)
+    # nginx's send_timeout; Apache mod_reqtimeout's body=10,MinRate=500.
+    assert (mw.send_timeout, mw.body_min_rate, mw.body_grace) == (60.0, 500.0, 10.0)
+    assert mw.settings == Settings(60.0, 300.0, 60.0, 500.0, 10.0)
+    mw = ConnectionsMiddleware(echo_app, send_timeout=5, body_min_rate=0, body_grace=0)
+    assert (mw.send_timeout, mw.body_min_rate, mw.body_grace) == (5.0, 0.0, 0.0)
+    assert all(type(value) is float for value in dataclasses.astuple(mw.settings))
 
 
 @pytest.mark.parametrize(
@@ -79,6 +91,15 @@ def test_effective_timeouts(options: dict[str, Any], expected: tuple[float, floa
         ({"on_timeout": _async_callback}, TypeError, "on_timeout must be a plain function"),
         ({"debug_path": 5}, TypeError, "debug_path must be None or a str"),
         ({"debug_token": b"secret"}, TypeError, "debug_token must be None or a str"),
+        ({"send_timeout": -1}, ValueError, "send_timeout must be a finite number of seconds >= 0"),
+        ({"send_timeout": math.inf}, ValueError, "send_timeout"),
+        ({"send_timeout": "60"}, TypeError, "send_timeout must be a number of seconds"),
+        ({"body_min_rate": -500}, ValueError, "body_min_rate must be a finite number of bytes per second"),
+        ({"body_min_rate": math.nan}, ValueError, "body_min_rate"),
+        ({"body_min_rate": False}, TypeError, "body_min_rate must be a number of bytes per second"),
+        ({"body_grace": -1}, ValueError, "body_grace must be a finite number of seconds >= 0"),
+        ({"body_grace": None}, TypeError, "body_grace must be a number of seconds"),
+        ({"body_grace": 0}, ValueError, "body_grace must be greater than 0 while body_min_rate is enabled"),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, Any], error: type[Exception], words: str) -> None:
@@ -240,3 +261,20 @@ def test_other_scopes_pass_through() -> None:
     asyncio.run(mw({"type": "lifespan", "state": state}, fake_receive, fake_send))
     assert seen == ["websocket", "lifespan"]
     assert state[STATE_KEY] is mw.enforcer
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_slow_on_timeout_is_warned_about_once(parser: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="connlist")
+
+    def on_timeout(conn: Connection, kind: str) -> None:
+        time.sleep(0.02)  # blocks the event loop: longer than the 10 ms connlist tolerates
+
+    mw = ConnectionsMiddleware(echo_app, headers_timeout=0.3, request_timeout=1, on_timeout=on_timeout)
+    with serve(mw, INTEGRATED[parser]) as running:
+        socks = [connect(running.port) for _ in range(3)]
+        for sock in socks:
+            data, _ = read_until_closed(sock)
+            assert is_408(data)
+    slow = [r.getMessage() for r in caplog.records if "on_timeout took" in r.getMessage()]
+    assert len(slow) == 1 and "keep it short" in slow[0]

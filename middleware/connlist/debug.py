@@ -362,8 +362,9 @@ def json_pieces(data: dict[str, Any]) -> Iterator[str]:
     yield "}"
 
 
-async def _cooperatively(steps: Iterator[None], clock: Callable[[], float] = time.perf_counter) -> None:
+async def _cooperatively(steps: Iterator[None]) -> None:
     """Run ``steps`` to the end, yielding the event loop whenever a slice of ``SLICE`` seconds is used."""
+    clock = time.perf_counter
     until = clock() + SLICE
     for _ in steps:
         if clock() > until:
