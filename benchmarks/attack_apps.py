@@ -61,7 +61,6 @@ OPTION_ENV = {
 }
 
 
-
 async def hello(request: Request) -> Response:
     return Response(HELLO, media_type="text/plain")
 

@@ -28,8 +28,12 @@ The servers (``benchmarks/attack_apps.py`` serves the same Starlette app to each
 
 Each server is a subprocess on a free port of 127.0.0.1, with uvicorn's (or
 hypercorn's) own defaults for the backlog and the concurrency limit.  For
-each mode, the servers are attacked at the same time (each by its own
-``slowhttptest``), and while the attack runs this script
+each mode, the servers are attacked at the same time, each by its own
+``slowhttptest``, the attacks started ``--stagger`` seconds apart (10 s) so
+that their ramp-ups do not overlap: on two CPUs, four slow-read ramp-ups at
+once (1,200 responses of 2 MiB) delayed the ordinary client past 3 s on
+every server, where one alone delayed it by 40 ms.  While an attack runs
+this script
 
 - samples the server's established TCP connections every 0.5 s from
   ``/proc/net/tcp`` (what ``ss -tn state established '( sport = :PORT )'``
@@ -39,7 +43,8 @@ each mode, the servers are attacked at the same time (each by its own
   after its start) is *cut*;
 - runs an ordinary client: ``GET /`` on a fresh connection every 0.5 s,
   3 s timeout (like ``slowhttptest -p 3``), counting the answers, the
-  failures and the slowest answer;
+  failures and the slowest answer, until the attack's end (not while
+  ``slowhttptest`` closes all its connections at once, after it);
 - reads the server's peak RSS, ``VmHWM`` of ``/proc/PID/status``, summed
   over the server process and its children (hypercorn serves from a child).
 
@@ -53,7 +58,7 @@ makes, at its start, is answered within milliseconds.
 
 Usage::
 
-    python3 benchmarks/attacks.py                  # 3 modes x 3 servers, 300 connections, 90 s: ~5 minutes
+    python3 benchmarks/attacks.py                  # 3 modes x 3 servers, 300 connections, 90 s: ~6 minutes
     python3 benchmarks/attacks.py --quick          # 100 connections, 20 s: ~1.5 minutes (smoke test)
     python3 benchmarks/attacks.py --modes slowloris --servers uvicorn connlist-short
     python3 benchmarks/attacks.py --servers uvicorn connlist connlist-short hypercorn --json attacks.json
@@ -397,17 +402,28 @@ def established_peers(ports: set[int], tables: tuple[str, ...] = ("/proc/net/tcp
     return peers
 
 
+# /proc/net/tcp is read a page at a time, and a socket that moves in the
+# kernel's table between two reads can be left out of one sample: a
+# connection missing from this many consecutive samples, then seen again, is
+# the same connection (a remote port is not reused within a second or two).
+GAP_SAMPLES = 2
+
+
 @dataclass
 class Lifetime:
-    """One connection (a remote port seen in consecutive samples) on the server's side."""
+    """One connection (a remote port on the server's port) on the server's side, from the samples."""
 
     port: int
     first_seen: float
     last_seen: float
-    # The sample before the first that saw it, and the first after the last that saw it.
+    # The sample before the first that saw it.
     before: float
+    # The first sample after ``last_seen`` that did not see it; None while it is seen.
     after: float | None = None
     samples: int = 1
+    misses: int = 0
+    # Missed by more than GAP_SAMPLES samples in a row: closed at ``after``.
+    gone: bool = False
 
     @property
     def opened(self) -> float:
@@ -415,6 +431,7 @@ class Lifetime:
 
     @property
     def closed(self) -> float:
+        """When it closed, to half a sample; the last sample that saw it if it never closed."""
         return self.last_seen if self.after is None else (self.last_seen + self.after) / 2
 
 
@@ -427,21 +444,26 @@ class ConnectionTracker:
         self.last_sample = started
 
     def sample(self, now: float, peers: set[int]) -> None:
-        for port in list(self.open):
-            if port not in peers:
-                lifetime = self.open.pop(port)
-                lifetime.after = now
-                self.done.append(lifetime)
-        for port in peers:
-            lifetime = self.open.get(port)
-            if lifetime is None:
-                self.open[port] = Lifetime(port, now, now, self.last_sample)
-            else:
+        for port, lifetime in list(self.open.items()):
+            if port in peers:
                 lifetime.last_seen = now
                 lifetime.samples += 1
+                lifetime.after = None
+                lifetime.misses = 0
+                continue
+            if lifetime.after is None:
+                lifetime.after = now
+            lifetime.misses += 1
+            if lifetime.misses > GAP_SAMPLES:
+                lifetime.gone = True
+                self.done.append(self.open.pop(port))
+        for port in peers:
+            if port not in self.open:
+                self.open[port] = Lifetime(port, now, now, self.last_sample)
         self.last_sample = now
 
     def lifetimes(self) -> list[Lifetime]:
+        """Every connection seen, closed (``gone``) or not (yet): missing from the last samples only."""
         return [*self.done, *self.open.values()]
 
 
@@ -453,6 +475,8 @@ class ProbeResult:
     ok: int = 0
     failed: int = 0
     max_latency: float = 0.0
+    # Seconds from the attack's start to the request that took max_latency.
+    max_latency_at: float | None = None
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     # (local port, connect time, end time) of every request, to tell its connections from the attack's.
@@ -462,9 +486,11 @@ class ProbeResult:
 class Probe(threading.Thread):
     """``GET /`` on a fresh connection every ``INTERVAL`` s until stopped: is the server still serving?"""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, origin: float) -> None:
         super().__init__(daemon=True)
         self.port = port
+        # The attack's start, which the times in the result count from.
+        self.origin = origin
         self.stopping = threading.Event()
         self.result = ProbeResult()
 
@@ -500,16 +526,17 @@ class Probe(threading.Thread):
         latency = time.monotonic() - started
         if local_port:
             result.connections.append((local_port, started, started + latency))
+        at = started - self.origin
+        # A failure's latency counts too: it is how long the client waited.
+        if latency > result.max_latency:
+            result.max_latency, result.max_latency_at = latency, at
         if ok:
             result.ok += 1
             result.latencies.append(latency)
-            result.max_latency = max(result.max_latency, latency)
         else:
             result.failed += 1
-            # A failure's latency counts too: it is how long the client waited.
-            result.max_latency = max(result.max_latency, latency)
             if len(result.errors) < 5:
-                result.errors.append(f"{latency:.2f}s {error}")
+                result.errors.append(f"at {at:.1f}s, after {latency:.2f}s: {error}")
 
 
 # -- slowhttptest --------------------------------------------------------------------
@@ -619,15 +646,23 @@ def analyse(attack: Attack, server: Server, csv_text: str | None, output: str) -
         )
 
     exit_status = slowhttptest_exit_status(output)
-    # The attack's end: slowhttptest stops -l seconds after its start (or
-    # earlier, when no connection is left); what it closes itself then is not cut.
-    end_of_attack = attack.started + attack.length
-    if exit_status is not None and exit_status.startswith("No open connections"):
-        end_of_attack = attack.ended
+    # The attack's end: slowhttptest stops -l seconds after its start, or
+    # earlier when the server closed every attack connection; what it closes
+    # itself at the end is not cut.
+    all_closed = exit_status is not None and exit_status.startswith("No open connections")
+    end_of_attack = attack.ended if all_closed else attack.started + attack.length
+
+    def was_cut(lifetime: Lifetime) -> bool:
+        if lifetime.after is None or lifetime.after > end_of_attack:
+            return False
+        # Missing from the last samples only: a gap in the reading of
+        # /proc/net/tcp just before the attack's end looks the same.
+        return lifetime.gone or all_closed
+
     lifetimes = [lt for lt in attack.tracker.lifetimes() if not is_probe(lt)]
     attack_conns = [lt for lt in lifetimes if lt.samples >= 2]
     held = [lt.closed - lt.opened for lt in attack_conns]
-    cut = [lt for lt in attack_conns if lt.after is not None and lt.after <= end_of_attack]
+    cut = [lt for lt in attack_conns if was_cut(lt)]
     result: dict[str, Any] = {
         "mode": attack.mode,
         "server": attack.server,
@@ -645,6 +680,7 @@ def analyse(attack: Attack, server: Server, csv_text: str | None, output: str) -
         "probe_ok": probe.ok,
         "probe_failed": probe.failed,
         "probe_max_latency": probe.max_latency,
+        "probe_max_latency_at": probe.max_latency_at,
         "probe_median_latency": statistics.median(probe.latencies) if probe.latencies else None,
         "probe_errors": probe.errors,
         "peak_rss_mb": server.peak_rss_mb,
@@ -679,23 +715,31 @@ def run_mode(
             )
             spec = server.spec
             attacks.append(Attack(mode.key, spec.key, spec.label, server.port, command, args.length))
-        for attack in attacks:
-            attack.output = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
-            attack.started = time.monotonic()
-            attack.tracker = ConnectionTracker(attack.started)
-            attack.process = subprocess.Popen(
-                attack.command,
-                stdin=subprocess.DEVNULL,
-                stdout=attack.output,
-                stderr=subprocess.STDOUT,
-                cwd=tmp,
-            )
-            attack.probe = Probe(attack.port)
-            attack.probe.start()
-        hard_limit = time.monotonic() + args.length + 60
-        running = list(zip(attacks, servers, strict=True))
-        while running:
+        # Attacks start --stagger seconds apart: a mode's servers are under
+        # attack at the same time, but not ramped up at the same time (the
+        # ramp-up of the slow read, 300 large responses at once, takes the CPUs).
+        first = time.monotonic()
+        start_at = [first + i * args.stagger for i in range(len(attacks))]
+        hard_limit = start_at[-1] + args.length + 60
+        waiting = list(zip(start_at, attacks, servers, strict=True))
+        running: list[tuple[Attack, Server]] = []
+        while waiting or running:
             now = time.monotonic()
+            while waiting and waiting[0][0] <= now:
+                _, attack, server = waiting.pop(0)
+                attack.output = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
+                attack.started = now
+                attack.tracker = ConnectionTracker(now)
+                attack.process = subprocess.Popen(
+                    attack.command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=attack.output,
+                    stderr=subprocess.STDOUT,
+                    cwd=tmp,
+                )
+                attack.probe = Probe(attack.port, now)
+                attack.probe.start()
+                running.append((attack, server))
             peers = established_peers({attack.port for attack, _ in running})
             still: list[tuple[Attack, Server]] = []
             for attack, server in running:
@@ -706,12 +750,14 @@ def run_mode(
                     raise BenchError(
                         f"{server.spec.key}: the server died during the attack:\n{server.output()}"
                     )
+                if now >= attack.started + attack.length:
+                    # The attack is over; what follows, slowhttptest closing
+                    # every connection at once, is not what is measured.
+                    attack.probe.stopping.set()
                 if attack.process.poll() is not None:
                     attack.ended = now
                     attack.probe.stopping.set()
                 elif now > hard_limit:
-                    attack.process.kill()
-                    attack.process.wait()
                     raise BenchError(f"slowhttptest did not end within {args.length + 60}s: {attack.command}")
                 else:
                     still.append((attack, server))
@@ -837,15 +883,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--serial", action="store_true", help="attack one server at a time instead of all of a mode's at once"
     )
+    parser.add_argument(
+        "--stagger",
+        type=float,
+        help="seconds between the starts of the attacks on a mode's servers (default 10; 5 with --quick)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write every result here")
     args = parser.parse_args(argv)
     defaults = (100, 20) if args.quick else (300, 90)
     args.connections = defaults[0] if args.connections is None else args.connections
     args.length = defaults[1] if args.length is None else args.length
+    if args.stagger is None:
+        args.stagger = 5.0 if args.quick else 10.0
     args.modes = list(dict.fromkeys(args.modes or MODE_BY_KEY))
     args.servers = list(dict.fromkeys(args.servers or DEFAULT_SERVERS))
-    if args.connections < 1 or args.rate < 1 or args.length < 5:
-        parser.error("--connections and --rate must be >= 1, --length >= 5")
+    if args.connections < 1 or args.rate < 1 or args.length < 5 or args.stagger < 0:
+        parser.error("--connections and --rate must be >= 1, --length >= 5, --stagger >= 0")
     return args
 
 
@@ -905,19 +958,24 @@ def main(argv: list[str] | None = None) -> int:
                         results.append(result)
                         skipped = result["connlist_options_not_supported"]
                         note = f" (this connlist has no {', '.join(skipped)})" if skipped else ""
-                        print(f"    {' | '.join(format_row(result))}{note}", flush=True)
+                        lines = result["server_log_lines"]
+                        print(f"    {' | '.join(format_row(result))}; {lines} log lines{note}", flush=True)
     except BenchError as error:
         print(f"benchmark failed: {error}", file=sys.stderr)
         return 2
     print()
     print(markdown_table(results))
     print()
+    how = (
+        "one server at a time"
+        if args.serial
+        else f"the servers of a mode attacked at once, started {args.stagger:g} s apart"
+    )
     print(
-        f"{args.connections} attack connections per server at {args.rate}/s, attacks of {args.length} s "
-        f"({'one server at a time' if args.serial else 'the servers of a mode attacked at once'}); "
-        "held for: the attack connections' lifetimes on the server (to about 0.5 s); "
-        f"ordinary client: GET / on a fresh connection every {INTERVAL:g} s, {PROBE_TIMEOUT:g} s timeout; "
-        "peak RSS: VmHWM, server and children."
+        f"{args.connections} attack connections per server at {args.rate}/s, attacks of {args.length} s, "
+        f"{how}; held for: the attack connections' lifetimes on the server (to about 0.5 s); "
+        f"ordinary client: GET / on a fresh connection every {INTERVAL:g} s, {PROBE_TIMEOUT:g} s timeout, "
+        "during the attack; peak RSS: VmHWM, server and children."
     )
     if args.json:
         report = {
@@ -927,6 +985,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rate": args.rate,
                 "length": args.length,
                 "serial": args.serial,
+                "stagger": args.stagger,
                 "interval": INTERVAL,
                 "probe_timeout": PROBE_TIMEOUT,
             },
