@@ -755,7 +755,11 @@ def run_mode(
                     # every connection at once, is not what is measured.
                     attack.probe.stopping.set()
                 if attack.process.poll() is not None:
-                    attack.ended = now
+                    # One more look, after its exit: slowhttptest stops as soon
+                    # as the server has closed its last connection, which may
+                    # be after this tick's sample.
+                    attack.ended = time.monotonic()
+                    attack.tracker.sample(attack.ended, established_peers({attack.port})[attack.port])
                     attack.probe.stopping.set()
                 elif now > hard_limit:
                     raise BenchError(f"slowhttptest did not end within {args.length + 60}s: {attack.command}")
