@@ -686,6 +686,8 @@ def analyse(attack: Attack, server: Server, csv_text: str | None, output: str) -
         "peak_rss_mb": server.peak_rss_mb,
         "start_rss_mb": server.start_kb / 1024,
         "server_log_lines": server.log_lines(),
+        # Its last lines: under bare uvicorn the exception of the last traceback.
+        "server_log_tail": server.output(800),
         "connlist_options": server.options,
         "connlist_options_not_supported": server.skipped_options,
         "connlist_settings": server.settings,
