@@ -965,7 +965,17 @@ def main(argv: list[str] | None = None) -> int:
                         skipped = result["connlist_options_not_supported"]
                         note = f" (this connlist has no {', '.join(skipped)})" if skipped else ""
                         lines = result["server_log_lines"]
-                        print(f"    {' | '.join(format_row(result))}; {lines} log lines{note}", flush=True)
+                        # connlist's own count of what it cut, by kind (headers_timeouts, send_timeouts, ...).
+                        kinds = ", ".join(
+                            f"{count} {kind}"
+                            for kind, count in result["connlist_totals"].items()
+                            if kind.endswith("_timeouts") and count
+                        )
+                        counted = f"; connlist counted {kinds}" if kinds else ""
+                        print(
+                            f"    {' | '.join(format_row(result))}; {lines} log lines{counted}{note}",
+                            flush=True,
+                        )
     except BenchError as error:
         print(f"benchmark failed: {error}", file=sys.stderr)
         return 2
