@@ -40,7 +40,8 @@ this script
   shows), which gives each attack connection's lifetime on the server side
   to about 0.5 s: *held for* is the longest and the median of them, and a
   connection the server closed before the attack's end (``-l`` seconds
-  after its start) is *cut*;
+  after its start, or slowhttptest's exit when the server has closed every
+  attack connection) is *cut*;
 - runs an ordinary client: ``GET /`` on a fresh connection every 0.5 s,
   3 s timeout (like ``slowhttptest -p 3``), counting the answers, the
   failures and the slowest answer, until the attack's end (not while
