@@ -3,21 +3,31 @@
 With the server integration (``--http connlist.uvicorn:HttpToolsProtocol``)
 the protocol feeds the list and the middleware only hands it over (through
 the ASGI lifespan state) and serves the debug endpoint: requests pass straight
-through.
+through.  One thing it still does for them: a handler that was awaiting the
+body of a request connlist cut off gets Starlette's ``ClientDisconnect``,
+which is connlist's doing, not the app's failure, so the middleware swallows
+it when the protocol marked the scope (``CUT_KEY``) and lets any other
+exception propagate; a cut request leaves no traceback in the server log.
+At the lifespan shutdown it writes the log summary still pending.
 
 Without it (plain uvicorn, hypercorn, ...) the middleware runs in ASGI-only
 mode: it sees a request only once its headers are parsed, so it cannot enforce
 the headers timeout, and it cannot see connections, only requests.  A request
 with a body is a record of its own, from the scope's arrival until the app
 returns; it is active until its last chunk is received, and the request
-timeout applies to it.  A request without a body has nothing left to time: it
-gets no record, only an entry in ``Enforcer.in_flight`` that the view lists as
-handling while the app runs (so it costs next to nothing).  When it expires, the middleware
-answers ``408`` with ``Connection: close`` if the response has not started
-(the server then closes the connection and the app's pending ``receive()``
-returns ``http.disconnect``), and drops what the app sends after that.  If the
-response had started, it cannot close the connection: the app's next
-``receive()`` returns ``http.disconnect``.
+timeout and the minimum body rate apply to it (the rate's clock starts when
+the app is called, and counts the body bytes the app has received).  A
+request without a body has nothing left to time: it gets no record, only an
+entry in ``Enforcer.in_flight`` that the view lists as handling while the
+app runs (so it costs next to nothing).  When a request expires, the
+middleware answers ``408`` with ``Connection: close`` if the response has not
+started (the server then closes the connection and the app's pending
+``receive()`` returns ``http.disconnect``), drops what the app sends after
+that, and swallows the app's ``ClientDisconnect``.  If the response had
+started, it cannot close the connection: the app's next ``receive()`` returns
+``http.disconnect``.  Nor can it do what needs the transport: the send
+timeout (ASGI does not say whether the client takes the response) and the
+linger's abort (an app cannot abort its connection).
 """
 
 from __future__ import annotations
