@@ -216,6 +216,9 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return
+    if path == "/busy":
+        # Slow work before the body is read: the server, not the client, holds the body up.
+        await asyncio.sleep(1.5)
     size = 0
     while True:
         message = await receive()

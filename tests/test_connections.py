@@ -1224,3 +1224,17 @@ def test_rate_boundary_is_strict(lst: ConnectionsList, clock: FakeClock) -> None
     assert lst.rate_expired(500, 10, clock.now) == ([], T0 + 10.5, None)
     clock.advance(0.125)
     assert lst.rate_expired(500, 10, clock.now) == ([conn], None, None)
+
+
+def test_rate_expired_restarts_the_clock_of_an_excused_body(lst: ConnectionsList, clock: FakeClock) -> None:
+    held, behind = receiving_body(lst, clock), receiving_body(lst, clock)
+    clock.advance(1)
+    later = receiving_body(lst, clock)
+    lst.body_bytes(held, 100)
+    clock.advance(9.5)
+    # The server stopped reading ``held``: a new grace period from now, at the tail.
+    result = lst.rate_expired(500, 10, clock.now, excused=lambda conn: conn is held)
+    assert result == ([behind], None, T0 + 11)
+    assert (held.body_started, held.body_received) == (T0 + 10.5, 0)
+    check_extra(lst, body=[later, held], stalled=[], closing=[])
+    assert held.is_active and not behind.is_active

@@ -228,3 +228,28 @@ def test_asgi_only_mode_trickled_body_gets_408_at_the_grace(parser: str) -> None
         # The app is called once the headers are in, so the clock starts a little later.
         assert grace - EARLY <= closed - started <= grace + LATE, closed - started
         assert mw.enforcer.totals.rate_timeouts == 1
+
+
+def test_body_held_up_by_a_busy_handler_is_not_the_clients_fault(parser: str) -> None:
+    # The handler works 1.5 s before it reads the body; the server stops
+    # reading once it has buffered 64 KiB, so the bytes received fall far
+    # behind the rate, through no fault of the client.
+    mw = middleware(headers_timeout=5, request_timeout=10, body_min_rate=100_000, body_grace=0.3)
+    with serve(mw, INTEGRATED[parser]) as running:
+        sock = connect(running.port)
+        size = 1024 * 1024
+        sock.sendall(b"POST /busy HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
+        sock.sendall(b"z" * size)
+        assert read_response(sock, limit=10).endswith(b"ok %d" % size)
+        assert mw.enforcer.totals.rate_timeouts == 0
+
+
+def test_asgi_only_mode_body_held_up_by_a_busy_handler_is_not_the_clients_fault(parser: str) -> None:
+    mw = middleware(request_timeout=10, body_min_rate=100_000, body_grace=0.3)
+    with serve(mw, PLAIN[parser]) as running:
+        sock = connect(running.port)
+        size = 1024 * 1024
+        sock.sendall(b"POST /busy HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
+        sock.sendall(b"z" * size)
+        assert read_response(sock, limit=10).endswith(b"ok %d" % size)
+        assert mw.enforcer.totals.rate_timeouts == 0

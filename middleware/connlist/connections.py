@@ -113,6 +113,9 @@ class ConnectionHandle(Protocol):
     def connlist_pending(self) -> int:
         """Bytes of the response the client has not taken yet (the transport's buffer and the kernel's)."""
 
+    def connlist_reading_paused(self) -> bool:
+        """Whether the server itself stopped reading the request (the app has not consumed its body)."""
+
 
 # A peer or local address as the server layer has it: an ASGI ``(host, port)``
 # pair (uvicorn's ``client`` and ``server``), a string, or None (unknown, or a
@@ -503,13 +506,21 @@ class ConnectionsList:
         conn.body_received += nbytes
 
     def rate_expired(
-        self, min_rate: float, grace: float, now: float, limit: int = -1
+        self,
+        min_rate: float,
+        grace: float,
+        now: float,
+        limit: int = -1,
+        excused: Callable[[Connection], bool] | None = None,
     ) -> tuple[list[Connection], float | None, float | None]:
         """Unlink and return the bodies that fell behind ``min_rate`` bytes/s (after ``grace`` seconds).
 
         A body that began at ``t`` with ``b`` bytes received is behind when
         ``now > t + grace + b / min_rate``.  Expired connections leave
         ``body`` and ``active`` (they count as timed out, like ``expired``).
+        A body behind for which ``excused(conn)`` is true (the server itself
+        stopped reading it) is not the client's fault: its clock starts
+        again, now, with a new grace period, at the tail of ``body``.
         Walks ``body`` from the head and stops at the first body still in
         its grace period, or after ``limit`` expired ones (``-1``: no
         limit).  For the timer, also returns the earliest deadline of the
@@ -530,7 +541,12 @@ class ConnectionsList:
                 break
             nxt = node._body_next
             deadline = started + grace + node.body_received / min_rate
-            if now > deadline:
+            if now > deadline and excused is not None and excused(node):
+                self._body_unlink(node)
+                node.body_started = now
+                node.body_received = 0
+                self._body_append(root, node)
+            elif now > deadline:
                 if len(expired) == limit:
                     break
                 self._body_unlink(node)

@@ -82,6 +82,14 @@ RATE_RESOLUTION = 0.1
 SLOW_CALLBACK = 0.010
 
 TimeoutKind = Literal["headers", "request", "rate", "send"]
+
+
+def _reading_paused(conn: Connection) -> bool:
+    """A body behind the rate is excused while the server, not the client, holds it up."""
+    handle = conn.handle
+    return handle is not None and handle.connlist_reading_paused()
+
+
 OnTimeout = Callable[[Connection, TimeoutKind], object]
 
 
@@ -263,7 +271,7 @@ class Enforcer:
         if settings.body_min_rate:
             while True:
                 batch, self._rate_next, self._grace_end = connections.rate_expired(
-                    settings.body_min_rate, settings.body_grace, now, _BATCH
+                    settings.body_min_rate, settings.body_grace, now, _BATCH, _reading_paused
                 )
                 for conn in batch:
                     self._cut(conn, "rate")

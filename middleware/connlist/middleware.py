@@ -285,7 +285,8 @@ class ConnectionsMiddleware:
         connections = enforcer.connections
         conn = connections.connect(client=scope.get("client"), server=scope.get("server"))
         connections.headers_complete(conn, scope["method"], scope["path"])
-        connections.body_begin(conn)
+        if enforcer.settings.body_min_rate:
+            connections.body_begin(conn)
         enforcer.totals.connections += 1
         enforcer.totals.requests += 1
         handle = _AsgiRequest(conn, send)
@@ -405,3 +406,8 @@ class _AsgiRequest:
 
     def connlist_pending(self) -> int:
         return 0  # never stalled: ASGI has no view of the transport
+
+    def connlist_reading_paused(self) -> bool:
+        # The bytes counted are the ones the app took: while it is not
+        # waiting in receive(), a body that seems behind is the app's doing.
+        return self.receiving is None

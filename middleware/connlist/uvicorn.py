@@ -269,6 +269,12 @@ class _Tracking:
             self._connlist_mark_cut()
             transport.abort()
 
+    def connlist_reading_paused(self) -> bool:
+        # uvicorn stops reading a body the app does not consume (64 KiB
+        # buffered), and a request queued behind a pipelined one.
+        flow: Any = getattr(self, "flow", None)
+        return flow is not None and bool(flow.read_paused)
+
     def connlist_pending(self) -> int:
         transport = self.transport
         if transport is None:
