@@ -7,6 +7,7 @@ checked: the record's state and fields, the totals, and when it left.
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 from connlist.connections import Connection
 from connlist.debug import connection_state
 from connlist.enforcer import LINGER
+from tests import servers
 from tests.servers import (
     EARLY,
     INTEGRATED,
@@ -253,3 +255,24 @@ def test_asgi_only_mode_body_held_up_by_a_busy_handler_is_not_the_clients_fault(
         sock.sendall(b"z" * size)
         assert read_response(sock, limit=10).endswith(b"ok %d" % size)
         assert mw.enforcer.totals.rate_timeouts == 0
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_pipelined_slow_reader_cut_off_leaves_no_traceback(
+    parser: str, loop: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # slowhttptest -X: three pipelined requests for a large response, and
+    # nothing read.  Behind the aborted one, uvicorn's queued cycles would
+    # write to the closed transport (uvloop raises, asyncio warns) unless
+    # connlist marks them disconnected.
+    monkeypatch.setattr(servers, "LOOP", loop)
+    caplog.set_level(logging.INFO)
+    mw = middleware(headers_timeout=5, request_timeout=10, send_timeout=0.5)
+    with serve(mw, INTEGRATED[parser]) as running:
+        sock = small_receiver(running.port)
+        sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+        assert wait_for(lambda: mw.enforcer.totals.send_timeouts == 1, 5)
+        assert wait_for(lambda: running.call(lambda: len(mw.connections)) == 0, 3)
+        time.sleep(0.3)  # what the apps still do after the abort
+    noise = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name != "connlist"]
+    assert noise == [], [r.getMessage() for r in noise]

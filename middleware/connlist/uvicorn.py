@@ -220,14 +220,28 @@ class _Tracking:
 
     # -- ConnectionHandle ----------------------------------------------------
 
+    def _connlist_cycles(self) -> list[Any]:
+        """The request cycles of this connection whose app may still run."""
+        cycle: Any = self.cycle  # type: ignore[attr-defined]
+        return [] if cycle is None else [cycle]
+
     def _connlist_mark_cut(self) -> None:
-        """Tell the middleware that the app's coming ClientDisconnect is connlist's doing."""
+        """The connection is being cut off: its apps' sends are dropped from now on, receives disconnect.
+
+        uvicorn marks only its current cycle disconnected when the connection
+        is lost; a cycle still running behind it (pipelining) would go on
+        writing to a closed transport, which uvloop answers with an exception
+        (a traceback per connection).  The scope mark tells the middleware
+        that the app's ClientDisconnect is connlist's doing.
+        """
         scope = getattr(self, "scope", None)
         if isinstance(scope, dict):
             scope[CUT_KEY] = True
-        cycle: Any = self.cycle  # type: ignore[attr-defined]
-        if cycle is not None:
+        for cycle in self._connlist_cycles():
             cycle.scope[CUT_KEY] = True
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
 
     def _connlist_linger(self) -> None:
         """A close connlist decided outside a sweep: abort the connection if it has not gone in time."""
@@ -315,9 +329,15 @@ if httptools_impl is not None:
 
         connlist_mode = "uvicorn-httptools"
 
+        # The cycle whose app runs (slots: see _Tracking): with pipelining,
+        # ``self.cycle`` is the last one parsed, queued behind it.
+        __slots__ = ("_connlist_running",)
+        _connlist_running: Any
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._connlist_setup()
+            self._connlist_running = None
 
         def data_received(self, data: bytes) -> None:
             conn = self._connlist_conn
@@ -341,6 +361,8 @@ if httptools_impl is not None:
 
         def on_headers_complete(self) -> None:
             _HttpTools.on_headers_complete(self)
+            if not self.pipeline:
+                self._connlist_running = self.cycle  # started at once, not queued
             conn = self._connlist_conn
             if conn is not None:
                 scope = self.scope
@@ -355,11 +377,18 @@ if httptools_impl is not None:
                 self._connlist.connections.message_complete(conn)
 
         def on_response_complete(self) -> None:
+            pipeline = self.pipeline
+            if pipeline:
+                self._connlist_running = pipeline[-1][0]  # the one uvicorn starts now
             _HttpTools.on_response_complete(self)
             conn = self._connlist_conn
             # uvicorn has just started the next pipelined request, if any.
-            if conn is not None and not self.pipeline and self.cycle.response_complete:
+            if conn is not None and not pipeline and self.cycle.response_complete:
                 self._connlist.connections.response_complete(conn)
+
+        def _connlist_cycles(self) -> list[Any]:
+            cycles = [self._connlist_running, *(cycle for cycle, _ in self.pipeline), self.cycle]
+            return [cycle for i, cycle in enumerate(cycles) if cycle is not None and cycle not in cycles[:i]]
 
         def handle_websocket_upgrade(self) -> None:
             # Upgraded connections are never timed out (Node: parser freed).
