@@ -82,12 +82,15 @@ def _has_body(scope: Scope) -> bool:
 class ConnectionsMiddleware:
     """Track connections, cut off slow clients with 408, and serve a live view of them.
 
-    ``headers_timeout`` defaults to ``min(60, request_timeout)``; 0 disables
-    a timeout; both are in seconds.  ``debug_path=None`` turns the endpoint
-    off; it is served to loopback clients only, or, with ``debug_token``, to
-    clients presenting ``Authorization: Bearer <token>``.
-    ``on_timeout(connection, kind)`` is called for each expired connection
-    (``kind`` is ``"headers"`` or ``"request"``) before it is closed.
+    ``headers_timeout`` defaults to ``min(60, request_timeout)``;
+    ``send_timeout`` bounds a response the client stopped taking;
+    ``body_min_rate`` (bytes/s) applies to a body once ``body_grace`` has
+    passed.  0 disables each; times are in seconds (docs/settings.md).
+    ``debug_path=None`` turns the endpoint off; it is served to loopback
+    clients only, or, with ``debug_token``, to clients presenting
+    ``Authorization: Bearer <token>``.  ``on_timeout(connection, kind)`` is
+    called for each connection a timeout cuts off (``kind`` is
+    ``"headers"``, ``"request"``, ``"rate"`` or ``"send"``) before it is closed.
     With the endpoint on, the worker also serves its view to its sibling
     workers (``?workers=all``, ``connlist.workers``) from the lifespan startup
     to its shutdown.
@@ -272,9 +275,9 @@ class ConnectionsMiddleware:
             )
         if self._enforcer.mode == "asgi":
             logger.warning(
-                "connlist: ASGI-only mode: the request timeout (%gs) applies to request bodies, but the "
-                "headers timeout needs the server integration: serve with "
-                "`uvicorn ... --http connlist.uvicorn:HttpToolsProtocol` "
+                "connlist: ASGI-only mode: the request timeout (%gs) and the minimum body rate apply to "
+                "request bodies, but the headers timeout and the send timeout need the server integration: "
+                "serve with `uvicorn ... --http connlist.uvicorn:HttpToolsProtocol` "
                 "(or connlist.uvicorn:H11Protocol)",
                 self._enforcer.request_timeout,
             )
