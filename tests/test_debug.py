@@ -500,14 +500,14 @@ def test_the_endpoint_yields_the_loop_while_it_builds_a_large_view(monkeypatch: 
     import asyncio
     import itertools
 
-    from connlist import debug
+    from connlist import slices
 
     mw = ConnectionsMiddleware(App(), headers_timeout=10, request_timeout=20)
     connections = mw.connections
     for _ in range(2000):
         connections.connect(client=("127.0.0.1", 1), server=("127.0.0.1", 2))
     ticks = itertools.count()
-    monkeypatch.setattr(debug.time, "perf_counter", lambda: next(ticks) * debug.SLICE * 2)
+    monkeypatch.setattr(slices.time, "perf_counter", lambda: next(ticks) * slices.SLICE * 2)
     ran: list[int] = []
 
     async def main() -> bytes:
@@ -541,7 +541,7 @@ def test_the_endpoint_yields_the_loop_while_it_builds_a_large_view(monkeypatch: 
     body = asyncio.run(main())
     # 2,000 entries in each of two lists, STEP at a time, and the JSON in pieces: the
     # other client ran between the slices, and the answer is whole.
-    assert len(ran) >= 2 * 2000 // debug.STEP
+    assert len(ran) >= 2 * 2000 // slices.STEP
     data = json.loads(body)
     assert len(data["all"]) == len(data["active"]) == 2000 and data["truncated"] is False
     assert [entry["id"] for entry in data["all"]] == [conn.id for conn in connections.all()]

@@ -43,6 +43,15 @@ MAX_HELD = 100
 ALL = "/_connections?workers=all"
 
 
+def answering(snapshot: dict[str, Any]) -> Any:
+    """A WorkerGroup snapshotter that answers ``snapshot`` whatever the limit."""
+
+    async def snapshot_of(limit: int) -> dict[str, Any]:
+        return snapshot
+
+    return snapshot_of
+
+
 def all_workers(port: int, query: str = "") -> dict[str, Any]:
     answer: dict[str, Any] = get_json(port, ALL + query)
     return answer
@@ -335,7 +344,7 @@ def test_silent_refusing_and_stale_sockets(tmp_dir: Path) -> None:
         (tmp_dir / "notes.txt").write_text("not a worker")
 
         async def run() -> tuple[dict[str, Any], float]:
-            group = WorkerGroup(lambda limit: {"pid": os.getpid(), "counts": {"all": 1}}, directory=tmp_dir)
+            group = WorkerGroup(answering({"pid": os.getpid(), "counts": {"all": 1}}), directory=tmp_dir)
             await group.start()
             try:
                 assert group.serving
@@ -371,7 +380,7 @@ def test_a_refusing_socket_of_a_live_process_is_listed_unreachable(tmp_dir: Path
         refusing.close()
 
         async def run() -> dict[str, Any]:
-            group = WorkerGroup(lambda limit: {"pid": os.getpid()}, directory=tmp_dir)
+            group = WorkerGroup(answering({"pid": os.getpid()}), directory=tmp_dir)
             await group.start()
             try:
                 return await group.gather(0)
@@ -395,7 +404,7 @@ def test_a_directory_others_may_write_is_refused(
     directory.chmod(mode)
 
     async def run() -> bool:
-        group = WorkerGroup(lambda limit: {"pid": os.getpid()}, directory=directory)
+        group = WorkerGroup(answering({"pid": os.getpid()}), directory=directory)
         await group.start()
         try:
             return group.serving
@@ -461,7 +470,7 @@ def test_a_worker_removes_what_dead_masters_left_and_its_own_at_stop(
     live.listen()
 
     async def run() -> Path | None:
-        group = WorkerGroup(lambda limit: {"pid": os.getpid()})
+        group = WorkerGroup(answering({"pid": os.getpid()}))
         await group.start()
         try:
             assert group.serving and group.master == os.getppid()

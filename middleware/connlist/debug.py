@@ -77,14 +77,12 @@ loopback, and use a token behind a proxy.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import hmac
 import ipaddress
 import json
 import os
-import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
@@ -94,6 +92,7 @@ from starlette.types import Receive, Scope, Send
 from connlist import page
 from connlist.connections import Connection
 from connlist.enforcer import Enforcer, format_address
+from connlist.slices import STEP, cooperatively, json_cooperatively, json_pieces
 from connlist.workers import WorkerGroup, combine
 
 __all__ = [
@@ -122,10 +121,6 @@ DEFAULT_LIMIT = 1000
 # The idle list is looked for among the first ``IDLE_SCAN * limit``
 # connections of ``all`` (see "Cost" above).
 IDLE_SCAN = 10
-# The endpoint works in slices of at most SLICE seconds of loop time, looking
-# at the clock every STEP connections (a few hundred microseconds of work).
-SLICE = 0.010
-STEP = 100
 # Paths longer than this are cut (and end with "..."): the view must stay
 # small whatever clients send.
 PATH_MAX = 256
@@ -346,32 +341,6 @@ def snapshot_steps(
     }
 
 
-def json_pieces(data: dict[str, Any]) -> Iterator[str]:
-    """The JSON text of a snapshot, in pieces of at most ``STEP`` connections (``"".join`` them)."""
-    lists = [key for key, value in data.items() if isinstance(value, list)]
-    head = {key: value for key, value in data.items() if key not in lists}
-    text = json.dumps(head, separators=(",", ":"))
-    yield text[:-1]
-    for key in lists:
-        items = data[key]
-        yield f",{json.dumps(key)}:["
-        for start in range(0, len(items), STEP):
-            piece = json.dumps(items[start : start + STEP], separators=(",", ":"))[1:-1]
-            yield piece if start == 0 else "," + piece
-        yield "]"
-    yield "}"
-
-
-async def _cooperatively(steps: Iterator[None]) -> None:
-    """Run ``steps`` to the end, yielding the event loop whenever a slice of ``SLICE`` seconds is used."""
-    clock = time.perf_counter
-    until = clock() + SLICE
-    for _ in steps:
-        if clock() > until:
-            await asyncio.sleep(0)
-            until = clock() + SLICE
-
-
 # -- access ----------------------------------------------------------------
 
 
@@ -522,21 +491,8 @@ async def snapshot_cooperatively(enforcer: Enforcer, *, limit: int) -> dict[str,
     def build() -> Iterator[None]:
         result.update((yield from snapshot_steps(enforcer, limit=limit)))
 
-    await _cooperatively(build())
+    await cooperatively(build())
     return result
-
-
-async def json_cooperatively(data: dict[str, Any]) -> bytes:
-    """The JSON of a snapshot, encoded in slices between which the event loop runs."""
-    pieces: list[str] = []
-
-    def encode() -> Iterator[None]:
-        for piece in json_pieces(data):
-            pieces.append(piece)
-            yield
-
-    await _cooperatively(encode())
-    return "".join(pieces).encode()
 
 
 async def _send_json(

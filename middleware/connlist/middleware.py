@@ -41,7 +41,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from connlist.connections import Connection, ConnectionsList, next_id
-from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot
+from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
 from connlist.enforcer import CUT_KEY, STATE_KEY, Enforcer, OnTimeout
 from connlist.logs import route_to_uvicorn
 from connlist.settings import (
@@ -133,7 +133,11 @@ class ConnectionsMiddleware:
         self.debug_path = debug_path
         self._enforcer = Enforcer(settings, on_timeout=on_timeout)
         # The sibling workers' view (workers=all): only with the endpoint on.
-        self._workers = None if debug_path is None else WorkerGroup(lambda limit: self.snapshot(limit=limit))
+        self._workers = (
+            None
+            if debug_path is None
+            else WorkerGroup(lambda limit: snapshot_cooperatively(self._enforcer, limit=limit))
+        )
         self._endpoint = DebugEndpoint(lambda: self._enforcer, token=debug_token, workers=self._workers)
         self._first_request_seen = False
         self._starting: asyncio.Task[None] | None = None

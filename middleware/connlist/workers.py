@@ -55,9 +55,11 @@ import os
 import socket
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
+
+from connlist.slices import json_cooperatively
 
 __all__ = [
     "ENV_DIR",
@@ -82,7 +84,9 @@ _REQUEST_TIMEOUT = 2.0
 # Whatever limit is asked, an answer stays below this.
 _ANSWER_MAX = 256 * 1024 * 1024
 
-Snapshotter = Callable[[int], dict[str, Any]]
+# This worker's snapshot for a limit: awaited, so that a large one is built in
+# slices between which the worker's loop serves its clients.
+Snapshotter = Callable[[int], Awaitable[dict[str, Any]]]
 
 # Set by connlist.gunicorn's worker classes, in the worker, before the app loads.
 _master_pid: int | None = None
@@ -235,6 +239,7 @@ class _SnapshotServer(asyncio.Protocol):
         self._buffer = bytearray()
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports are not asyncio.Transport subclasses, only alike.)
@@ -251,16 +256,21 @@ class _SnapshotServer(asyncio.Protocol):
             if len(self._buffer) > _REQUEST_MAX:
                 transport.close()
             return
+        self._buffer.clear()
+        self._task = asyncio.get_running_loop().create_task(self._answer(transport, bytes(line)))
+
+    async def _answer(self, transport: asyncio.Transport, line: bytes) -> None:
         try:
             request = json.loads(line)
             limit = request["limit"]
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
                 raise ValueError(limit)
-            answer = self._snapshot_of(limit)
+            body = await json_cooperatively(await self._snapshot_of(limit))
         except Exception as exc:  # a bad request from a sibling: say why, never crash the loop
-            answer = {"pid": os.getpid(), "error": f"bad request: {exc!r}"[:200]}
-        transport.write(json.dumps(answer, separators=(",", ":")).encode())
-        transport.close()
+            body = json.dumps({"pid": os.getpid(), "error": f"bad request: {exc!r}"[:200]}).encode()
+        if not transport.is_closing():
+            transport.write(body)
+            transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
@@ -437,5 +447,5 @@ class WorkerGroup:
         answers = await asyncio.gather(*(self._ask(pid, path, limit) for pid, path in siblings))
         # This worker's own view is taken last, when the answer is complete.
         workers = [answer for answer in answers if answer is not None]
-        workers.append(self._snapshot_of(limit))
+        workers.append(await self._snapshot_of(limit))
         return combine(workers, limit=limit)
