@@ -387,8 +387,12 @@ if httptools_impl is not None:
                 self._connlist.connections.response_complete(conn)
 
         def _connlist_cycles(self) -> list[Any]:
-            cycles = [self._connlist_running, *(cycle for cycle, _ in self.pipeline), self.cycle]
-            return [cycle for i, cycle in enumerate(cycles) if cycle is not None and cycle not in cycles[:i]]
+            # Marking a cycle twice is harmless: no need to drop duplicates.
+            cycles = [cycle for cycle, _ in self.pipeline] if self.pipeline else []
+            for cycle in (self._connlist_running, self.cycle):
+                if cycle is not None:
+                    cycles.append(cycle)
+            return cycles
 
         def handle_websocket_upgrade(self) -> None:
             # Upgraded connections are never timed out (Node: parser freed).
