@@ -276,3 +276,7 @@ class _AsgiRequest:
 
     def connlist_close(self) -> None:
         self.connlist_close_expired()
+
+    def connlist_request(self) -> tuple[str | None, str | None]:
+        # The record stores its method and path: this is never asked.
+        return self.conn._method, self.conn._path
