@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import sys
+from collections.abc import Awaitable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -106,6 +108,10 @@ class ConnectionsMiddleware:
         )
         self._endpoint = DebugEndpoint(lambda: self._enforcer, token=debug_token)
         self._first_request_seen = False
+        # Set at each HTTP request that _dispatch sees (the mode is known by then).
+        self._pass_through = False
+        if sys.version_info < (3, 12):
+            self.__call__ = self._call_async  # type: ignore[method-assign]
 
     # -- public API ------------------------------------------------------------
 
@@ -137,19 +143,45 @@ class ConnectionsMiddleware:
 
     # -- ASGI ------------------------------------------------------------------
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # With the server integration, an HTTP request that is not for the
+        # endpoint passes straight through: the app's own coroutine is
+        # returned, not wrapped in one of ours (a coroutine frame per request
+        # costs more than the rest of this).  Everything else: _dispatch.
+        if self._pass_through and scope["type"] == "http" and scope["path"] != self.debug_path:
+            return self.app(scope, receive, send)
+        return self._dispatch(scope, receive, send)
+
+    # Servers tell ASGI 3 apps (``async def __call__(scope, receive, send)``)
+    # from ASGI 2 ones by whether ``app.__call__`` is a coroutine function
+    # (uvicorn's Config.load, hypercorn's _is_asgi_2, Starlette's
+    # is_async_callable).  This one returns a coroutine without being one:
+    # from Python 3.12 it carries inspect's mark (which asyncio's check
+    # honours too); before, inspect has no mark, so __init__ gives the
+    # instance an ``async def`` ``__call__`` attribute, which
+    # ``app.__call__`` finds (calling the app still goes through the class).
+    if sys.version_info >= (3, 12):
+        __call__ = inspect.markcoroutinefunction(__call__)
+
+    async def _call_async(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``__call__`` as a coroutine function, for ``inspect`` on Python 3.10 and 3.11 (see above)."""
+        await type(self).__call__(self, scope, receive, send)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope_type = scope["type"]
         if scope_type == "http":
             if not self._first_request_seen:
                 self._first_request(scope)
+            enforcer = self._enforcer
+            # The server integration feeds the list: from now on, pass through.
+            self._pass_through = enforcer.mode != "asgi"
             if self.debug_path is not None and scope["path"] == self.debug_path:
                 if self._endpoint.allowed(scope):
                     await self._endpoint(scope, receive, send)
                 else:
                     await not_found(send)
                 return
-            enforcer = self._enforcer
-            if enforcer.mode != "asgi":
+            if self._pass_through:
                 await self.app(scope, receive, send)  # the server integration does the work
             elif _has_body(scope):
                 await self._asgi_only(scope, receive, send)
@@ -173,6 +205,8 @@ class ConnectionsMiddleware:
             # A server is starting: forget a timer left on the loop of an
             # earlier run of this app, then hand the enforcer to the server's
             # protocols (uvicorn passes this state dict to every protocol).
+            # Its protocols announce their mode before the first request.
+            self._pass_through = False
             self._enforcer.cancel()
             state = scope.get("state")
             if state is not None:
