@@ -326,6 +326,10 @@ if httptools_impl is not None:
     _require(httptools_impl.HttpToolsProtocol, (*_COMMON_HOOKS, "data_received"))
 
     _HttpTools = httptools_impl.HttpToolsProtocol
+    # uvicorn's methods, called directly: a module global is found faster
+    # than a class attribute, and these run for every read and response.
+    _httptools_data_received = _HttpTools.data_received
+    _httptools_on_response_complete = _HttpTools.on_response_complete
 
     class HttpToolsProtocol(_Tracking, httptools_impl.HttpToolsProtocol):
         """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""
@@ -347,15 +351,21 @@ if httptools_impl is not None:
             if self._connlist_phase:
                 self._connlist_read(data, scope, cycle)
                 return
-            _HttpTools.data_received(self, data)
+            _httptools_data_received(self, data)
             # The common case: no message was open, and one request began,
             # got its headers and completed in this read, with none queued.
             new = self.cycle
-            if new is not cycle and new.scope is self.scope and not new.more_body and not self.pipeline:
+            if new is not cycle and not new.more_body and new.scope is self.scope and not self.pipeline:
                 conn = self._connlist_conn
-                if conn is not None:
+                if conn is not None and conn.last_message_start == 0.0 and conn._all_next is not conn:
+                    # ConnectionsList.message on an idle connection, written
+                    # out: in Python a call costs as much as all of this.
+                    conn.headers_completed = True
+                    conn.requests += 1
                     enforcer = self._connlist
-                    enforcer.connections.message(conn)
+                    if not conn._responding:
+                        conn._responding = True
+                        enforcer.connections._n_idle_responding += 1
                     enforcer.totals.requests += 1
                     return
             self._connlist_events(_BETWEEN, scope, cycle)
@@ -446,11 +456,14 @@ if httptools_impl is not None:
             self._connlist_phase = last
 
         def on_response_complete(self) -> None:
-            _HttpTools.on_response_complete(self)
+            _httptools_on_response_complete(self)
             conn = self._connlist_conn
             # uvicorn has just started the next pipelined request, if any.
-            if conn is not None and not self.pipeline and self.cycle.response_complete:
-                self._connlist.connections.response_complete(conn)
+            # ConnectionsList.response_complete, written out (once per request).
+            if conn is not None and conn._responding and not self.pipeline and self.cycle.response_complete:
+                conn._responding = False
+                if conn.last_message_start == 0.0 and conn._all_next is not conn:
+                    self._connlist.connections._n_idle_responding -= 1
 
         def handle_websocket_upgrade(self) -> None:
             # Upgraded connections are never timed out (Node: parser freed);
