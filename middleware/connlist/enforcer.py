@@ -7,13 +7,18 @@ any active connection can reach; ``ConnectionsList.next_deadline`` finds it
 near the head of the ordered ``active`` list.  After each sweep the timer is
 armed again, never further away than the shortest timeout: a message that
 begins after the timer was armed cannot have an earlier deadline than that.
-While any connection is tracked, a timer stays armed (at the shortest timeout
-when no connection is active), so ``message_begin``, which runs for every
-request, never has to arm one; only ``connect`` may find none armed.
+A timer is armed only while some connection is active, since nothing else can
+expire.  The server layer's common case, a whole request in one read on an
+idle connection, never makes one active, so it never touches the timer; and a
+loop with no timer of ours in its heap does less at each iteration (asyncio's
+loop reads its clock at every iteration while any timer is scheduled: about
+1,400 instructions per request of a hello world in benchmarks/per_request.py).
 
 The server layer (``connlist.uvicorn``) or the middleware in ASGI-only mode
-feeds the list and calls ``watch()`` after ``connect``; what expires is
-closed through the connection's handle.
+feeds the list, calls ``watch()`` after any event that can leave a connection
+active (``connect``, ``message_begin``) and ``unwatch()`` after one that can
+leave none active (``message_complete``, ``remove``); what expires is closed
+through the connection's handle.
 """
 
 from __future__ import annotations
@@ -129,9 +134,14 @@ class Enforcer:
     # -- the timer -----------------------------------------------------------
 
     def watch(self) -> None:
-        """Arm the timer if none is armed; call after ``connect``."""
+        """Arm the timer if none is armed; call after ``connect`` and ``message_begin``."""
         if self._timer is None:
             self._arm()
+
+    def unwatch(self) -> None:
+        """Cancel the timer if no connection is active; call after ``message_complete`` and ``remove``."""
+        if self._timer is not None and not self.connections.active_count:
+            self.cancel()
 
     def cancel(self) -> None:
         if self._timer is not None:
@@ -143,10 +153,10 @@ class Enforcer:
 
     def _arm(self) -> None:
         shortest = self.headers_timeout or self.request_timeout
-        if not shortest or not len(self.connections):
-            return  # both timeouts disabled, or nothing to watch until a connect
+        if not shortest or not self.connections.active_count:
+            return  # both timeouts disabled, or nothing can expire until a message begins
         deadline = self.connections.next_deadline(self.headers_timeout, self.request_timeout)
-        # With nothing active, ``shortest`` is the earliest a message begun from now can expire.
+        # Never later than ``shortest``: a message begun after this cannot expire earlier than that.
         delay = shortest if deadline is None else min(max(deadline - self.clock(), 0.0) + _SLACK, shortest)
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(delay, self._sweep)

@@ -275,6 +275,7 @@ class ConnectionsMiddleware:
             await self.app(scope, receive_tracked, send_tracked)
         finally:
             connections.remove(conn)
+            enforcer.unwatch()
             if handle.task is not None:
                 await handle.task
 

@@ -188,6 +188,7 @@ class _Tracking:
         conn = self._connlist_conn
         if conn is not None:
             self._connlist.connections.remove(conn)
+            self._connlist.unwatch()
             if conn.handle is not None:
                 # The record keeps what it showed; it stops asking the protocol.
                 conn.method, conn.path = self.connlist_request()
@@ -454,6 +455,10 @@ if httptools_impl is not None:
             if last == _BODY and (begun or phase0 != _BODY or open_got_headers):
                 self._connlist_body_begin(conn)
             self._connlist_phase = last
+            if last == _BETWEEN:
+                enforcer.unwatch()
+            else:
+                enforcer.watch()  # the connection is active: it can expire
 
         def on_response_complete(self) -> None:
             _httptools_on_response_complete(self)
@@ -523,7 +528,7 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
             h11_conn = self.conn
             if h11_conn.their_state is h11.DONE and not h11_conn.trailing_data[0]:
                 conn = self._connlist_conn
-                if conn is not None:
+                if conn is not None and conn.last_message_start == 0.0:
                     enforcer = self._connlist
                     enforcer.connections.message(conn)
                     enforcer.totals.requests += 1
@@ -564,6 +569,10 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
         if phase == _BODY and (new_request or phase0 != _BODY):
             self._connlist_body_begin(conn)
         self._connlist_phase = phase
+        if phase == _BETWEEN:
+            enforcer.unwatch()
+        else:
+            enforcer.watch()  # the connection is active: it can expire
 
     def on_response_complete(self) -> None:
         phase = self._connlist_phase
