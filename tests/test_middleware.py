@@ -228,15 +228,18 @@ def test_servers_take_the_middleware_for_asgi3_when_it_is_the_outermost_app() ->
     import uvicorn
     from starlette._utils import is_async_callable
 
+    def check_asgi3(mw: ConnectionsMiddleware) -> None:
+        config = uvicorn.Config(mw, lifespan="off")
+        config.load()
+        assert config.interface == "asgi3"
+        assert is_async_callable(mw)
+        # hypercorn's rule (hypercorn.utils._is_asgi_2), inspect only.
+        assert not inspect.isclass(mw) and inspect.iscoroutinefunction(mw.__call__)
+        if sys.version_info < (3, 14):  # deprecated from 3.14
+            assert asyncio.iscoroutinefunction(mw.__call__)
+
     mw = ConnectionsMiddleware(echo_app)
-    config = uvicorn.Config(mw, lifespan="off")
-    config.load()
-    assert config.interface == "asgi3"
-    assert is_async_callable(mw)
-    # hypercorn's rule (hypercorn.utils._is_asgi_2), inspect only.
-    assert not inspect.isclass(mw) and inspect.iscoroutinefunction(mw.__call__)
-    if sys.version_info < (3, 14):  # deprecated from 3.14
-        assert asyncio.iscoroutinefunction(mw.__call__)
+    check_asgi3(mw)
 
     # Called either way, it is an ASGI 3 app.
     async def run() -> list[Message]:
@@ -261,3 +264,6 @@ def test_servers_take_the_middleware_for_asgi3_when_it_is_the_outermost_app() ->
 
     sent = asyncio.run(run())
     assert [m["type"] for m in sent].count("http.response.start") == 6
+    # Still the middleware, and still ASGI 3 once it passes requests through.
+    assert isinstance(mw, ConnectionsMiddleware) and mw.mode == "uvicorn-httptools"
+    check_asgi3(mw)

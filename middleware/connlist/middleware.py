@@ -57,15 +57,6 @@ _408_START: Message = {
 _408_BODY: Message = {"type": "http.response.body", "body": b""}
 
 
-def _has_body(scope: Scope) -> bool:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            return value.strip() not in (b"0", b"")
-        if name == b"transfer-encoding":
-            return True
-    return False
-
-
 class ConnectionsMiddleware:
     """Track connections, cut off slow clients with 408, and serve a live view of them.
 
@@ -108,9 +99,8 @@ class ConnectionsMiddleware:
         )
         self._endpoint = DebugEndpoint(lambda: self._enforcer, token=debug_token)
         self._first_request_seen = False
-        # Set at each HTTP request that _dispatch sees (the mode is known by then).
-        self._pass_through = False
         if sys.version_info < (3, 12):
+            # See _PassThrough.
             self.__call__ = self._call_async  # type: ignore[method-assign]
 
     # -- public API ------------------------------------------------------------
@@ -143,70 +133,61 @@ class ConnectionsMiddleware:
 
     # -- ASGI ------------------------------------------------------------------
 
-    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        # With the server integration, an HTTP request that is not for the
-        # endpoint passes straight through: the app's own coroutine is
-        # returned, not wrapped in one of ours (a coroutine frame per request
-        # costs more than the rest of this).  Everything else: _dispatch.
-        if self._pass_through and scope["type"] == "http" and scope["path"] != self.debug_path:
-            return self.app(scope, receive, send)
-        return self._dispatch(scope, receive, send)
-
-    # Servers tell ASGI 3 apps (``async def __call__(scope, receive, send)``)
-    # from ASGI 2 ones by whether ``app.__call__`` is a coroutine function
-    # (uvicorn's Config.load, hypercorn's _is_asgi_2, Starlette's
-    # is_async_callable).  This one returns a coroutine without being one:
-    # from Python 3.12 it carries inspect's mark (which asyncio's check
-    # honours too); before, inspect has no mark, so __init__ gives the
-    # instance an ``async def`` ``__call__`` attribute, which
-    # ``app.__call__`` finds (calling the app still goes through the class).
-    if sys.version_info >= (3, 12):
-        __call__ = inspect.markcoroutinefunction(__call__)
-
     async def _call_async(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``__call__`` as a coroutine function, for ``inspect`` on Python 3.10 and 3.11 (see above)."""
+        """``__call__`` as a coroutine function, for ``inspect`` on Python 3.10 and 3.11 (_PassThrough)."""
         await type(self).__call__(self, scope, receive, send)
 
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope_type = scope["type"]
         if scope_type == "http":
             if not self._first_request_seen:
                 self._first_request(scope)
             enforcer = self._enforcer
-            # The server integration feeds the list: from now on, pass through.
-            self._pass_through = enforcer.mode != "asgi"
             if self.debug_path is not None and scope["path"] == self.debug_path:
                 if self._endpoint.allowed(scope):
                     await self._endpoint(scope, receive, send)
                 else:
                     await not_found(send)
                 return
-            if self._pass_through:
-                await self.app(scope, receive, send)  # the server integration does the work
-            elif _has_body(scope):
-                await self._asgi_only(scope, receive, send)
-            else:
-                # ASGI-only mode, no body: nothing to time, so no record; the
-                # view lists the request while the app runs.  (Kept inline:
-                # this is most requests, and a coroutine call costs more than
-                # all of this.)
-                totals = enforcer.totals
-                totals.connections += 1
-                totals.requests += 1
-                in_flight = enforcer.in_flight
-                key = id(scope)
-                in_flight[key] = (next_id(), enforcer.clock(), scope)
-                try:
-                    await self.app(scope, receive, send)
-                finally:
-                    del in_flight[key]
+            if enforcer.mode != "asgi":
+                # The server integration feeds the list: from now on, pass
+                # requests straight through (see _PassThrough).
+                if type(self) is ConnectionsMiddleware:
+                    self.__class__ = _PassThrough
+                await self.app(scope, receive, send)
+                return
+            # ASGI-only mode.  Does the request have a body?  (This and the
+            # bookkeeping below are written out: it is most requests, and in
+            # Python a call costs as much as any of them.)
+            for name, value in scope["headers"]:
+                if name == b"content-length":
+                    if value.strip() not in (b"0", b""):
+                        await self._asgi_only(scope, receive, send)
+                        return
+                    break
+                if name == b"transfer-encoding":
+                    await self._asgi_only(scope, receive, send)
+                    return
+            # No body: nothing to time, so no record; the view lists the
+            # request while the app runs.
+            totals = enforcer.totals
+            totals.connections += 1
+            totals.requests += 1
+            in_flight = enforcer.in_flight
+            ident = next_id()
+            in_flight[ident] = (ident, enforcer.clock(), scope)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                del in_flight[ident]
             return
         if scope_type == "lifespan":
             # A server is starting: forget a timer left on the loop of an
             # earlier run of this app, then hand the enforcer to the server's
             # protocols (uvicorn passes this state dict to every protocol).
             # Its protocols announce their mode before the first request.
-            self._pass_through = False
+            if type(self) is _PassThrough:
+                self.__class__ = ConnectionsMiddleware  # type: ignore[assignment]
             self._enforcer.cancel()
             state = scope.get("state")
             if state is not None:
@@ -278,6 +259,37 @@ class ConnectionsMiddleware:
             enforcer.unwatch()
             if handle.task is not None:
                 await handle.task
+
+
+class _PassThrough(ConnectionsMiddleware):
+    """A ConnectionsMiddleware once the server integration feeds its list.
+
+    The middleware switches to this class at its first request with the
+    integration (and back at the next lifespan startup): an HTTP request
+    that is not for the endpoint then passes straight through, the app's own
+    coroutine returned rather than wrapped in one of ours (a coroutine frame
+    costs more per request than all of connlist's own work).  Each mode's
+    per-request path is then one function, with no test of the mode.
+    Subclasses of ConnectionsMiddleware keep their class, and the general
+    path.
+    """
+
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:  # type: ignore[override]
+        if scope["type"] == "http" and scope["path"] != self.debug_path:
+            return self.app(scope, receive, send)
+        return ConnectionsMiddleware.__call__(self, scope, receive, send)
+
+    # Servers tell ASGI 3 apps from ASGI 2 ones by whether ``app.__call__``
+    # is a coroutine function (uvicorn's Config.load, hypercorn's
+    # _is_asgi_2, Starlette's is_async_callable), and may look again after
+    # the switch (a second server for the same app).  This one returns a
+    # coroutine without being one: from Python 3.12 it carries inspect's mark
+    # (which asyncio's check honours too); before, inspect has no mark, so
+    # ConnectionsMiddleware.__init__ gives the instance an ``async def``
+    # ``__call__`` attribute, which ``app.__call__`` finds (calling the app
+    # still goes through the class).
+    if sys.version_info >= (3, 12):
+        __call__ = inspect.markcoroutinefunction(__call__)
 
 
 class _AsgiRequest:

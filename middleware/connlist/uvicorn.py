@@ -347,21 +347,24 @@ if httptools_impl is not None:
             self._connlist_phase = _BETWEEN
 
         def data_received(self, data: bytes) -> None:
-            scope = self.scope
             cycle = self.cycle
             if self._connlist_phase:
-                self._connlist_read(data, scope, cycle)
+                self._connlist_read(data, self.scope, cycle)
                 return
             _httptools_data_received(self, data)
             # The common case: no message was open, and one request began,
             # got its headers and completed in this read, with none queued.
             new = self.cycle
             if new is not cycle and not new.more_body and new.scope is self.scope and not self.pipeline:
-                conn = self._connlist_conn
-                if conn is not None and conn.last_message_start == 0.0 and conn._all_next is not conn:
+                # Set by connection_made, before any read; a read never comes
+                # after connection_lost or an upgrade, so the record is tracked.
+                conn: Connection = self._connlist_conn  # type: ignore[assignment]
+                if conn.last_message_start == 0.0:
                     # ConnectionsList.message on an idle connection, written
                     # out: in Python a call costs as much as all of this.
-                    conn.headers_completed = True
+                    # (headers_completed is True already: a record becomes
+                    # idle only through message_complete, which these
+                    # protocols send only after headers_complete.)
                     conn.requests += 1
                     enforcer = self._connlist
                     if not conn._responding:
@@ -369,7 +372,8 @@ if httptools_impl is not None:
                         enforcer.connections._n_idle_responding += 1
                     enforcer.totals.requests += 1
                     return
-            self._connlist_events(_BETWEEN, scope, cycle)
+            # Between messages, the last scope is the last cycle's.
+            self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle)
 
         def _connlist_read(self, data: bytes, scope: Any, cycle: Any) -> None:
             """A read while a message is open (or after an upgrade)."""
@@ -462,10 +466,10 @@ if httptools_impl is not None:
 
         def on_response_complete(self) -> None:
             _httptools_on_response_complete(self)
-            conn = self._connlist_conn
+            conn: Connection = self._connlist_conn  # type: ignore[assignment]  # set by connection_made
             # uvicorn has just started the next pipelined request, if any.
             # ConnectionsList.response_complete, written out (once per request).
-            if conn is not None and conn._responding and not self.pipeline and self.cycle.response_complete:
+            if conn._responding and not self.pipeline and self.cycle.response_complete:
                 conn._responding = False
                 if conn.last_message_start == 0.0 and conn._all_next is not conn:
                     self._connlist.connections._n_idle_responding -= 1
