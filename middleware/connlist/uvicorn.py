@@ -467,9 +467,10 @@ if httptools_impl is not None:
         def on_response_complete(self) -> None:
             _httptools_on_response_complete(self)
             conn: Connection = self._connlist_conn  # type: ignore[assignment]  # set by connection_made
-            # uvicorn has just started the next pipelined request, if any.
             # ConnectionsList.response_complete, written out (once per request).
-            if conn._responding and not self.pipeline and self.cycle.response_complete:
+            # self.cycle is the newest request's: if uvicorn has just started
+            # a pipelined one, or any is still queued, it is not complete.
+            if conn._responding and self.cycle.response_complete:
                 conn._responding = False
                 if conn.last_message_start == 0.0 and conn._all_next is not conn:
                     self._connlist.connections._n_idle_responding -= 1
