@@ -574,3 +574,12 @@ def test_response_complete_and_idle_responding(parser: str) -> None:
     assert states[0]["record"]["state"] == "handling"
     assert states[0]["counts"][5] == 1
     assert states[-1]["counts"][5] == 0
+
+
+@PARSERS
+def test_a_pipelined_request_started_when_the_previous_response_ends(parser: str) -> None:
+    # The second request is still handled after the first response ends: the
+    # connection stays responding until its own response ends.
+    states = check(parser, [*feeds(HOLD + HOLD), ("release",), ("release",)])
+    assert [s["record"]["state"] for s in states] == ["handling", "handling", "idle"]
+    assert [s["counts"][5] for s in states] == [1, 1, 0]
