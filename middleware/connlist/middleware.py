@@ -275,7 +275,14 @@ class _PassThrough(ConnectionsMiddleware):
     """
 
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:  # type: ignore[override]
-        if scope["type"] == "http" and scope["path"] != self.debug_path:
+        # HTTP and websocket scopes have a path (a websocket passes through
+        # on either path); a lifespan scope has none, and a try costs
+        # nothing until it raises.
+        try:
+            path = scope["path"]
+        except KeyError:
+            return ConnectionsMiddleware.__call__(self, scope, receive, send)
+        if path != self.debug_path:
             return self.app(scope, receive, send)
         return ConnectionsMiddleware.__call__(self, scope, receive, send)
 

@@ -189,6 +189,8 @@ class _Tracking:
         if conn is not None:
             self._connlist.connections.remove(conn)
             self._connlist.unwatch()
+            # Nothing to finish on a removed record (on_response_complete relies on it).
+            conn.responding = False
             if conn.handle is not None:
                 # The record keeps what it showed; it stops asking the protocol.
                 conn.method, conn.path = self.connlist_request()
@@ -470,9 +472,10 @@ if httptools_impl is not None:
             # ConnectionsList.response_complete, written out (once per request).
             # self.cycle is the newest request's: if uvicorn has just started
             # a pipelined one, or any is still queued, it is not complete.
+            # (A removed record is not responding: see _connlist_remove.)
             if conn._responding and self.cycle.response_complete:
                 conn._responding = False
-                if conn.last_message_start == 0.0 and conn._all_next is not conn:
+                if conn.last_message_start == 0.0:
                     self._connlist.connections._n_idle_responding -= 1
 
         def handle_websocket_upgrade(self) -> None:
