@@ -8,8 +8,10 @@ Method.  For each setup of ``benchmarks/e2e_apps.py`` (the same five as
 ``e2e.py``), a child process builds uvicorn's ``Config`` for the setup's app and
 ``--http`` protocol, runs the ASGI lifespan, connects one protocol instance to
 an in-memory transport (it records what uvicorn writes, and is never slow), and
-feeds it N keep-alive ``GET /`` requests one after the other on the event loop
-(uvloop), waiting for each response to complete.  The child runs under
+feeds it N keep-alive ``GET /`` requests one after the other on the event loop,
+waiting for each response to complete.  Every setup runs on both loops: uvloop
+(what ``uvicorn[standard]`` installs, and what production servers run) and
+asyncio's own.  The child runs under
 valgrind's callgrind with ``PYTHONHASHSEED=0``, once with N = 1,000 and once with
 N = 3,000; instructions per request = the difference of the two totals / 2,000,
 so that start-up, imports and the lifespan cancel out.  Two runs of the same
@@ -22,10 +24,11 @@ of uvicorn, httptools, Starlette and connlist for one request.
 
 Usage::
 
-    python3 benchmarks/per_request.py                        # all five setups, about 2 minutes on 2 CPUs
-    python3 benchmarks/per_request.py --setups bare connlist
+    python3 benchmarks/per_request.py                   # all five setups, both loops: 6 minutes on 2 CPUs
+    python3 benchmarks/per_request.py --setups bare connlist --loops uvloop
 
-Needs valgrind (``apt-get install valgrind``).  Exits 0, or 2 when it cannot run.
+Needs valgrind (``apt-get install valgrind``) and, for the uvloop runs, uvloop
+(``pip install 'connlist[bench]'``).  Exits 0, or 2 when it cannot run.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import importlib
+import importlib.util
 import os
 import re
 import shutil
@@ -118,17 +122,20 @@ async def drive(app_spec: str, http: str, requests: int, report: dict[str, Any] 
     await lifespan.shutdown()
 
 
-def child(app_spec: str, http: str, requests: int) -> None:
+LOOPS = ("uvloop", "asyncio")
+
+
+def child(app_spec: str, http: str, requests: int, loop: str) -> None:
     sys.path.insert(0, str(HERE))
-    try:
+    if loop == "uvloop":
         import uvloop
-    except ImportError:
-        asyncio.run(drive(app_spec, http, requests))
-    else:
+
         uvloop.run(drive(app_spec, http, requests))
+    else:
+        asyncio.run(drive(app_spec, http, requests))
 
 
-def instructions(app_spec: str, http: str, requests: int) -> int:
+def instructions(app_spec: str, http: str, requests: int, loop: str) -> int:
     command = [
         "valgrind",
         "--tool=callgrind",
@@ -139,18 +146,21 @@ def instructions(app_spec: str, http: str, requests: int) -> int:
         app_spec,
         http,
         str(requests),
+        loop,
     ]
     env = dict(os.environ, PYTHONHASHSEED="0")
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     match = re.search(r"(?:Collected|refs):\s*([\d,]+)", done.stderr)
     if done.returncode != 0 or match is None:
-        raise SystemExit(f"valgrind run failed ({app_spec}, {http}):\n{done.stdout}{done.stderr[-3000:]}")
+        raise SystemExit(
+            f"valgrind run failed ({app_spec}, {http}, {loop}):\n{done.stdout}{done.stderr[-3000:]}"
+        )
     return int(match.group(1).replace(",", ""))
 
 
-def per_request(app_spec: str, http: str) -> int:
-    small = instructions(app_spec, http, SMALL)
-    large = instructions(app_spec, http, LARGE)
+def per_request(app_spec: str, http: str, loop: str) -> int:
+    small = instructions(app_spec, http, SMALL, loop)
+    large = instructions(app_spec, http, LARGE, loop)
     return round((large - small) / (LARGE - SMALL))
 
 
@@ -161,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = [setup.key for setup in e2e.SETUPS]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--setups", nargs="+", choices=keys, default=keys, help="setups to measure")
+    parser.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS), help="event loops")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="valgrind runs at a time")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
@@ -168,22 +179,35 @@ def main(argv: list[str] | None = None) -> int:
             "valgrind not found: install it with `apt-get install valgrind` (Debian/Ubuntu)", file=sys.stderr
         )
         return 2
+    loops = [loop for loop in LOOPS if loop in args.loops]
+    if "uvloop" in loops and importlib.util.find_spec("uvloop") is None:
+        print("uvloop not found: pip install 'connlist[bench]' (or pass --loops asyncio)", file=sys.stderr)
+        return 2
     setups = [setup for setup in e2e.SETUPS if setup.key in args.setups]
     if e2e.BASELINE not in args.setups:
         setups.insert(0, e2e.SETUP_BY_KEY[e2e.BASELINE])
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        futures = {setup.key: pool.submit(per_request, setup.app, setup.http) for setup in setups}
+        futures = {
+            (setup.key, loop): pool.submit(per_request, setup.app, setup.http, loop)
+            for setup in setups
+            for loop in loops
+        }
         results = {key: future.result() for key, future in futures.items()}
-    bare = results[e2e.BASELINE]
     print(f"User-space instructions per request, in process (N = {LARGE:,} minus N = {SMALL:,}):")
+    print(f"  {'setup':<38s}" + "".join(f"  {loop + ' (vs bare)':>32s}" for loop in loops))
     for setup in setups:
-        value = results[setup.key]
-        print(f"  {setup.label:<38s} {value:>9,d}  {value - bare:>+8,d}  {value / bare:6.3f}")
+        cells = []
+        for loop in loops:
+            value, bare = results[setup.key, loop], results[e2e.BASELINE, loop]
+            cells.append(
+                f"  {value:>9,d} {value - bare:>+9,d} {(value / bare - 1) * 100:>+7.2f}% {value / bare:.4f}"
+            )
+        print(f"  {setup.label:<38s}" + "".join(cells))
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    if len(sys.argv) == 6 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
     else:
         sys.exit(main())

@@ -6,6 +6,7 @@ the three counts, and the fields of every connection involved.
 
 from __future__ import annotations
 
+import itertools
 import math
 from decimal import Decimal
 from fractions import Fraction
@@ -1238,3 +1239,43 @@ def test_rate_expired_restarts_the_clock_of_an_excused_body(lst: ConnectionsList
     assert (held.body_started, held.body_received) == (T0 + 10.5, 0)
     check_extra(lst, body=[later, held], stalled=[], closing=[])
     assert held.is_active and not behind.is_active
+
+
+@pytest.mark.parametrize("before", ["new", "idle", "idle_responding", "reading_headers", "timed_out"])
+def test_message_is_the_three_events_at_one_instant(before: str) -> None:
+    # ``message`` (a whole request in one read) leaves a connection exactly
+    # as message_begin + headers_complete + message_complete + responding do.
+    def setup() -> tuple[ConnectionsList, Connection]:
+        lst = ConnectionsList(clock=itertools.count(1.0).__next__)
+        conn = lst.connect()
+        if before != "new":
+            lst.message_begin(conn)
+            if before != "reading_headers" and before != "timed_out":
+                lst.headers_complete(conn)
+                lst.message_complete(conn)
+                conn.responding = before == "idle_responding"
+            if before == "timed_out":
+                assert lst.expired(0.5, 0.0) == [conn]
+        return lst, conn
+
+    def state(lst: ConnectionsList, conn: Connection) -> tuple[object, ...]:
+        counts = (len(lst), lst.active_count, lst.idle_count, lst.timed_out_count)
+        return (
+            *counts,
+            lst.headers_pending_count,
+            lst.idle_responding_count,
+            conn.is_active,
+            conn.last_message_start == 0,
+            conn.headers_completed,
+            conn.requests,
+            conn.responding,
+        )
+
+    by_events, conn = setup()
+    by_events.message_begin(conn)
+    by_events.headers_complete(conn)
+    by_events.message_complete(conn)
+    conn.responding = True
+    at_once, other = setup()
+    at_once.message(other)
+    assert state(at_once, other) == state(by_events, conn)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import math
+import sys
 import time
 from typing import Any
 
 import pytest
 import uvicorn
+from starlette.types import Message
 
 from connlist import ConnectionsMiddleware
 from connlist.connections import Connection
@@ -278,3 +281,52 @@ def test_slow_on_timeout_is_warned_about_once(parser: str, caplog: pytest.LogCap
             assert is_408(data)
     slow = [r.getMessage() for r in caplog.records if "on_timeout took" in r.getMessage()]
     assert len(slow) == 1 and "keep it short" in slow[0]
+
+
+def test_servers_take_the_middleware_for_asgi3_when_it_is_the_outermost_app() -> None:
+    # __call__ is a plain method that returns the app's coroutine: every
+    # server's ASGI 3 test must still say yes, or it would call it as ASGI 2.
+    import inspect
+
+    import uvicorn
+    from starlette._utils import is_async_callable
+
+    def check_asgi3(mw: ConnectionsMiddleware) -> None:
+        config = uvicorn.Config(mw, lifespan="off")
+        config.load()
+        assert config.interface == "asgi3"
+        assert is_async_callable(mw)
+        # hypercorn's rule (hypercorn.utils._is_asgi_2), inspect only.
+        assert not inspect.isclass(mw) and inspect.iscoroutinefunction(mw.__call__)
+        if sys.version_info < (3, 14):  # deprecated from 3.14
+            assert asyncio.iscoroutinefunction(mw.__call__)
+
+    mw = ConnectionsMiddleware(echo_app)
+    check_asgi3(mw)
+
+    # Called either way, it is an ASGI 3 app.
+    async def run() -> list[Message]:
+        sent: list[Message] = []
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "state": {}}
+        await mw(dict(scope), receive, send)
+        await mw.__call__(dict(scope), receive, send)
+        # With the server integration (the mode its protocols announce), a
+        # request passes through: the app's own coroutine.
+        mw.enforcer.mode = "uvicorn-httptools"
+        for _ in range(2):
+            await mw(dict(scope), receive, send)
+            await mw.__call__(dict(scope), receive, send)
+        return sent
+
+    sent = asyncio.run(run())
+    assert [m["type"] for m in sent].count("http.response.start") == 6
+    # Still the middleware, and still ASGI 3 once it passes requests through.
+    assert isinstance(mw, ConnectionsMiddleware) and mw.mode == "uvicorn-httptools"
+    check_asgi3(mw)

@@ -20,6 +20,10 @@ A connection moves through these events (the clock is monotonic)::
     headers_complete   headers_completed = True
     message_complete   request fully received: leaves active, clock reset to 0
                        (the connection is idle until the next message_begin)
+    message            message_begin, headers_complete and message_complete at
+                       one instant, on an idle connection: a whole request in
+                       one read.  Nothing moves and no clock is read; the
+                       connection stays idle, one request more, responding
     remove             closed or upgraded: leaves both lists
 
 A connection is *expired* when it is in ``active`` and either its headers are
@@ -116,6 +120,14 @@ class ConnectionHandle(Protocol):
     def connlist_reading_paused(self) -> bool:
         """Whether the server itself stopped reading the request (the app has not consumed its body)."""
 
+    def connlist_request(self) -> tuple[str | None, str | None]:
+        """Method and path of the current or last request whose headers were received, if any.
+
+        Read by ``Connection.method`` and ``.path`` when the server layer
+        stored none: the server keeps them anyway, so the list need not
+        copy them at every request.
+        """
+
 
 # A peer or local address as the server layer has it: an ASGI ``(host, port)``
 # pair (uvicorn's ``client`` and ``server``), a string, or None (unknown, or a
@@ -148,8 +160,10 @@ class Connection:
         "_body_next",
         "_body_prev",
         "_list",
+        "_method",
         "_out_next",
         "_out_prev",
+        "_path",
         "_responding",
         "body_received",
         "body_started",
@@ -159,12 +173,10 @@ class Connection:
         "headers_completed",
         "id",
         "last_message_start",
-        "method",
         "out_pending",
         "out_sampled",
         "out_since",
         "out_state",
-        "path",
         "requests",
         "server",
     )
@@ -196,9 +208,10 @@ class Connection:
         self.headers_completed = False
         # Requests fully received on this connection.
         self.requests = 0
-        # Method and path (never the query string) of the current or last request.
-        self.method: str | None = None
-        self.path: str | None = None
+        # Method and path (never the query string) of the current or last
+        # request, when the server layer stores them (see ``method``).
+        self._method: str | None = None
+        self._path: str | None = None
         # See the ``responding`` property; ``_list`` is the list that made this connection.
         self._responding = False
         self._list: ConnectionsList | None = None
@@ -228,6 +241,28 @@ class Connection:
         # Counted by the list while the connection is tracked and idle.
         if self.last_message_start == 0 and self._all_next is not self and self._list is not None:
             self._list._n_idle_responding += 1 if value else -1
+
+    @property
+    def method(self) -> str | None:
+        """The current or last request's method: as stored, else as the handle has it."""
+        if self._method is None and self.handle is not None:
+            return self.handle.connlist_request()[0]
+        return self._method
+
+    @method.setter
+    def method(self, value: str | None) -> None:
+        self._method = value
+
+    @property
+    def path(self) -> str | None:
+        """The current or last request's path (no query string): as stored, else as the handle has it."""
+        if self._path is None and self.handle is not None:
+            return self.handle.connlist_request()[1]
+        return self._path
+
+    @path.setter
+    def path(self, value: str | None) -> None:
+        self._path = value
 
     @property
     def tracked(self) -> bool:
@@ -425,12 +460,34 @@ class ConnectionsList:
             self._n_headers_pending -= 1
         conn.headers_completed = True
         if method is not None:
-            conn.method = method
-            conn.path = path
+            conn._method = method
+            conn._path = path
             if not conn._responding:
                 conn._responding = True
                 if conn.last_message_start == 0.0 and conn._all_next is not conn:
                     self._n_idle_responding += 1
+
+    def message(self, conn: Connection) -> None:
+        """A whole request begun and fully received at one instant: the three events at once.
+
+        On an idle connection (the server's common case: a request in one
+        read between two responses) ``message_begin`` would link it into
+        ``active`` and read the clock, and ``message_complete`` would unlink
+        it and reset the clock: nothing of that remains, so nothing is done.
+        The connection has one request more, and is responding (the request
+        goes to the app).  In any other state, the three events one by one.
+        """
+        if conn.last_message_start != 0.0 or conn._all_next is conn:
+            self.message_begin(conn)
+            self.headers_complete(conn)
+            self.message_complete(conn)
+            conn.responding = True
+            return
+        conn.headers_completed = True
+        conn.requests += 1
+        if not conn._responding:
+            conn._responding = True
+            self._n_idle_responding += 1
 
     def response_complete(self, conn: Connection) -> None:
         """No response is unfinished on the connection any more (``responding = False``)."""

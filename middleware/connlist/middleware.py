@@ -3,12 +3,13 @@
 With the server integration (``--http connlist.uvicorn:HttpToolsProtocol``)
 the protocol feeds the list and the middleware only hands it over (through
 the ASGI lifespan state) and serves the debug endpoint: requests pass straight
-through.  One thing it still does for them: a handler that was awaiting the
-body of a request connlist cut off gets Starlette's ``ClientDisconnect``,
-which is connlist's doing, not the app's failure, so the middleware swallows
-it when the protocol marked the scope (``CUT_KEY``) and lets any other
-exception propagate; a cut request leaves no traceback in the server log.
-At the lifespan shutdown it writes the log summary still pending.
+through: from its first request with the integration the middleware is a
+``_PassThrough``, which returns the app's own coroutine (a frame of ours per
+request would cost more than all of connlist's bookkeeping).  A handler that
+was awaiting the body of a request connlist cut off gets Starlette's
+``ClientDisconnect``; the server integration keeps that from the server log
+(``connlist.uvicorn``).  At the lifespan shutdown the middleware writes the
+log summary still pending.
 
 Without it (plain uvicorn, hypercorn, ...) the middleware runs in ASGI-only
 mode: it sees a request only once its headers are parsed, so it cannot enforce
@@ -35,6 +36,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import sys
+from collections.abc import Awaitable
 from typing import Any
 
 from starlette.requests import ClientDisconnect
@@ -42,7 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from connlist.connections import Connection, ConnectionsList, next_id
 from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
-from connlist.enforcer import CUT_KEY, STATE_KEY, Enforcer, OnTimeout
+from connlist.enforcer import STATE_KEY, Enforcer, OnTimeout
 from connlist.logs import route_to_uvicorn
 from connlist.settings import (
     DEFAULT_BODY_GRACE,
@@ -68,15 +71,6 @@ _408_START: Message = {
     ],
 }
 _408_BODY: Message = {"type": "http.response.body", "body": b""}
-
-
-def _has_body(scope: Scope) -> bool:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            return value.strip() not in (b"0", b"")
-        if name == b"transfer-encoding":
-            return True
-    return False
 
 
 class ConnectionsMiddleware:
@@ -141,6 +135,9 @@ class ConnectionsMiddleware:
         self._endpoint = DebugEndpoint(lambda: self._enforcer, token=debug_token, workers=self._workers)
         self._first_request_seen = False
         self._starting: asyncio.Task[None] | None = None
+        if sys.version_info < (3, 12):
+            # See _PassThrough.
+            self.__call__ = self._call_async  # type: ignore[method-assign]
 
     # -- public API ------------------------------------------------------------
 
@@ -189,6 +186,10 @@ class ConnectionsMiddleware:
 
     # -- ASGI ------------------------------------------------------------------
 
+    async def _call_async(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``__call__`` as a coroutine function, for ``inspect`` on Python 3.10 and 3.11 (_PassThrough)."""
+        await type(self).__call__(self, scope, receive, send)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope_type = scope["type"]
         if scope_type == "http":
@@ -202,36 +203,44 @@ class ConnectionsMiddleware:
                 return
             enforcer = self._enforcer
             if enforcer.mode != "asgi":
-                # The server integration does the work.  A handler that was
-                # awaiting the body of a request connlist cut off gets
-                # ClientDisconnect: expected, so no traceback in the log.
-                try:
-                    await self.app(scope, receive, send)
-                except ClientDisconnect:
-                    if CUT_KEY not in scope:
-                        raise
-            elif _has_body(scope):
-                await self._asgi_only(scope, receive, send)
-            else:
-                # ASGI-only mode, no body: nothing to time, so no record; the
-                # view lists the request while the app runs.  (Kept inline:
-                # this is most requests, and a coroutine call costs more than
-                # all of this.)
-                totals = enforcer.totals
-                totals.connections += 1
-                totals.requests += 1
-                in_flight = enforcer.in_flight
-                key = id(scope)
-                in_flight[key] = (next_id(), enforcer.clock(), scope)
-                try:
-                    await self.app(scope, receive, send)
-                finally:
-                    del in_flight[key]
+                # The server integration feeds the list: from now on, pass
+                # requests straight through (see _PassThrough).
+                if type(self) is ConnectionsMiddleware:
+                    self.__class__ = _PassThrough
+                await self.app(scope, receive, send)
+                return
+            # ASGI-only mode.  Does the request have a body?  (This and the
+            # bookkeeping below are written out: it is most requests, and in
+            # Python a call costs as much as any of them.)
+            for name, value in scope["headers"]:
+                if name == b"content-length":
+                    if value.strip() not in (b"0", b""):
+                        await self._asgi_only(scope, receive, send)
+                        return
+                    break
+                if name == b"transfer-encoding":
+                    await self._asgi_only(scope, receive, send)
+                    return
+            # No body: nothing to time, so no record; the view lists the
+            # request while the app runs.
+            totals = enforcer.totals
+            totals.connections += 1
+            totals.requests += 1
+            in_flight = enforcer.in_flight
+            ident = next_id()
+            in_flight[ident] = (ident, enforcer.clock(), scope)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                del in_flight[ident]
             return
         if scope_type == "lifespan":
             # A server is starting: forget a timer left on the loop of an
             # earlier run of this app, then hand the enforcer to the server's
             # protocols (uvicorn passes this state dict to every protocol).
+            # Its protocols announce their mode before the first request.
+            if type(self) is _PassThrough:
+                self.__class__ = ConnectionsMiddleware  # type: ignore[assignment]
             self._enforcer.cancel()
             state = scope.get("state")
             if state is not None:
@@ -337,11 +346,50 @@ class ConnectionsMiddleware:
                 raise  # not connlist's doing
         finally:
             connections.remove(conn)
+            enforcer.unwatch()
             if handle.task is not None:
                 await handle.task
             # Break the record <-> handle cycle: the handle holds the server's
             # send, and a server may hold the connection open until that is freed.
             conn.handle = None
+
+
+class _PassThrough(ConnectionsMiddleware):
+    """A ConnectionsMiddleware once the server integration feeds its list.
+
+    The middleware switches to this class at its first request with the
+    integration (and back at the next lifespan startup): an HTTP request
+    that is not for the endpoint then passes straight through, the app's own
+    coroutine returned rather than wrapped in one of ours (a coroutine frame
+    costs more per request than all of connlist's own work).  Each mode's
+    per-request path is then one function, with no test of the mode.
+    Subclasses of ConnectionsMiddleware keep their class, and the general
+    path.
+    """
+
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:  # type: ignore[override]
+        # HTTP and websocket scopes have a path (a websocket passes through
+        # on either path); a lifespan scope has none, and a try costs
+        # nothing until it raises.
+        try:
+            path = scope["path"]
+        except KeyError:
+            return ConnectionsMiddleware.__call__(self, scope, receive, send)
+        if path != self.debug_path:
+            return self.app(scope, receive, send)
+        return ConnectionsMiddleware.__call__(self, scope, receive, send)
+
+    # Servers tell ASGI 3 apps from ASGI 2 ones by whether ``app.__call__``
+    # is a coroutine function (uvicorn's Config.load, hypercorn's
+    # _is_asgi_2, Starlette's is_async_callable), and may look again after
+    # the switch (a second server for the same app).  This one returns a
+    # coroutine without being one: from Python 3.12 it carries inspect's mark
+    # (which asyncio's check honours too); before, inspect has no mark, so
+    # ConnectionsMiddleware.__init__ gives the instance an ``async def``
+    # ``__call__`` attribute, which ``app.__call__`` finds (calling the app
+    # still goes through the class).
+    if sys.version_info >= (3, 12):
+        __call__ = inspect.markcoroutinefunction(__call__)
 
 
 def _uncancel() -> bool:
@@ -410,6 +458,9 @@ class _AsgiRequest:
 
     def connlist_abort(self) -> None:
         pass  # an ASGI app cannot abort its connection; the record goes when the app returns
+
+    def connlist_request(self) -> tuple[str | None, str | None]:
+        return None, None  # the record stores the request's method and path itself
 
     def connlist_pending(self) -> int:
         return 0  # never stalled: ASGI has no view of the transport

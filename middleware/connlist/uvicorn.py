@@ -5,42 +5,79 @@ Use one of them as uvicorn's HTTP implementation::
     uvicorn app:app --http connlist.uvicorn:HttpToolsProtocol
     uvicorn.run(app, http=connlist.uvicorn.HttpToolsProtocol)
 
-They subclass uvicorn's own protocols and only hook the parser callbacks, so
-everything else (keep-alive, pipelining, flow control, websockets) stays
-uvicorn's.  The events reach the list at the points Node.js feeds its own:
+They subclass uvicorn's own protocols and *observe* them: everything
+(parsing, keep-alive, pipelining, flow control, websockets) stays uvicorn's,
+and connlist looks at uvicorn's state after each ``data_received`` to tell
+which of the list's events happened in that read.  No parser callback is
+overridden: httptools calls four of them for every request, and each Python
+frame added there costs more than all of connlist's bookkeeping.
 
-=====================  ===============================  =================================
-list event             httptools                        h11
-=====================  ===============================  =================================
-connect                ``connection_made``              ``connection_made``
-message_begin          ``on_message_begin``             first byte while no request is
-                                                        open and h11 reads (after each
-                                                        ``data_received`` and each
-                                                        ``handle_events``)
-headers_complete       ``on_headers_complete``          h11 produced a new ``Request``
-message_complete       ``on_message_complete``          h11's ``their_state`` left
-                                                        ``SEND_BODY``
-remove                 ``connection_lost``, upgrade     ``connection_lost``, upgrade
-=====================  ===============================  =================================
+Theory of operation (httptools)
+-------------------------------
+
+uvicorn's httptools protocol makes a new ``scope`` dict when a message begins
+(``on_message_begin``), a new ``RequestResponseCycle`` when its headers are
+complete (``on_headers_complete``; the cycle holds its scope), and sets the
+cycle's ``more_body`` to False when the message is complete.  A cycle created
+while an earlier response is unfinished is queued (``pipeline``, newest on the
+left) instead of started.  So, comparing ``scope``, ``cycle`` and the pipeline
+before and after uvicorn's ``data_received``:
+
+=====================  =============================================================
+list event             seen after a read as
+=====================  =============================================================
+connect                ``connection_made``
+message_begin          a scope that was not there before the read (one per scope
+                       begun: the pipeline tells how many cycles are new)
+headers_complete       a new cycle (the first belongs to the message that was
+                       reading its headers, if any)
+message_complete       ``cycle.more_body`` is False, or a later message began
+remove                 ``connection_lost``, websocket upgrade
+=====================  =============================================================
+
+Every event of one read happens at the same instant, so the events are
+replayed in order at the end of the read.  The common case, a whole request in
+one read on an idle connection, is ``ConnectionsList.message``: a few
+attribute updates, no link moved, no clock read.  Method and path are not
+copied: the view asks the protocol (``connlist_request``), which has them in
+its last cycle's scope.
+
+One case hides the end of a message from uvicorn's state: an app that
+responds before it has read the whole body.  uvicorn then ignores the rest of
+the body (``on_body`` and ``on_message_complete`` return early once the
+response is complete), so ``more_body`` stays True.  For the reads of such a
+body, and only for them, connlist lends uvicorn a stand-in cycle
+(``_BodyTail``) that drops the body and records ``more_body``.
+
+Theory of operation (h11)
+-------------------------
+
+uvicorn's h11 protocol runs h11's state machine: a new cycle for each
+``Request`` event (headers complete), and h11's ``their_state`` leaves
+``SEND_BODY`` when the message is complete.  A message begins at its first
+byte: a read while no request is open, or bytes h11 already buffered
+(``trailing_data``) once a request ends.  With h11, a pipelined request that
+arrives while the response to the previous one is still being written is held
+unread by h11 (uvicorn pauses reading); it is timed from the moment the server
+reads it.  httptools parses it at once, so it is timed from its first byte, as
+in Node.js.
 
 The ``ConnectionsMiddleware`` owns the list and hands it over in the ASGI
 lifespan state, which uvicorn gives every protocol it creates.  With no
 middleware (or with the lifespan off) the protocol still enforces the default
 timeouts on a list of its own and logs once that it does so.
-
-With h11, a pipelined request that arrives while the response to the previous
-one is still being written is held unread by h11 (uvicorn pauses reading); it
-is timed from the moment the server reads it.  httptools parses it at once, so
-it is timed from its first byte, as in Node.js.
 """
 
 from __future__ import annotations
 
 import struct
+import sys
+from collections import deque
 from typing import Any, ClassVar
 
 import h11
 import uvicorn
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http import h11_impl
 
 from connlist.connections import Connection
@@ -175,16 +212,35 @@ class _Tracking:
         conn = self._connlist_conn
         if conn is not None:
             self._connlist.connections.remove(conn)
+            self._connlist.unwatch()
+            # Nothing to finish on a removed record (on_response_complete relies on it).
+            conn.responding = False
+            if conn.handle is not None:
+                # The record keeps what it showed; it stops asking the protocol.
+                conn.method, conn.path = self.connlist_request()
             # Break the protocol <-> record cycle; a removed record needs no handle.
             conn.handle = None
 
-    # -- the body rate: a request with a body, and its reads ------------------
+    # -- the body-rate feature's hooks (requests with a body only) -----------
 
     def _connlist_body_begin(self, conn: Connection) -> None:
-        """The request's headers are in and its body is still to come: the minimum rate times it."""
+        """A read ended with the request's headers complete and its body not: the minimum rate times it.
+
+        Called once per request that has a body still to come after a read,
+        never for a request that arrived whole.
+        """
         enforcer = self._connlist
         if enforcer.settings.body_min_rate:
             enforcer.connections.body_begin(conn)
+
+    @staticmethod
+    def _connlist_body_bytes(conn: Connection, n: int) -> None:
+        """A later read of ``n`` bytes (framing included, and maybe the next request's first) for the body.
+
+        Called for each read received while a request's body is incomplete,
+        before its events: O(1), one addition.
+        """
+        conn.body_received += n
 
     # -- the send timeout: fed by flow control, which runs only under back-pressure
 
@@ -194,6 +250,7 @@ class _Tracking:
         enforcer = self._connlist
         if conn is not None and enforcer.settings.send_timeout:
             enforcer.connections.stall(conn, self.connlist_pending())
+            enforcer.watch()
 
     def resume_writing(self) -> None:
         super().resume_writing()  # type: ignore[misc]
@@ -220,6 +277,15 @@ class _Tracking:
 
     # -- ConnectionHandle ----------------------------------------------------
 
+    def connlist_request(self) -> tuple[str | None, str | None]:
+        # The last cycle is the last request whose headers were received
+        # (pipelined ones included); its scope has the method and path.
+        cycle: Any = self.cycle  # type: ignore[attr-defined]
+        if cycle is None:
+            return None, None
+        scope = cycle.scope
+        return scope.get("method"), scope.get("path")
+
     def _connlist_cycles(self) -> list[Any]:
         """The request cycles of this connection whose app may still run."""
         cycle: Any = self.cycle  # type: ignore[attr-defined]
@@ -231,14 +297,19 @@ class _Tracking:
         uvicorn marks only its current cycle disconnected when the connection
         is lost; a cycle still running behind it (pipelining) would go on
         writing to a closed transport, which uvloop answers with an exception
-        (a traceback per connection).  The scope mark tells the middleware
-        that the app's ClientDisconnect is connlist's doing.
+        (a traceback per connection).  And the app's ``ClientDisconnect``
+        (a handler awaiting the body) is connlist's doing, not the app's
+        failure: each cycle's logger becomes one that leaves it out of the
+        log (any other exception is logged as before).  Nothing of this runs
+        per request.
         """
         scope = getattr(self, "scope", None)
         if isinstance(scope, dict):
             scope[CUT_KEY] = True
         for cycle in self._connlist_cycles():
             cycle.scope[CUT_KEY] = True
+            if not isinstance(cycle.logger, _AfterCut):
+                cycle.logger = _AfterCut(cycle.logger)
             if not cycle.response_complete:
                 cycle.disconnected = True
                 cycle.message_event.set()
@@ -255,10 +326,10 @@ class _Tracking:
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        self._connlist_mark_cut()
         conn = self._connlist_conn
         if conn is not None and not self._connlist_response_written(conn):
             transport.write(RESPONSE_408)
+        self._connlist_mark_cut()
         # A close waits for the write buffer to drain, which a client that
         # reads nothing never lets happen: the enforcer aborts it after the linger.
         transport.close()
@@ -306,97 +377,287 @@ class _Tracking:
         return pending
 
 
+class _AfterCut:
+    """uvicorn's logger, as a request cycle of a connection connlist cut off sees it.
+
+    The app's ``ClientDisconnect`` there is expected (its body was cut
+    short), so uvicorn's "Exception in ASGI application" for it is left
+    out; everything else goes to uvicorn's logger as before.
+    """
+
+    __slots__ = ("_logger",)
+
+    def __init__(self, logger: Any) -> None:
+        self._logger = logger
+
+    def error(self, msg: object, *args: object, **kwargs: Any) -> None:
+        if isinstance(kwargs.get("exc_info"), ClientDisconnect):
+            return
+        self._logger.error(msg, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+
+# Where the message being received on a connection stands (both protocols).
+_BETWEEN = 0  # no message open: a new or idle connection
+_HEADERS = 1  # message begun, headers incomplete
+_BODY = 2  # headers complete, message incomplete
+_UPGRADED = 3  # handed over to the websocket protocol
+
+
+def _headers_received(conn: Connection, enforcer: Enforcer) -> None:
+    # The request goes to the app (or is queued behind the running one).
+    enforcer.connections.headers_complete(conn)
+    conn.responding = True
+    enforcer.totals.requests += 1
+
+
+class _Discard:
+    """A body that keeps nothing: ``+=`` drops the bytes and the length stays 0."""
+
+    __slots__ = ()
+
+    def __iadd__(self, data: bytes) -> _Discard:
+        return self
+
+    def __len__(self) -> int:
+        return 0
+
+
+class _NoEvent:
+    __slots__ = ()
+
+    def set(self) -> None:
+        pass
+
+
+_DISCARD = _Discard()
+_NO_EVENT = _NoEvent()
+
+
+class _BodyTail:
+    """Lent to uvicorn's httptools protocol as ``cycle`` while the rest of an unread body arrives.
+
+    The real cycle's response is complete, so uvicorn ignores the body and
+    never marks the message complete.  This one is not complete until the
+    message is: uvicorn's ``on_body`` drops the bytes into ``_DISCARD``,
+    ``on_message_complete`` sets ``more_body`` to False, and from then on it
+    is complete, so a request that follows in the same read is started, not
+    queued.  It is in place only during ``data_received``.
+    """
+
+    __slots__ = ("body", "more_body")
+    message_event = _NO_EVENT
+
+    def __init__(self) -> None:
+        self.body = _DISCARD
+        self.more_body = True
+
+    @property
+    def response_complete(self) -> bool:
+        return not self.more_body
+
+
+class _Pipeline(deque[Any]):
+    """uvicorn's queue of pipelined requests, which also knows the request running ahead of them.
+
+    uvicorn starts a request's app at once if the previous response is
+    complete, else queues it here; the one running is then referenced by
+    nobody but its task.  A connection connlist cuts off must mark it
+    disconnected too (see ``_Tracking._connlist_mark_cut``), so the queue
+    notes it when the first request is queued (the cycle uvicorn compared
+    with, its local ``existing_cycle``) and whenever uvicorn starts the next.
+    Both happen only with pipelining: a request that is not queued costs
+    nothing more.
+    """
+
+    __slots__ = ("running",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running: Any = None
+
+    def appendleft(self, item: Any) -> None:
+        if not self:
+            # Called from uvicorn's on_headers_complete (rare: pipelining only).
+            self.running = sys._getframe(1).f_locals.get("existing_cycle")
+        super().appendleft(item)
+
+    def pop(self) -> Any:  # type: ignore[override]  # deque.pop takes no index
+        item = super().pop()
+        self.running = item[0]  # uvicorn starts it now
+        return item
+
+
 if httptools_impl is not None:
-    _require(
-        httptools_impl.HttpToolsProtocol,
-        (
-            *_COMMON_HOOKS,
-            "on_message_begin",
-            "on_headers_complete",
-            "on_message_complete",
-        ),
-    )
+    _require(httptools_impl.HttpToolsProtocol, (*_COMMON_HOOKS, "data_received"))
 
     _HttpTools = httptools_impl.HttpToolsProtocol
+    # uvicorn's methods, called directly: a module global is found faster
+    # than a class attribute, and these run for every read and response.
+    _httptools_data_received = _HttpTools.data_received
+    _httptools_on_response_complete = _HttpTools.on_response_complete
 
     class HttpToolsProtocol(_Tracking, httptools_impl.HttpToolsProtocol):
-        """uvicorn's httptools protocol, feeding connlist from the parser's callbacks.
-
-        The callbacks run once per request each, so they call uvicorn's
-        method directly (not through ``super()``) and make one call into the
-        list.
-        """
+        """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""
 
         connlist_mode = "uvicorn-httptools"
 
-        # The cycle whose app runs (slots: see _Tracking): with pipelining,
-        # ``self.cycle`` is the last one parsed, queued behind it.
-        __slots__ = ("_connlist_running",)
-        _connlist_running: Any
+        # Per connection: where the message being received stands (slots: see _Tracking).
+        __slots__ = ("_connlist_phase",)
+        _connlist_phase: int
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._connlist_setup()
-            self._connlist_running = None
-
-        def data_received(self, data: bytes) -> None:
-            conn = self._connlist_conn
-            if conn is None:
-                _HttpTools.data_received(self, data)
-                return
-            if conn._body_next is not conn:
-                conn.body_received += len(data)
-            _HttpTools.data_received(self, data)
-            # Headers in and the message not complete after this read: a
-            # body is still to come.
-            if conn.headers_completed and conn._active_next is not conn and conn._body_next is conn:
-                self._connlist_body_begin(conn)
-
-        def on_message_begin(self) -> None:
-            _HttpTools.on_message_begin(self)
-            conn = self._connlist_conn
-            if conn is not None:
-                # No watch(): the enforcer keeps a timer armed while any connection is tracked.
-                self._connlist.connections.message_begin(conn)
-
-        def on_headers_complete(self) -> None:
-            _HttpTools.on_headers_complete(self)
-            if not self.pipeline:
-                self._connlist_running = self.cycle  # started at once, not queued
-            conn = self._connlist_conn
-            if conn is not None:
-                scope = self.scope
-                enforcer = self._connlist
-                enforcer.connections.headers_complete(conn, scope["method"], scope.get("path"))
-                enforcer.totals.requests += 1
-
-        def on_message_complete(self) -> None:
-            _HttpTools.on_message_complete(self)
-            conn = self._connlist_conn
-            if conn is not None:
-                self._connlist.connections.message_complete(conn)
-
-        def on_response_complete(self) -> None:
-            pipeline = self.pipeline
-            if pipeline:
-                self._connlist_running = pipeline[-1][0]  # the one uvicorn starts now
-            _HttpTools.on_response_complete(self)
-            conn = self._connlist_conn
-            # uvicorn has just started the next pipelined request, if any.
-            if conn is not None and not pipeline and self.cycle.response_complete:
-                self._connlist.connections.response_complete(conn)
+            self._connlist_phase = _BETWEEN
+            self.pipeline = _Pipeline()
 
         def _connlist_cycles(self) -> list[Any]:
-            # Marking a cycle twice is harmless: no need to drop duplicates.
-            cycles = [cycle for cycle, _ in self.pipeline] if self.pipeline else []
-            for cycle in (self._connlist_running, self.cycle):
+            # The queued ones, the one running ahead of them, the newest.
+            pipeline = self.pipeline
+            cycles = [cycle for cycle, _ in pipeline]
+            running = getattr(pipeline, "running", None)
+            for cycle in (running, self.cycle):
                 if cycle is not None:
                     cycles.append(cycle)
             return cycles
 
+        def data_received(self, data: bytes) -> None:
+            cycle = self.cycle
+            if self._connlist_phase:
+                self._connlist_read(data, self.scope, cycle)
+                return
+            _httptools_data_received(self, data)
+            # The common case: no message was open, and one request began,
+            # got its headers and completed in this read, with none queued.
+            new = self.cycle
+            if new is not cycle and not new.more_body and new.scope is self.scope and not self.pipeline:
+                # Set by connection_made, before any read; a read never comes
+                # after connection_lost or an upgrade, so the record is tracked.
+                conn: Connection = self._connlist_conn  # type: ignore[assignment]
+                if conn.last_message_start == 0.0:
+                    # ConnectionsList.message on an idle connection, written
+                    # out: in Python a call costs as much as all of this.
+                    # (headers_completed is True already: a record becomes
+                    # idle only through message_complete, which these
+                    # protocols send only after headers_complete.)
+                    conn.requests += 1
+                    enforcer = self._connlist
+                    if not conn._responding:
+                        conn._responding = True
+                        enforcer.connections._n_idle_responding += 1
+                    enforcer.totals.requests += 1
+                    return
+            # Between messages, the last scope is the last cycle's.
+            self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle)
+
+        def _connlist_read(self, data: bytes, scope: Any, cycle: Any) -> None:
+            """A read while a message is open (or after an upgrade)."""
+            phase = self._connlist_phase
+            if phase == _BODY:
+                conn = self._connlist_conn
+                if conn is not None:
+                    self._connlist_body_bytes(conn, len(data))
+                if cycle.response_complete and cycle.more_body:
+                    # The app responded before the body was in: see _BodyTail.
+                    tail: Any = _BodyTail()
+                    self.cycle = tail
+                    try:
+                        _HttpTools.data_received(self, data)
+                    finally:
+                        if self.cycle is tail:
+                            self.cycle = cycle
+                    if not tail.more_body:
+                        cycle.more_body = False
+                    self._connlist_events(phase, scope, cycle)
+                    return
+            _HttpTools.data_received(self, data)
+            if phase != _UPGRADED:
+                self._connlist_events(phase, scope, cycle)
+
+        def _connlist_events(self, phase0: int, scope0: Any, cycle0: Any) -> None:
+            """Replay the list events of the read that just ended, from uvicorn's state before and after."""
+            conn = self._connlist_conn
+            if conn is None:
+                return
+            enforcer = self._connlist
+            connections = enforcer.connections
+            upgraded = self._connlist_phase == _UPGRADED
+            scope = self.scope
+            cycle = self.cycle
+            # Cycles made in this read: the queued ones newer than cycle0,
+            # and the one started directly if cycle0 was complete (then
+            # nothing was queued before the read).
+            new_cycles = 0
+            if cycle is not cycle0:
+                for queued, _app in self.pipeline:  # newest first
+                    if queued is cycle0:
+                        break
+                    new_cycles += 1
+                else:
+                    if cycle0 is None or cycle0.response_complete:
+                        new_cycles += 1
+            # The open message's headers came in: the first new cycle is its.
+            open_got_headers = phase0 == _HEADERS and new_cycles > 0
+            begun_with_headers = new_cycles - open_got_headers
+            # A message begun here and still reading its headers (or upgraded: no cycle).
+            partial = scope is not scope0 and (cycle is None or cycle.scope is not scope)
+            begun = begun_with_headers + partial
+            if phase0 != _BETWEEN:
+                if open_got_headers or (upgraded and not begun and phase0 == _HEADERS):
+                    _headers_received(conn, enforcer)
+                    phase0 = _BODY
+                # It ended if a later message began, or (as the last) if its body is in.
+                if begun or (phase0 == _BODY and (upgraded or not cycle.more_body)):
+                    connections.message_complete(conn)
+                    last = _BETWEEN
+                else:
+                    last = phase0
+            else:
+                last = _BETWEEN
+            for i in range(begun):
+                connections.message_begin(conn)
+                if i < begun_with_headers:
+                    _headers_received(conn, enforcer)
+                    if i < begun - 1 or not cycle.more_body:
+                        connections.message_complete(conn)
+                        last = _BETWEEN
+                    else:
+                        last = _BODY
+                elif upgraded:
+                    _headers_received(conn, enforcer)
+                    connections.message_complete(conn)
+                else:
+                    last = _HEADERS
+            if upgraded:
+                self._connlist_remove()
+                return
+            if last == _BODY and (begun or phase0 != _BODY or open_got_headers):
+                self._connlist_body_begin(conn)
+            self._connlist_phase = last
+            if last == _BETWEEN:
+                enforcer.unwatch()
+            else:
+                enforcer.watch()  # the connection is active: it can expire
+
+        def on_response_complete(self) -> None:
+            _httptools_on_response_complete(self)
+            conn: Connection = self._connlist_conn  # type: ignore[assignment]  # set by connection_made
+            # ConnectionsList.response_complete, written out (once per request).
+            # self.cycle is the newest request's: if uvicorn has just started
+            # a pipelined one, or any is still queued, it is not complete.
+            # (A removed record is not responding: see _connlist_remove.)
+            if conn._responding and self.cycle.response_complete:
+                conn._responding = False
+                if conn.last_message_start == 0.0:
+                    self._connlist.connections._n_idle_responding -= 1
+
         def handle_websocket_upgrade(self) -> None:
-            # Upgraded connections are never timed out (Node: parser freed).
-            self._connlist_remove()
+            # Upgraded connections are never timed out (Node: parser freed);
+            # the record leaves the list once the read's events are replayed.
+            self._connlist_phase = _UPGRADED
             super().handle_websocket_upgrade()
 
         def _connlist_response_written(self, conn: Connection) -> bool:
@@ -416,81 +677,97 @@ else:  # pragma: no cover - httptools missing
         )
 
 
-_require(h11_impl.H11Protocol, (*_COMMON_HOOKS, "data_received", "handle_events"))
+_require(h11_impl.H11Protocol, (*_COMMON_HOOKS, "data_received"))
 
-# h11 phases of the request being received on a connection.
-_BETWEEN = 0  # no request open: new or idle connection
-_HEADERS = 1  # message begun, headers not yet parsed by h11
-_BODY = 2  # headers parsed, body not complete
-_UPGRADED = 3  # handed over to the websocket protocol
+_H11 = h11_impl.H11Protocol
 
 
 class H11Protocol(_Tracking, h11_impl.H11Protocol):
-    """uvicorn's h11 protocol, feeding connlist by observing h11's state machine."""
+    """uvicorn's h11 protocol, feeding connlist by observing h11's state machine (see above)."""
 
     connlist_mode = "uvicorn-h11"
 
-    # Per connection: where the request being received stands, and the
-    # cycle of the last request whose headers were seen (slots: see _Tracking).
-    __slots__ = ("_connlist_phase", "_connlist_seen")
+    # Per connection: where the message being received stands (slots: see _Tracking).
+    __slots__ = ("_connlist_phase",)
     _connlist_phase: int
-    _connlist_seen: h11_impl.RequestResponseCycle | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._connlist_setup()
         self._connlist_phase = _BETWEEN
-        self._connlist_seen = None
-
-    def _connlist_begin(self, conn: Connection) -> None:
-        self._connlist_phase = _HEADERS
-        self._connlist.connections.message_begin(conn)
 
     def data_received(self, data: bytes) -> None:
-        conn = self._connlist_conn
-        if conn is not None:
-            phase = self._connlist_phase
-            # A byte while no request is open starts one, unless h11 holds it
-            # unread behind a response still being written (their_state DONE).
-            if phase == _BETWEEN and self.conn.their_state is h11.IDLE:
-                self._connlist_begin(conn)
-            elif phase == _BODY:
-                conn.body_received += len(data)
-        super().data_received(data)
-
-    def handle_events(self) -> None:
-        super().handle_events()
-        conn = self._connlist_conn
-        if conn is None or self._connlist_phase == _UPGRADED:
-            return
-        connections = self._connlist.connections
+        phase = self._connlist_phase
         cycle = self.cycle
-        if cycle is not self._connlist_seen:
-            # h11 produced a new Request since we last looked.
-            self._connlist_seen = cycle
-            if self._connlist_phase != _HEADERS:
+        if phase:
+            conn = self._connlist_conn
+            if phase == _BODY and conn is not None:
+                self._connlist_body_bytes(conn, len(data))
+            _H11.data_received(self, data)
+            self._connlist_events(phase, cycle)
+            return
+        _H11.data_received(self, data)
+        # The common case: a whole request in this read, nothing after it.
+        if self.cycle is not cycle:
+            h11_conn = self.conn
+            if h11_conn.their_state is h11.DONE and not h11_conn.trailing_data[0]:
+                conn = self._connlist_conn
+                if conn is not None and conn.last_message_start == 0.0:
+                    enforcer = self._connlist
+                    enforcer.connections.message(conn)
+                    enforcer.totals.requests += 1
+                    return
+        self._connlist_events(_BETWEEN, cycle)
+
+    def _connlist_events(self, phase0: int, cycle0: Any) -> None:
+        """The list events of what h11 just processed (a read, or what a finished response let in)."""
+        conn = self._connlist_conn
+        phase = self._connlist_phase
+        if conn is None or phase == _UPGRADED:
+            return  # an upgrade removed the record already
+        enforcer = self._connlist
+        connections = enforcer.connections
+        their_state = self.conn.their_state
+        new_request = self.cycle is not cycle0
+        if new_request:
+            # h11 produced a new Request: one at most per call, because h11
+            # pauses at the end of each request until its response is done.
+            if phase == _BODY:
+                # The open request ended first (its response was already
+                # complete, so h11 went on to the next one).
+                connections.message_complete(conn)
+                phase = _BETWEEN
+            if phase != _HEADERS:
                 # Its first byte was held by h11 (pipelining), or the previous
                 # request ended and this one began within the same call.
-                self._connlist_begin(conn)
-            scope = self.scope
-            connections.headers_complete(conn, scope["method"], scope.get("path"))
-            self._connlist.totals.requests += 1
-            self._connlist_phase = _BODY
-        their_state = self.conn.their_state
-        if self._connlist_phase == _BODY:
-            if their_state is not h11.SEND_BODY:
-                connections.message_complete(conn)
-                self._connlist_phase = _BETWEEN
-            elif conn._body_next is conn:
-                self._connlist_body_begin(conn)
-        if self._connlist_phase == _BETWEEN and their_state is h11.IDLE and self.conn.trailing_data[0]:
-            # The next request's first bytes were already buffered.
-            self._connlist_begin(conn)
+                connections.message_begin(conn)
+            _headers_received(conn, enforcer)
+            phase = _BODY
+        if phase == _BODY and their_state is not h11.SEND_BODY:
+            connections.message_complete(conn)
+            phase = _BETWEEN
+        if phase == _BETWEEN and their_state is h11.IDLE and self.conn.trailing_data[0]:
+            # The next request's first bytes are buffered: it has begun.
+            connections.message_begin(conn)
+            phase = _HEADERS
+        if phase == _BODY and (new_request or phase0 != _BODY):
+            self._connlist_body_begin(conn)
+        self._connlist_phase = phase
+        if phase == _BETWEEN:
+            enforcer.unwatch()
+        else:
+            enforcer.watch()  # the connection is active: it can expire
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self._connlist_conn is not None and not self._connlist_responding():
-            self._connlist.connections.response_complete(self._connlist_conn)
+        phase = self._connlist_phase
+        cycle = self.cycle
+        _H11.on_response_complete(self)
+        conn = self._connlist_conn
+        if conn is not None:
+            # A finished response lets h11 go on to what it held.
+            self._connlist_events(phase, cycle)
+            if not self._connlist_responding():
+                self._connlist.connections.response_complete(conn)
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         self._connlist_phase = _UPGRADED
