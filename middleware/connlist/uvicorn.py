@@ -164,7 +164,7 @@ class _Tracking:
     # protocol has 28 by its first request.  Two more in the dict unshared it
     # and slow down every attribute access of uvicorn's own code, by about
     # 1% of a request.
-    __slots__ = ("_connlist", "_connlist_conn")
+    __slots__ = ("_connlist", "_connlist_conn", "_connlist_phase")
 
     connlist_mode: ClassVar[str]
     _connlist_attributes_checked: ClassVar[bool] = False
@@ -177,8 +177,10 @@ class _Tracking:
 
     # Per worker: the enforcer and its list (shared by every connection).
     _connlist: Enforcer
-    # Per connection: this connection's record (None until connection_made).
+    # Per connection: this connection's record (None until connection_made),
+    # and where the message being received on it stands (_BETWEEN, ...).
     _connlist_conn: Connection | None
+    _connlist_phase: int
 
     def _connlist_setup(self) -> None:
         cls = type(self)
@@ -241,6 +243,16 @@ class _Tracking:
         before its events: O(1), one addition.
         """
         conn.body_received += n
+
+    def _connlist_settle(self, conn: Connection, phase: int, body_begins: bool) -> None:
+        """Where a read (or a finished response) left the message being received; the timer follows."""
+        if body_begins:
+            self._connlist_body_begin(conn)
+        self._connlist_phase = phase
+        if phase == _BETWEEN:
+            self._connlist.unwatch()
+        else:
+            self._connlist.watch()  # the connection is active: it can expire
 
     # -- the send timeout: fed by flow control, which runs only under back-pressure
 
@@ -504,10 +516,6 @@ if httptools_impl is not None:
 
         connlist_mode = "uvicorn-httptools"
 
-        # Per connection: where the message being received stands (slots: see _Tracking).
-        __slots__ = ("_connlist_phase",)
-        _connlist_phase: int
-
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._connlist_setup()
@@ -634,13 +642,8 @@ if httptools_impl is not None:
             if upgraded:
                 self._connlist_remove()
                 return
-            if last == _BODY and (begun or phase0 != _BODY or open_got_headers):
-                self._connlist_body_begin(conn)
-            self._connlist_phase = last
-            if last == _BETWEEN:
-                enforcer.unwatch()
-            else:
-                enforcer.watch()  # the connection is active: it can expire
+            body_begins = last == _BODY and bool(begun or phase0 != _BODY or open_got_headers)
+            self._connlist_settle(conn, last, body_begins)
 
         def on_response_complete(self) -> None:
             _httptools_on_response_complete(self)
@@ -686,10 +689,6 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
     """uvicorn's h11 protocol, feeding connlist by observing h11's state machine (see above)."""
 
     connlist_mode = "uvicorn-h11"
-
-    # Per connection: where the message being received stands (slots: see _Tracking).
-    __slots__ = ("_connlist_phase",)
-    _connlist_phase: int
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -750,13 +749,7 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
             # The next request's first bytes are buffered: it has begun.
             connections.message_begin(conn)
             phase = _HEADERS
-        if phase == _BODY and (new_request or phase0 != _BODY):
-            self._connlist_body_begin(conn)
-        self._connlist_phase = phase
-        if phase == _BETWEEN:
-            enforcer.unwatch()
-        else:
-            enforcer.watch()  # the connection is active: it can expire
+        self._connlist_settle(conn, phase, phase == _BODY and (new_request or phase0 != _BODY))
 
     def on_response_complete(self) -> None:
         phase = self._connlist_phase
