@@ -144,6 +144,7 @@ class Enforcer:
         self._timer_loop: asyncio.AbstractEventLoop | None = None
         # A sweep that ran out of its budget continues at the next iteration.
         self._continuing = False
+        self._soon: asyncio.Handle | None = None
         # From the last sweep: the earliest rate deadline of the bodies it
         # kept, and the end of the next grace period (see rate_expired).
         self._rate_next: float | None = None
@@ -203,12 +204,19 @@ class Enforcer:
         )
 
     def cancel(self) -> None:
+        """Forget the timer (and a sweep waiting to carry on): a server is starting, or nothing is due."""
+        loop = self._timer_loop
+        live = loop is not None and not loop.is_closed()
         if self._timer is not None:
-            loop = self._timer_loop
-            if loop is not None and not loop.is_closed():
+            if live:
                 self._timer.cancel()
             self._timer = None
-            self._timer_loop = None
+        if self._soon is not None:
+            if live:
+                self._soon.cancel()
+            self._soon = None
+            self._continuing = False
+        self._timer_loop = None
 
     def bring_forward(self, when: float) -> None:
         """Make sure the timer fires by ``when`` (a clock value): for clocks started outside a sweep."""
@@ -263,6 +271,7 @@ class Enforcer:
 
     def _sweep(self) -> None:
         self._timer = None
+        self._soon = None
         self._continuing = False
         if self._work():
             self.summary.flush(self.clock())
@@ -271,7 +280,9 @@ class Enforcer:
             # Out of budget: carry on at the next loop iteration, after the
             # I/O that is ready (other clients) has been served.
             self._continuing = True
-            asyncio.get_running_loop().call_soon(self._sweep)
+            loop = asyncio.get_running_loop()
+            self._soon = loop.call_soon(self._sweep)
+            self._timer_loop = loop
 
     def _work(self) -> bool:
         """Cut off what is due, within ``BUDGET``; whether everything due was done."""
