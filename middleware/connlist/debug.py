@@ -91,7 +91,8 @@ from starlette.types import Receive, Scope, Send
 
 from connlist import page
 from connlist.connections import Connection
-from connlist.enforcer import Enforcer, format_address
+from connlist.enforcer import Enforcer
+from connlist.logs import format_address
 from connlist.slices import STEP, cooperatively, json_cooperatively, json_pieces
 from connlist.workers import WorkerGroup, combine
 

@@ -57,7 +57,6 @@ from connlist.settings import Settings
 
 __all__ = [
     "BUDGET",
-    "CUT_KEY",
     "LINGER",
     "STATE_KEY",
     "Enforcer",
@@ -69,9 +68,6 @@ __all__ = [
 # The key under which the middleware hands its enforcer to the server's
 # protocols, in the ASGI lifespan state (uvicorn gives every protocol it).
 STATE_KEY = "connlist.enforcer"
-# Set in a request's scope when connlist cuts its connection off, so that the
-# middleware knows the app's ClientDisconnect is connlist's doing.
-CUT_KEY = "connlist.cut"
 
 # A timer that fires exactly at a deadline finds nothing expired: Node's rule
 # is strict (``start < now - timeout``).  Fire this much later.

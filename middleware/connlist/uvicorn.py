@@ -81,7 +81,7 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http import h11_impl
 
 from connlist.connections import Connection
-from connlist.enforcer import CUT_KEY, STATE_KEY, Enforcer
+from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.logs import logger, route_to_uvicorn
 
 try:  # Linux: the bytes in a socket's send queue that the peer has not acknowledged
@@ -315,11 +315,7 @@ class _Tracking:
         log (any other exception is logged as before).  Nothing of this runs
         per request.
         """
-        scope = getattr(self, "scope", None)
-        if isinstance(scope, dict):
-            scope[CUT_KEY] = True
         for cycle in self._connlist_cycles():
-            cycle.scope[CUT_KEY] = True
             if not isinstance(cycle.logger, _AfterCut):
                 cycle.logger = _AfterCut(cycle.logger)
             if not cycle.response_complete:
