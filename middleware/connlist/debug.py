@@ -93,7 +93,7 @@ from connlist import page
 from connlist.connections import Connection
 from connlist.enforcer import Enforcer
 from connlist.logs import format_address
-from connlist.slices import STEP, cooperatively, json_cooperatively, json_pieces
+from connlist.slices import STEP, cooperatively, json_cooperatively
 from connlist.workers import WorkerGroup, combine
 
 __all__ = [
@@ -109,7 +109,6 @@ __all__ = [
     "count",
     "describe",
     "is_loopback",
-    "json_pieces",
     "not_found",
     "parse_limit",
     "parse_query",
