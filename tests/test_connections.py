@@ -344,17 +344,17 @@ def test_message_complete_on_idle_connection_counts_nothing(lst: ConnectionsList
 def test_idle_responding_count(lst: ConnectionsList, clock: FakeClock) -> None:
     a, b = lst.connect(), lst.connect()
     # Responding while receiving a request: not idle, not counted.
-    a.responding = True
+    lst.response_begin(a)
     assert (a.responding, lst.idle_responding_count, lst.headers_pending_count) == (True, 0, 2)
     lst.headers_complete(a)
     assert lst.headers_pending_count == 1
     lst.message_complete(a)
     check(lst, all_=[a, b], active=[b], idle=[a], states={a: IDLE(1, True), b: ACTIVE(T0)})
     assert lst.idle_responding_count == 1
-    a.responding = False
+    lst.response_complete(a)
     check(lst, all_=[a, b], active=[b], idle=[a], states={a: IDLE(1, True), b: ACTIVE(T0)})
-    assert lst.idle_responding_count == 0
-    a.responding = True
+    assert (a.responding, lst.idle_responding_count) == (False, 0)
+    lst.response_begin(a)
     assert lst.idle_responding_count == 1
     # The next request begins before the response ends.
     clock.advance(1)
@@ -366,16 +366,17 @@ def test_idle_responding_count(lst: ConnectionsList, clock: FakeClock) -> None:
     lst.remove(a)
     check(lst, all_=[b], active=[b], idle=[], states={a: REMOVED(0.0, requests=2), b: ACTIVE(T0)})
     assert lst.idle_responding_count == 0
-    # A removed connection is no longer counted, whatever is set on it.
-    a.responding = False
-    assert lst.idle_responding_count == 0
-    a.responding = True
+    # A removed connection is not responding, and stays so.
+    assert not a.responding
+    lst.response_begin(a)
+    assert (a.responding, lst.idle_responding_count) == (False, 0)
+    lst.response_complete(a)
     assert lst.idle_responding_count == 0
 
 
 def test_idle_responding_count_after_expiry(lst: ConnectionsList, clock: FakeClock) -> None:
     a = lst.connect()
-    a.responding = True
+    lst.response_begin(a)
     clock.advance(6)
     assert lst.expired(5, 0) == [a]
     check(lst, all_=[a], active=[], idle=[], states={a: EXPIRED(T0)})
@@ -385,20 +386,18 @@ def test_idle_responding_count_after_expiry(lst: ConnectionsList, clock: FakeClo
     assert lst.idle_responding_count == 1
 
 
-def test_responding_takes_any_truth_value(lst: ConnectionsList) -> None:
+def test_response_begin_and_complete_count_once(lst: ConnectionsList) -> None:
     a = lst.connect()
     lst.message_complete(a)
-    a.responding = 2
+    lst.response_begin(a)
     assert a.responding is True
     assert lst.idle_responding_count == 1
-    a.responding = 2  # still true: not counted twice
-    a.responding = True
+    lst.response_begin(a)  # still responding: not counted twice
     assert lst.idle_responding_count == 1
-    a.responding = 0
+    lst.response_complete(a)
     assert a.responding is False
     assert lst.idle_responding_count == 0
-    a.responding = None  # still false: not uncounted twice
-    a.responding = False
+    lst.response_complete(a)  # still done: not uncounted twice
     assert lst.idle_responding_count == 0
 
 
@@ -1253,7 +1252,8 @@ def test_message_is_the_three_events_at_one_instant(before: str) -> None:
             if before != "reading_headers" and before != "timed_out":
                 lst.headers_complete(conn)
                 lst.message_complete(conn)
-                conn.responding = before == "idle_responding"
+                if before == "idle_responding":
+                    lst.response_begin(conn)
             if before == "timed_out":
                 assert lst.expired(0.5, 0.0) == [conn]
         return lst, conn
@@ -1275,7 +1275,7 @@ def test_message_is_the_three_events_at_one_instant(before: str) -> None:
     by_events.message_begin(conn)
     by_events.headers_complete(conn)
     by_events.message_complete(conn)
-    conn.responding = True
+    by_events.response_begin(conn)
     at_once, other = setup()
     at_once.message(other)
     assert state(at_once, other) == state(by_events, conn)

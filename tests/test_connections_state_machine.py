@@ -16,7 +16,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
-from connlist.connections import Connection, ConnectionsList
+from connlist.connections import PHASES, STATES, Connection, ConnectionsList, connection_state
 
 T0 = 1000.0
 
@@ -49,6 +49,7 @@ class Model:
     requests: int = 0
     removed: bool = False
     responding: bool = False
+    begun: bool = False
     body_started: float = 0.0
     body_received: int = 0
     out_since: float = 0.0
@@ -121,6 +122,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         self.active_order.append(conn)
         m.start = self.clock.now
         m.headers_completed = False
+        m.begun = True
         self.discard(self.body_order, conn)
 
     @rule(conn=conns)
@@ -148,14 +150,22 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         if m.removed:
             return
         m.removed = True
+        m.responding = False
         self.all_order.remove(conn)
         for order in (self.active_order, self.body_order, self.stalled_order, self.closing_order):
             self.discard(order, conn)
 
-    @rule(conn=conns, value=st.sampled_from([True, False, 1, 0, 2, None]))
-    def set_responding(self, conn: Connection, value: object) -> None:
-        conn.responding = value  # type: ignore[assignment]
-        self.model[conn].responding = bool(value)
+    @rule(conn=conns)
+    def response_begin(self, conn: Connection) -> None:
+        self.lst.response_begin(conn)
+        m = self.model[conn]
+        if not m.removed:
+            m.responding = True
+
+    @rule(conn=conns)
+    def response_complete(self, conn: Connection) -> None:
+        self.lst.response_complete(conn)
+        self.model[conn].responding = False
 
     @rule(headers_timeout=TIMEOUTS, request_timeout=TIMEOUTS)
     def expired(self, headers_timeout: int, request_timeout: int) -> None:
@@ -300,6 +310,48 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         assert lst.closing_head_since() == (
             self.model[self.closing_order[0]].out_since if self.closing_order else None
         )
+
+    def state(self, conn: Connection) -> str:
+        """The state, as docs/debug-endpoint.md defines it, from the model alone."""
+        m = self.model[conn]
+        if m.removed:
+            return "closed"
+        if conn in self.active_order:
+            if m.headers_completed:
+                return "reading_body"
+            return "reading_headers" if m.begun else "new"
+        if m.start != 0:
+            return "timed_out"
+        if conn in self.stalled_order:
+            return "stalled"
+        return "handling" if m.responding else "idle"
+
+    @invariant()
+    def states_and_counts_match_the_model(self) -> None:
+        states = {conn: self.state(conn) for conn in self.model}
+        for conn, state in states.items():
+            assert connection_state(conn) == state
+        tracked = [state for state in states.values() if state != "closed"]
+        assert set(tracked) <= set(STATES)
+        phase = {
+            "new": "reading",
+            "reading_headers": "reading",
+            "reading_body": "writing",
+            "handling": "writing",
+            "stalled": "writing",
+            "idle": "waiting",
+            "timed_out": "timed_out",
+        }
+        expected = {name: 0 for name in PHASES}
+        for state in tracked:
+            expected[phase[state]] += 1
+        counts = self.lst.counts()
+        assert {name: counts[name] for name in PHASES} == expected
+        assert counts["all"] == len(tracked)
+        assert counts["active"] == len(self.active_order)
+        assert counts["idle"] == sum(self.model[c].start == 0 for c in self.all_order)
+        assert counts["timed_out"] == tracked.count("timed_out")
+        assert counts["stalled"] == len(self.stalled_order)
 
     @invariant()
     def fields_match_the_model(self) -> None:

@@ -24,14 +24,12 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from connlist import ConnectionsMiddleware
-from connlist.connections import Connection, ConnectionsList
+from connlist.connections import STATES, Connection, ConnectionsList, connection_state
 from connlist.debug import (
     DEFAULT_LIMIT,
     IDLE_SCAN,
     MAX_LIMIT,
     PATH_MAX,
-    STATES,
-    connection_state,
     is_loopback,
     parse_limit,
     snapshot,
@@ -110,10 +108,10 @@ def build_one_of_each(clock: FakeClock, enforcer: Enforcer) -> dict[str, Connect
     for name in ("idle", "handling", "reading_body"):
         lst.headers_complete(conns[name])
         conns[name].method, conns[name].path = "POST", f"/{name}"
-        conns[name].responding = True
+        lst.response_begin(conns[name])
     for name in ("idle", "handling"):
         lst.message_complete(conns[name])
-    conns["idle"].responding = False  # its response went out
+    lst.response_complete(conns["idle"])  # its response went out
     clock.now = T0 + 14.5
     assert lst.expired(enforcer.headers_timeout, enforcer.request_timeout) == [conns["timed_out"]]
     return conns
@@ -308,7 +306,10 @@ def test_counts_match_the_states_after_any_events(steps: list[tuple[str, int, bo
         elif op == "complete":
             lst.message_complete(conn)
         elif op == "respond":
-            conn.responding = flag
+            if flag:
+                lst.response_begin(conn)
+            else:
+                lst.response_complete(conn)
         elif op == "remove":
             lst.remove(conn)
         else:

@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from connlist.connections import Connection
-from connlist.debug import connection_state
+from connlist.connections import Connection, connection_state
 from connlist.enforcer import LINGER
 from tests import servers
 from tests.servers import (

@@ -33,11 +33,11 @@ from starlette.routing import Route
 from connlist import ConnectionsMiddleware
 from connlist.enforcer import Enforcer
 from connlist.prometheus import (
-    STATES,
+    PHASES,
     ConnlistMetrics,
     Exporter,
     MetricsMiddleware,
-    count_states,
+    count_phases,
     mark_dead_processes,
     metrics_for,
 )
@@ -74,7 +74,7 @@ def scrape(port: int) -> Values:
 
 
 def phases(values: Values) -> dict[str, float]:
-    return {state: values[("connlist_connections", (("state", state),))] for state in STATES}
+    return {state: values[("connlist_connections", (("state", state),))] for state in PHASES}
 
 
 def total(values: Values, name: str, **labels: str) -> float:
@@ -118,7 +118,7 @@ def test_exporters_of_one_process_add_up() -> None:
     a, b = Exporter(metrics), Exporter(metrics)
 
     def gauges() -> list[float | None]:
-        return [registry.get_sample_value("connlist_connections", {"state": s}) for s in STATES]
+        return [registry.get_sample_value("connlist_connections", {"state": s}) for s in PHASES]
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(f"connlist_{name}_total", labels)
@@ -136,7 +136,7 @@ def test_exporters_of_one_process_add_up() -> None:
     a.refresh(first)
     b.refresh(second)
     b.refresh(second)  # a second refresh adds nothing
-    assert count_states(first) == {"reading": 2, "writing": 0, "waiting": 0, "timed_out": 0}
+    assert count_phases(first) == {"reading": 2, "writing": 0, "waiting": 0, "timed_out": 0}
     assert gauges() == [2, 0, 1, 0]
     assert value("connections_accepted") == 3
     assert value("requests") == 1

@@ -27,8 +27,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http import h11_impl, httptools_impl
 from uvicorn.server import ServerState
 
-from connlist.connections import Connection
-from connlist.debug import connection_state
+from connlist.connections import Connection, connection_state
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.settings import resolve
 from connlist.uvicorn import H11Protocol, HttpToolsProtocol, _Tracking
@@ -143,10 +142,10 @@ class _ReferenceBody(_Counting, _Tracking):
 
     _ref_phase: int
     _ref_entered_body: bool
-    _connlist_conn: Connection | None
+    _connlist_record: Connection | None
 
     def _ref_read(self, data: bytes, read: Callable[[bytes], None]) -> None:
-        conn = self._connlist_conn
+        conn = self._connlist_record
         assert conn is not None
         self._ref_entered_body = False
         if self._ref_phase == _BODY:
@@ -172,30 +171,30 @@ class ReferenceHttpTools(_ReferenceBody, httptools_impl.HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        assert self._connlist_conn is not None
-        self._connlist.connections.message_begin(self._connlist_conn)
+        assert self._connlist_record is not None
+        self._connlist.connections.message_begin(self._connlist_record)
         self._ref_phase = _HEADERS
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         scope = self.scope
-        assert self._connlist_conn is not None
-        self._connlist.connections.headers_complete(self._connlist_conn, scope["method"], scope.get("path"))
+        assert self._connlist_record is not None
+        self._connlist.connections.headers_complete(self._connlist_record, scope["method"], scope.get("path"))
         self._connlist.totals.requests += 1
         self._ref_phase = _BODY
         self._ref_entered_body = True
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        assert self._connlist_conn is not None
-        self._connlist.connections.message_complete(self._connlist_conn)
+        assert self._connlist_record is not None
+        self._connlist.connections.message_complete(self._connlist_record)
         self._ref_phase = _BETWEEN
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.pipeline and self.cycle.response_complete:
-            assert self._connlist_conn is not None
-            self._connlist.connections.response_complete(self._connlist_conn)
+            assert self._connlist_record is not None
+            self._connlist.connections.response_complete(self._connlist_record)
 
     def handle_websocket_upgrade(self) -> None:
         self._connlist_remove()
@@ -228,7 +227,7 @@ class ReferenceH11(_ReferenceBody, h11_impl.H11Protocol):
 
         def observed_next_event() -> Any:
             event = next_event()
-            conn = self._connlist_conn
+            conn = self._connlist_record
             assert conn is not None
             connections = self._connlist.connections
             if isinstance(event, h11.Request) and not self._ref_is_upgrade(event):
@@ -252,7 +251,7 @@ class ReferenceH11(_ReferenceBody, h11_impl.H11Protocol):
         return headers.get(b"upgrade") == b"websocket" and b"upgrade" in headers.get(b"connection", b"")
 
     def _ref_first_byte(self) -> None:
-        conn = self._connlist_conn
+        conn = self._connlist_record
         if self._ref_upgraded or conn is None:
             return
         if self._ref_phase == _BETWEEN and self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
@@ -269,8 +268,8 @@ class ReferenceH11(_ReferenceBody, h11_impl.H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._ref_first_byte()
-        if self._connlist_conn is not None and not self._connlist_responding():
-            self._connlist.connections.response_complete(self._connlist_conn)
+        if self._connlist_record is not None and not self._connlist_responding():
+            self._connlist.connections.response_complete(self._connlist_record)
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         self._ref_upgraded = True
@@ -297,7 +296,7 @@ class Side:
 
     @property
     def conn(self) -> Connection:
-        conn = self.protocol._connlist_conn
+        conn = self.protocol._connlist_record
         assert conn is not None
         return conn
 

@@ -78,10 +78,32 @@ Invariants:
   a connection out of idle and back, updates one count, not two.  Two more
   serve the debug view's phases: active connections whose headers are
   incomplete, and idle connections whose response is unfinished
-  (``Connection.responding`` is a property that updates the count of the
-  list that made the connection).  ``headers_completed`` and
-  ``last_message_start`` must therefore change only through the list's
-  events.
+  (``responding``, from ``response_begin`` to ``response_complete``).
+  ``headers_completed``, ``responding`` and ``last_message_start`` must
+  therefore change only through the list's events.
+
+States
+------
+
+All state logic is here, beside the events that change the fields: a
+connection's state is derived from its fields (``connection_state``), and
+the view's counts from the list's counts (``ConnectionsList.counts``), so the
+debug view and the metrics only present them::
+
+    new              connected, no byte of a request yet (timed by the headers timeout)
+    reading_headers  a request began, its headers are incomplete
+    reading_body     headers in, body still arriving
+    handling         request received, response not finished
+    stalled          handling, and the client stopped taking the response
+    idle             keep-alive, waiting for the next request
+    timed_out        expired and closed by the enforcer: it leaves ``all``
+                     when the server reports the connection lost
+    closed           no longer in the list (the view never shows one)
+
+The counts add nginx ``stub_status``-style phases (``PHASES``): ``reading``
+(new + reading_headers), ``writing`` (reading_body + handling, stalled
+included), ``waiting`` (idle) and ``timed_out``; they add up to ``all``.
+``docs/debug-endpoint.md`` is the reference of both.
 """
 
 from __future__ import annotations
@@ -92,7 +114,20 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-__all__ = ["Connection", "ConnectionHandle", "ConnectionsList", "check_timeout"]
+__all__ = [
+    "PHASES",
+    "STATES",
+    "Connection",
+    "ConnectionHandle",
+    "ConnectionsList",
+    "check_timeout",
+    "connection_state",
+]
+
+# What ``connection_state`` answers for a tracked connection (see "States").
+STATES = ("new", "reading_headers", "reading_body", "handling", "stalled", "idle", "timed_out")
+# The phases of ``ConnectionsList.counts``; they add up to ``all``.
+PHASES = ("reading", "writing", "waiting", "timed_out")
 
 
 class ConnectionHandle(Protocol):
@@ -157,9 +192,9 @@ class Connection:
         "_active_prev",
         "_all_next",
         "_all_prev",
+        "_begun",
         "_body_next",
         "_body_prev",
-        "_list",
         "_method",
         "_out_next",
         "_out_prev",
@@ -212,9 +247,11 @@ class Connection:
         # request, when the server layer stores them (see ``method``).
         self._method: str | None = None
         self._path: str | None = None
-        # See the ``responding`` property; ``_list`` is the list that made this connection.
+        # Whether a byte of a request ever arrived (``message_begin``): a
+        # connection that has not is ``new``.
+        self._begun = False
+        # See ``responding``.
         self._responding = False
-        self._list: ConnectionsList | None = None
         # The body being received (while in ``body``): when it began, and
         # how many bytes have arrived since (framing included).
         self.body_started = 0.0
@@ -229,18 +266,13 @@ class Connection:
 
     @property
     def responding(self) -> bool:
-        """True while a response to a received request is unfinished (set by the server layer)."""
-        return self._responding
+        """True while a response to a received request is unfinished.
 
-    @responding.setter
-    def responding(self, value: bool) -> None:
-        value = bool(value)
-        if value is self._responding:
-            return
-        self._responding = value
-        # Counted by the list while the connection is tracked and idle.
-        if self.last_message_start == 0 and self._all_next is not self and self._list is not None:
-            self._list._n_idle_responding += 1 if value else -1
+        The list's events set it (``response_begin``, ``headers_complete``
+        with the request, ``message``) and clear it (``response_complete``,
+        ``remove``), so that its count stays exact.
+        """
+        return self._responding
 
     @property
     def method(self) -> str | None:
@@ -289,6 +321,21 @@ class Connection:
             f"<Connection id={self.id} client={self.client!r} start={self.last_message_start!r} "
             f"headers_completed={self.headers_completed!r}>"
         )
+
+
+def connection_state(conn: Connection) -> str:
+    """One of ``STATES``, or ``"closed"`` for a connection no longer in the list."""
+    if conn._active_next is not conn:
+        if conn.headers_completed:
+            return "reading_body"
+        return "reading_headers" if conn._begun else "new"
+    if conn._all_next is conn:
+        return "closed"
+    if conn.last_message_start != 0.0:
+        return "timed_out"  # left active without completing its message: expired
+    if conn.out_state == OUT_STALLED:
+        return "stalled"
+    return "handling" if conn._responding else "idle"
 
 
 def check_timeout(name: str, value: object) -> float:
@@ -402,7 +449,6 @@ class ConnectionsList:
         """A new connection: joins ``all`` and ``active``; its clock starts now."""
         now = self._clock()
         conn = Connection(connected_at=now, **details)
-        conn._list = self
         root = self._all_root
         last = root._all_prev
         conn._all_prev = last
@@ -441,6 +487,7 @@ class ConnectionsList:
                 self._n_idle_responding -= 1
         conn.last_message_start = self._clock()
         conn.headers_completed = False
+        conn._begun = True
         root = self._active_root
         last = root._active_prev
         conn._active_prev = last
@@ -481,7 +528,7 @@ class ConnectionsList:
             self.message_begin(conn)
             self.headers_complete(conn)
             self.message_complete(conn)
-            conn.responding = True
+            self.response_begin(conn)
             return
         conn.headers_completed = True
         conn.requests += 1
@@ -489,8 +536,15 @@ class ConnectionsList:
             conn._responding = True
             self._n_idle_responding += 1
 
+    def response_begin(self, conn: Connection) -> None:
+        """A received request went to the app: ``responding`` until ``response_complete``."""
+        if not conn._responding and conn._all_next is not conn:
+            conn._responding = True
+            if conn.last_message_start == 0.0:
+                self._n_idle_responding += 1
+
     def response_complete(self, conn: Connection) -> None:
-        """No response is unfinished on the connection any more (``responding = False``)."""
+        """No response is unfinished on the connection any more (``responding`` is false)."""
         if conn._responding:
             conn._responding = False
             if conn.last_message_start == 0.0 and conn._all_next is not conn:
@@ -534,6 +588,8 @@ class ConnectionsList:
                 self._n_timed_out -= 1
             elif conn._responding:
                 self._n_idle_responding -= 1
+            # Nothing is left to finish on a removed record.
+            conn._responding = False
             if conn._body_next is not conn:
                 self._body_unlink(conn)
             if conn.out_state:
@@ -732,6 +788,35 @@ class ConnectionsList:
     def stalled_count(self) -> int:
         """Connections in ``stalled``: the client stopped taking the response."""
         return self._n_stalled
+
+    def counts(self) -> dict[str, int]:
+        """The view's exact counts: ``all``, ``idle``, ``active``, the ``PHASES`` and ``stalled``.
+
+        O(1), plus a walk of ``stalled``: a stalled connection is
+        ``writing`` even once its app has finished (the response is written
+        to the transport, which the client does not empty), and only the
+        stalled list knows how many idle connections are in that case.
+        """
+        n_active = self._n_active
+        n_idle = self._n_all - n_active - self._n_timed_out
+        reading = self._n_headers_pending
+        handling = self._n_idle_responding
+        root = self._stalled_root
+        node = root._out_next
+        while node is not root:
+            if not node._responding and node.last_message_start == 0.0 and node._active_next is node:
+                handling += 1
+            node = node._out_next
+        return {
+            "all": self._n_all,
+            "idle": n_idle,
+            "active": n_active,
+            "reading": reading,
+            "writing": n_active - reading + handling,
+            "waiting": n_idle - handling,
+            "timed_out": self._n_timed_out,
+            "stalled": self._n_stalled,
+        }
 
     def iter_all(self) -> Iterator[Connection]:
         """``all`` in connection order; the current node may be removed while iterating."""

@@ -90,7 +90,7 @@ from urllib.parse import parse_qsl
 from starlette.types import Receive, Scope, Send
 
 from connlist import page
-from connlist.connections import Connection
+from connlist.connections import Connection, connection_state
 from connlist.enforcer import Enforcer
 from connlist.logs import format_address
 from connlist.slices import STEP, cooperatively, json_cooperatively
@@ -102,10 +102,8 @@ __all__ = [
     "MAX_LIMIT",
     "PATH_MAX",
     "QUERY_PARAMETERS",
-    "STATES",
     "DebugEndpoint",
     "Query",
-    "connection_state",
     "count",
     "describe",
     "is_loopback",
@@ -125,8 +123,6 @@ IDLE_SCAN = 10
 # small whatever clients send.
 PATH_MAX = 256
 
-STATES = ("new", "reading_headers", "reading_body", "handling", "stalled", "idle", "timed_out")
-
 # The largest ``limit`` the endpoint accepts: describing a connection costs a
 # few microseconds on the event loop, so this bounds what one request can
 # make the worker do (see "Cost").
@@ -136,25 +132,6 @@ MAX_LIMIT = 10_000
 QUERY_PARAMETERS = ("limit", "workers", "format")
 _PARAMETER_NAMES = ", ".join(map(repr, QUERY_PARAMETERS))
 _CHOICES = {"workers": ("all",), "format": ("json", "html")}
-
-
-def connection_state(conn: Connection) -> str:
-    """One of ``STATES`` (or ``"closed"`` for a connection no longer in the list)."""
-    if conn.is_active:
-        if conn.headers_completed:
-            return "reading_body"
-        # The clock restarts at a message's first byte (message_begin), so an
-        # unchanged start means no byte was received yet.
-        if conn.requests == 0 and conn.method is None and conn.last_message_start == conn.connected_at:
-            return "new"
-        return "reading_headers"
-    if not conn.tracked:
-        return "closed"
-    if conn.last_message_start != 0:
-        return "timed_out"  # left active without completing its message: expired
-    if conn.stalled:
-        return "stalled"
-    return "handling" if conn.responding else "idle"
 
 
 def _short_path(path: str | None) -> str | None:
@@ -204,23 +181,12 @@ def count(enforcer: Enforcer) -> dict[str, int]:
     ``all``.  In ASGI-only mode, the requests in flight that have no record
     (no body) count as handling.
     """
-    connections = enforcer.connections
+    counts = enforcer.connections.counts()
     in_flight = len(enforcer.in_flight)
-    n_all = len(connections)
-    n_active = connections.active_count
-    n_idle = connections.idle_count
-    reading = connections.headers_pending_count
-    handling = connections.idle_responding_count
-    return {
-        "all": n_all + in_flight,
-        "idle": n_idle + in_flight,
-        "active": n_active,
-        "reading": reading,
-        "writing": n_active - reading + handling + in_flight,
-        "waiting": n_idle - handling,
-        "timed_out": connections.timed_out_count,
-        "stalled": connections.stalled_count,
-    }
+    counts["all"] += in_flight
+    counts["idle"] += in_flight
+    counts["writing"] += in_flight
+    return counts
 
 
 def _describe_in_flight(entry: tuple[int, float, Any], now: float) -> dict[str, Any]:

@@ -84,6 +84,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from connlist.connections import PHASES
 from connlist.debug import count
 from connlist.enforcer import STATE_KEY, Enforcer, Totals
 
@@ -97,11 +98,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 __all__ = [
     "DEFAULT_INTERVAL",
-    "STATES",
+    "PHASES",
     "ConnlistMetrics",
     "Exporter",
     "MetricsMiddleware",
-    "count_states",
+    "count_phases",
     "exposition_registry",
     "make_metrics_app",
     "mark_dead_processes",
@@ -111,7 +112,6 @@ __all__ = [
 
 logger = logging.getLogger("connlist")
 
-STATES = ("reading", "writing", "waiting", "timed_out")
 # The timeout kinds, from the totals' names: a kind added to Totals is counted here too.
 _TOTALS = tuple(field.name for field in dataclasses.fields(Totals))
 KINDS = tuple(name.removesuffix("_timeouts") for name in _TOTALS if name.endswith("_timeouts"))
@@ -123,10 +123,10 @@ def multiprocess_mode() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
-def count_states(enforcer: Enforcer) -> dict[str, int]:
-    """One worker's connections by phase (``STATES``), O(1): the debug endpoint's ``counts``."""
+def count_phases(enforcer: Enforcer) -> dict[str, int]:
+    """One worker's connections by phase (``PHASES``), O(1): the debug endpoint's ``counts``."""
     counts = count(enforcer)
-    return {state: counts[state] for state in STATES}
+    return {phase: counts[phase] for phase in PHASES}
 
 
 def _totals(enforcer: Enforcer) -> dict[str, int]:
@@ -160,30 +160,30 @@ class ConnlistMetrics:
             registry=registry,
         )
         self._lock = threading.Lock()
-        # Each exporter's last states; an exporter dropped without close() leaves with it.
-        self._states: weakref.WeakKeyDictionary[Exporter, dict[str, int]] = weakref.WeakKeyDictionary()
+        # Each exporter's last phases; an exporter dropped without close() leaves with it.
+        self._phases: weakref.WeakKeyDictionary[Exporter, dict[str, int]] = weakref.WeakKeyDictionary()
         # Every series exists from the start, at 0 (in multiprocess mode a
         # value appears in the files only once written).
-        for state in STATES:
-            self.connections.labels(state).set(0)
+        for phase in PHASES:
+            self.connections.labels(phase).set(0)
         self.accepted.inc(0)
         self.requests.inc(0)
         for kind in KINDS:
             self.timeouts.labels(kind).inc(0)
 
-    def _publish(self, exporter: Exporter, states: dict[str, int] | None, deltas: dict[str, int]) -> None:
-        """Take one exporter's states (None: it left) and counter increments; set the gauges to the sums."""
+    def _publish(self, exporter: Exporter, phases: dict[str, int] | None, deltas: dict[str, int]) -> None:
+        """Take one exporter's phases (None: it left) and counter increments; set the gauges to the sums."""
         with self._lock:
-            if states is None:
-                self._states.pop(exporter, None)
+            if phases is None:
+                self._phases.pop(exporter, None)
             else:
-                self._states[exporter] = states
-            sums = dict.fromkeys(STATES, 0)
-            for counts in self._states.values():
-                for state, n in counts.items():
-                    sums[state] = sums.get(state, 0) + n
-            for state, n in sums.items():
-                self.connections.labels(state).set(n)
+                self._phases[exporter] = phases
+            sums = dict.fromkeys(PHASES, 0)
+            for counts in self._phases.values():
+                for phase, n in counts.items():
+                    sums[phase] = sums.get(phase, 0) + n
+            for phase, n in sums.items():
+                self.connections.labels(phase).set(n)
             if deltas.get("connections", 0) > 0:
                 self.accepted.inc(deltas["connections"])
             if deltas.get("requests", 0) > 0:
@@ -227,11 +227,11 @@ class Exporter:
             # protocol's): its totals start from 0.
             self._enforcer = enforcer
             self._last = dict.fromkeys(_TOTALS, 0)
-        states = count_states(enforcer)
+        phases = count_phases(enforcer)
         totals = _totals(enforcer)
         deltas = {name: value - self._last[name] for name, value in totals.items()}
         self._last = totals
-        self.metrics._publish(self, states, deltas)
+        self.metrics._publish(self, phases, deltas)
 
     def close(self, enforcer: Enforcer | None) -> None:
         """Count the last increments and take this worker's connections out of the gauges."""

@@ -164,7 +164,7 @@ class _Tracking:
     # protocol has 28 by its first request.  Two more in the dict unshared it
     # and slow down every attribute access of uvicorn's own code, by about
     # 1% of a request.
-    __slots__ = ("_connlist", "_connlist_conn", "_connlist_phase")
+    __slots__ = ("_connlist", "_connlist_phase", "_connlist_record")
 
     connlist_mode: ClassVar[str]
     _connlist_attributes_checked: ClassVar[bool] = False
@@ -179,7 +179,7 @@ class _Tracking:
     _connlist: Enforcer
     # Per connection: this connection's record (None until connection_made),
     # and where the message being received on it stands (_BETWEEN, ...).
-    _connlist_conn: Connection | None
+    _connlist_record: Connection | None
     _connlist_phase: int
 
     def _connlist_setup(self) -> None:
@@ -190,42 +190,41 @@ class _Tracking:
         enforcer = _enforcer_for(self.app_state)
         enforcer.mode = self.connlist_mode
         self._connlist = enforcer
-        self._connlist_conn = None
+        self._connlist_record = None
 
     # -- asyncio.Protocol: the connection joins the list, and leaves it -------
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
-        self._connlist_connect()
+        self._connlist_recordect()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connlist_remove()
         super().connection_lost(exc)  # type: ignore[misc]
 
-    def _connlist_connect(self) -> Connection:
+    def _connlist_recordect(self) -> Connection:
         enforcer = self._connlist
-        conn = enforcer.connections.connect(client=self.client, server=self.server, handle=self)
-        self._connlist_conn = conn
+        record = enforcer.connections.connect(client=self.client, server=self.server, handle=self)
+        self._connlist_record = record
         enforcer.totals.connections += 1
         enforcer.watch()
-        return conn
+        return record
 
     def _connlist_remove(self) -> None:
-        conn = self._connlist_conn
-        if conn is not None:
-            self._connlist.connections.remove(conn)
+        record = self._connlist_record
+        if record is not None:
+            self._connlist.connections.remove(record)
             self._connlist.unwatch()
-            # Nothing to finish on a removed record (on_response_complete relies on it).
-            conn.responding = False
-            if conn.handle is not None:
+            # (A removed record is not responding: on_response_complete relies on it.)
+            if record.handle is not None:
                 # The record keeps what it showed; it stops asking the protocol.
-                conn.method, conn.path = self.connlist_request()
+                record.method, record.path = self.connlist_request()
             # Break the protocol <-> record cycle; a removed record needs no handle.
-            conn.handle = None
+            record.handle = None
 
     # -- the body-rate feature's hooks (requests with a body only) -----------
 
-    def _connlist_body_begin(self, conn: Connection) -> None:
+    def _connlist_body_begin(self, record: Connection) -> None:
         """A read ended with the request's headers complete and its body not: the minimum rate times it.
 
         Called once per request that has a body still to come after a read,
@@ -233,21 +232,21 @@ class _Tracking:
         """
         enforcer = self._connlist
         if enforcer.settings.body_min_rate:
-            enforcer.connections.body_begin(conn)
+            enforcer.connections.body_begin(record)
 
     @staticmethod
-    def _connlist_body_bytes(conn: Connection, n: int) -> None:
+    def _connlist_body_bytes(record: Connection, n: int) -> None:
         """A later read of ``n`` bytes (framing included, and maybe the next request's first) for the body.
 
         Called for each read received while a request's body is incomplete,
         before its events: O(1), one addition.
         """
-        conn.body_received += n
+        record.body_received += n
 
-    def _connlist_settle(self, conn: Connection, phase: int, body_begins: bool) -> None:
+    def _connlist_settle(self, record: Connection, phase: int, body_begins: bool) -> None:
         """Where a read (or a finished response) left the message being received; the timer follows."""
         if body_begins:
-            self._connlist_body_begin(conn)
+            self._connlist_body_begin(record)
         self._connlist_phase = phase
         if phase == _BETWEEN:
             self._connlist.unwatch()
@@ -258,21 +257,21 @@ class _Tracking:
 
     def pause_writing(self) -> None:
         super().pause_writing()  # type: ignore[misc]
-        conn = self._connlist_conn
+        record = self._connlist_record
         enforcer = self._connlist
-        if conn is not None and enforcer.settings.send_timeout:
-            enforcer.connections.stall(conn, self.connlist_pending())
+        if record is not None and enforcer.settings.send_timeout:
+            enforcer.connections.stall(record, self.connlist_pending())
             enforcer.watch()
 
     def resume_writing(self) -> None:
         super().resume_writing()  # type: ignore[misc]
-        conn = self._connlist_conn
-        if conn is not None:
-            self._connlist.connections.unstall(conn)
+        record = self._connlist_record
+        if record is not None:
+            self._connlist.connections.unstall(record)
 
     # -- the 408 decision, and what close_idle skips -------------------------
 
-    def _connlist_response_written(self, conn: Connection) -> bool:
+    def _connlist_response_written(self, record: Connection) -> bool:
         """Whether a 408 now would corrupt the response stream or follow this request's response."""
         # ``self.cycle`` is the current request's cycle once its headers are
         # in; before that it is the previous request's, which may still be
@@ -280,7 +279,7 @@ class _Tracking:
         cycle: Any = self.cycle  # type: ignore[attr-defined]
         if cycle is None or not cycle.response_started:
             return False
-        return not cycle.response_complete or conn.headers_completed
+        return not cycle.response_complete or record.headers_completed
 
     def _connlist_responding(self) -> bool:
         """Whether a response to a received request is unfinished."""
@@ -324,18 +323,18 @@ class _Tracking:
 
     def _connlist_linger(self) -> None:
         """A close connlist decided outside a sweep: abort the connection if it has not gone in time."""
-        conn = self._connlist_conn
-        if conn is not None:
+        record = self._connlist_record
+        if record is not None:
             enforcer = self._connlist
-            enforcer.connections.linger(conn)
+            enforcer.connections.linger(record)
             enforcer.bring_forward(enforcer.clock() + enforcer.linger)
 
     def connlist_close_expired(self) -> None:
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        conn = self._connlist_conn
-        if conn is not None and not self._connlist_response_written(conn):
+        record = self._connlist_record
+        if record is not None and not self._connlist_response_written(record):
             transport.write(RESPONSE_408)
         self._connlist_mark_cut()
         # A close waits for the write buffer to drain, which a client that
@@ -414,10 +413,11 @@ _BODY = 2  # headers complete, message incomplete
 _UPGRADED = 3  # handed over to the websocket protocol
 
 
-def _headers_received(conn: Connection, enforcer: Enforcer) -> None:
+def _headers_received(record: Connection, enforcer: Enforcer) -> None:
     # The request goes to the app (or is queued behind the running one).
-    enforcer.connections.headers_complete(conn)
-    conn.responding = True
+    connections = enforcer.connections
+    connections.headers_complete(record)
+    connections.response_begin(record)
     enforcer.totals.requests += 1
 
 
@@ -540,17 +540,17 @@ if httptools_impl is not None:
             if new is not cycle and not new.more_body and new.scope is self.scope and not self.pipeline:
                 # Set by connection_made, before any read; a read never comes
                 # after connection_lost or an upgrade, so the record is tracked.
-                conn: Connection = self._connlist_conn  # type: ignore[assignment]
-                if conn.last_message_start == 0.0:
+                record: Connection = self._connlist_record  # type: ignore[assignment]
+                if record.last_message_start == 0.0:
                     # ConnectionsList.message on an idle connection, written
                     # out: in Python a call costs as much as all of this.
                     # (headers_completed is True already: a record becomes
                     # idle only through message_complete, which these
                     # protocols send only after headers_complete.)
-                    conn.requests += 1
+                    record.requests += 1
                     enforcer = self._connlist
-                    if not conn._responding:
-                        conn._responding = True
+                    if not record._responding:
+                        record._responding = True
                         enforcer.connections._n_idle_responding += 1
                     enforcer.totals.requests += 1
                     return
@@ -561,9 +561,9 @@ if httptools_impl is not None:
             """A read while a message is open (or after an upgrade)."""
             phase = self._connlist_phase
             if phase == _BODY:
-                conn = self._connlist_conn
-                if conn is not None:
-                    self._connlist_body_bytes(conn, len(data))
+                record = self._connlist_record
+                if record is not None:
+                    self._connlist_body_bytes(record, len(data))
                 if cycle.response_complete and cycle.more_body:
                     # The app responded before the body was in: see _BodyTail.
                     tail: Any = _BodyTail()
@@ -583,8 +583,8 @@ if httptools_impl is not None:
 
         def _connlist_events(self, phase0: int, scope0: Any, cycle0: Any) -> None:
             """Replay the list events of the read that just ended, from uvicorn's state before and after."""
-            conn = self._connlist_conn
-            if conn is None:
+            record = self._connlist_record
+            if record is None:
                 return
             enforcer = self._connlist
             connections = enforcer.connections
@@ -611,46 +611,46 @@ if httptools_impl is not None:
             begun = begun_with_headers + partial
             if phase0 != _BETWEEN:
                 if open_got_headers or (upgraded and not begun and phase0 == _HEADERS):
-                    _headers_received(conn, enforcer)
+                    _headers_received(record, enforcer)
                     phase0 = _BODY
                 # It ended if a later message began, or (as the last) if its body is in.
                 if begun or (phase0 == _BODY and (upgraded or not cycle.more_body)):
-                    connections.message_complete(conn)
+                    connections.message_complete(record)
                     last = _BETWEEN
                 else:
                     last = phase0
             else:
                 last = _BETWEEN
             for i in range(begun):
-                connections.message_begin(conn)
+                connections.message_begin(record)
                 if i < begun_with_headers:
-                    _headers_received(conn, enforcer)
+                    _headers_received(record, enforcer)
                     if i < begun - 1 or not cycle.more_body:
-                        connections.message_complete(conn)
+                        connections.message_complete(record)
                         last = _BETWEEN
                     else:
                         last = _BODY
                 elif upgraded:
-                    _headers_received(conn, enforcer)
-                    connections.message_complete(conn)
+                    _headers_received(record, enforcer)
+                    connections.message_complete(record)
                 else:
                     last = _HEADERS
             if upgraded:
                 self._connlist_remove()
                 return
             body_begins = last == _BODY and bool(begun or phase0 != _BODY or open_got_headers)
-            self._connlist_settle(conn, last, body_begins)
+            self._connlist_settle(record, last, body_begins)
 
         def on_response_complete(self) -> None:
             _httptools_on_response_complete(self)
-            conn: Connection = self._connlist_conn  # type: ignore[assignment]  # set by connection_made
+            record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
             # ConnectionsList.response_complete, written out (once per request).
             # self.cycle is the newest request's: if uvicorn has just started
             # a pipelined one, or any is still queued, it is not complete.
             # (A removed record is not responding: see _connlist_remove.)
-            if conn._responding and self.cycle.response_complete:
-                conn._responding = False
-                if conn.last_message_start == 0.0:
+            if record._responding and self.cycle.response_complete:
+                record._responding = False
+                if record.last_message_start == 0.0:
                     self._connlist.connections._n_idle_responding -= 1
 
         def handle_websocket_upgrade(self) -> None:
@@ -659,10 +659,10 @@ if httptools_impl is not None:
             self._connlist_phase = _UPGRADED
             super().handle_websocket_upgrade()
 
-        def _connlist_response_written(self, conn: Connection) -> bool:
+        def _connlist_response_written(self, record: Connection) -> bool:
             # With requests queued behind it, the running request is an
             # earlier one, whose response may be on the wire: never a 408.
-            return bool(self.pipeline) or _Tracking._connlist_response_written(self, conn)
+            return bool(self.pipeline) or _Tracking._connlist_response_written(self, record)
 
         def _connlist_responding(self) -> bool:
             return bool(self.pipeline) or _Tracking._connlist_responding(self)
@@ -695,9 +695,9 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
         phase = self._connlist_phase
         cycle = self.cycle
         if phase:
-            conn = self._connlist_conn
-            if phase == _BODY and conn is not None:
-                self._connlist_body_bytes(conn, len(data))
+            record = self._connlist_record
+            if phase == _BODY and record is not None:
+                self._connlist_body_bytes(record, len(data))
             _H11.data_received(self, data)
             self._connlist_events(phase, cycle)
             return
@@ -706,19 +706,19 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
         if self.cycle is not cycle:
             h11_conn = self.conn
             if h11_conn.their_state is h11.DONE and not h11_conn.trailing_data[0]:
-                conn = self._connlist_conn
-                if conn is not None and conn.last_message_start == 0.0:
+                record = self._connlist_record
+                if record is not None and record.last_message_start == 0.0:
                     enforcer = self._connlist
-                    enforcer.connections.message(conn)
+                    enforcer.connections.message(record)
                     enforcer.totals.requests += 1
                     return
         self._connlist_events(_BETWEEN, cycle)
 
     def _connlist_events(self, phase0: int, cycle0: Any) -> None:
         """The list events of what h11 just processed (a read, or what a finished response let in)."""
-        conn = self._connlist_conn
+        record = self._connlist_record
         phase = self._connlist_phase
-        if conn is None or phase == _UPGRADED:
+        if record is None or phase == _UPGRADED:
             return  # an upgrade removed the record already
         enforcer = self._connlist
         connections = enforcer.connections
@@ -730,33 +730,33 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
             if phase == _BODY:
                 # The open request ended first (its response was already
                 # complete, so h11 went on to the next one).
-                connections.message_complete(conn)
+                connections.message_complete(record)
                 phase = _BETWEEN
             if phase != _HEADERS:
                 # Its first byte was held by h11 (pipelining), or the previous
                 # request ended and this one began within the same call.
-                connections.message_begin(conn)
-            _headers_received(conn, enforcer)
+                connections.message_begin(record)
+            _headers_received(record, enforcer)
             phase = _BODY
         if phase == _BODY and their_state is not h11.SEND_BODY:
-            connections.message_complete(conn)
+            connections.message_complete(record)
             phase = _BETWEEN
         if phase == _BETWEEN and their_state is h11.IDLE and self.conn.trailing_data[0]:
             # The next request's first bytes are buffered: it has begun.
-            connections.message_begin(conn)
+            connections.message_begin(record)
             phase = _HEADERS
-        self._connlist_settle(conn, phase, phase == _BODY and (new_request or phase0 != _BODY))
+        self._connlist_settle(record, phase, phase == _BODY and (new_request or phase0 != _BODY))
 
     def on_response_complete(self) -> None:
         phase = self._connlist_phase
         cycle = self.cycle
         _H11.on_response_complete(self)
-        conn = self._connlist_conn
-        if conn is not None:
+        record = self._connlist_record
+        if record is not None:
             # A finished response lets h11 go on to what it held.
             self._connlist_events(phase, cycle)
             if not self._connlist_responding():
-                self._connlist.connections.response_complete(conn)
+                self._connlist.connections.response_complete(record)
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         self._connlist_phase = _UPGRADED
