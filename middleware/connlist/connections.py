@@ -101,8 +101,9 @@ debug view and the metrics only present them::
     closed           no longer in the list (the view never shows one)
 
 The counts add nginx ``stub_status``-style phases (``PHASES``): ``reading``
-(new + reading_headers), ``writing`` (reading_body + handling, stalled
-included), ``waiting`` (idle) and ``timed_out``; they add up to ``all``.
+(new + reading_headers), ``writing`` (reading_body + handling), ``waiting``
+(idle) and ``timed_out``; they add up to ``all``.  A stalled connection keeps
+the phase of what it does otherwise.
 ``docs/debug-endpoint.md`` is the reference of both.
 """
 
@@ -790,23 +791,16 @@ class ConnectionsList:
         return self._n_stalled
 
     def counts(self) -> dict[str, int]:
-        """The view's exact counts: ``all``, ``idle``, ``active``, the ``PHASES`` and ``stalled``.
+        """The view's exact counts, O(1): ``all``, ``idle``, ``active``, the ``PHASES`` and ``stalled``.
 
-        O(1), plus a walk of ``stalled``: a stalled connection is
-        ``writing`` even once its app has finished (the response is written
-        to the transport, which the client does not empty), and only the
-        stalled list knows how many idle connections are in that case.
+        ``stalled`` is not a phase: a stalled connection keeps the phase of
+        what it does otherwise (``writing`` while its app responds,
+        ``waiting`` once the app has handed over the whole response).
         """
         n_active = self._n_active
         n_idle = self._n_all - n_active - self._n_timed_out
         reading = self._n_headers_pending
         handling = self._n_idle_responding
-        root = self._stalled_root
-        node = root._out_next
-        while node is not root:
-            if not node._responding and node.last_message_start == 0.0 and node._active_next is node:
-                handling += 1
-            node = node._out_next
         return {
             "all": self._n_all,
             "idle": n_idle,

@@ -4,42 +4,13 @@
 default) and ``ConnectionsMiddleware.snapshot()`` returns the same data; see
 ``docs/debug-endpoint.md`` for the full reference.
 
-States
-------
+What it shows
+-------------
 
-Derived from the list's fields (nothing extra is stored to show them)::
-
-    new              connected, no byte of a request yet (timed by the headers timeout)
-    reading_headers  a request began, its headers are incomplete
-    reading_body     headers in, body still arriving
-    handling         request received, response not finished
-    stalled          handling, and the client stopped taking the response
-                     (the transport paused writing): the send timeout runs
-    idle             keep-alive, waiting for the next request
-    timed_out        expired and being closed: the enforcer unlinked it from
-                     ``active`` and closed its transport (408 if no response
-                     byte was written); it leaves ``all`` when the server
-                     reports the connection lost, normally within one event
-                     loop iteration (in ASGI-only mode: when the app returns)
-
-``connection_state`` also answers ``closed`` for a connection that left the
-list; the snapshot never shows one.
-
-Lists and counts
-----------------
-
-``all`` is in connection order (oldest connection first), ``active`` by the
-start of the current message (oldest first: the next to expire is near the
-head), ``idle`` in connection order.  ``active`` and ``idle`` are the core's
-(Node.js's) lists: ``active`` holds new, reading_headers and reading_body
-connections; ``idle`` holds every connection that is not receiving a request,
-so both handling and idle ones (``close_idle()`` skips the handling ones).
-A timed_out connection is only in ``all``.
-
-``counts`` are exact and O(1): ``all``, ``idle``, ``active`` from the list,
-and nginx ``stub_status``-style phases, ``reading`` (new + reading_headers),
-``writing`` (reading_body + handling) and ``waiting`` (idle), plus
-``timed_out``; ``reading + writing + waiting + timed_out == all``.
+The states and counts are the list's (``connlist.connections``: "States"),
+presented here: ``all`` in connection order, ``active`` by the start of the
+current message (the next to expire is near the head), ``idle`` in
+connection order.  ``docs/debug-endpoint.md`` is the reference of the JSON.
 
 Cost
 ----
@@ -51,9 +22,9 @@ after ``N``.  ``idle`` connections are looked for among the first
 ``IDLE_SCAN * N`` (10 N) connections of ``all``: in a worker flooded with
 active connections, the idle list may then hold fewer than
 ``min(N, counts.idle)`` entries, and ``truncated`` is true.  So the cost is
-O(N), whatever the number of connections: 3 to 6 ms per thousand entries
-listed, JSON encoding included, and under 0.05 ms with ``limit=0``, on a
-slow shared VM (``benchmarks/snapshot.py`` measures it).
+O(N), whatever the number of connections (``benchmarks/snapshot.py``
+measures it), and the endpoint builds and encodes it in slices, yielding to
+the event loop between them (``connlist.slices``).
 
 Every worker, and the page
 --------------------------

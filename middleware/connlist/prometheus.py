@@ -11,62 +11,17 @@
         Middleware(MetricsMiddleware),  # GET /metrics
     ]
 
-Metrics
--------
-``connlist_connections{state}`` (gauge)
-    Open connections by phase, like nginx's ``stub_status`` (except that a
-    connection that has sent nothing yet is ``reading``, where nginx says
-    waiting) and as the debug endpoint's ``counts`` show them: ``reading`` (connected, or
-    receiving a request's headers: the debug states new + reading_headers),
-    ``writing`` (receiving a body, or responding: reading_body + handling),
-    ``waiting`` (keep-alive, idle) and ``timed_out`` (cut off, being closed).
-    They add up to all of the worker's connections.
-``connlist_connections_accepted_total`` (counter)
-    Connections accepted (in ASGI-only mode: requests, each its own record).
-``connlist_requests_total`` (counter)
-    Requests whose headers were received.
-``connlist_timeouts_total{kind}`` (counter)
-    Connections cut off, ``kind`` is ``headers``, ``request``, ``rate`` (a
-    body slower than ``body_min_rate``) or ``send`` (a client that stopped
-    taking the response).
-
-How the values get there
-------------------------
-Nothing is added to the hot path: the server layer already counts in
-``Enforcer.totals`` (plain integer increments) and the list keeps the counts
-the phases derive from, each O(1).  A *refresh* copies one worker's numbers
-into the ``prometheus_client`` metric objects: it sets the gauges and
-increments each counter by what its total grew since the last refresh, a
-handful of writes whatever the number of connections.  Refreshes run on the
-worker's event loop (the list is not thread-safe):
-
-* every ``interval`` seconds (default 1) in one small asyncio task per worker,
-  started with the ASGI lifespan, and a last time at shutdown (the worker's
-  gauges drop to 0, its counters are final);
-* right before ``/metrics`` answers, in the worker that answers.
-
-Several worker processes (``uvicorn --workers N``, gunicorn) need
-``prometheus_client``'s multiprocess mode: set ``PROMETHEUS_MULTIPROC_DIR`` to
-an empty directory before the workers start.  Each process then writes its
-values to files there, and ``/metrics`` (in whichever worker answers) merges
-the files of all of them: counters are summed, the gauge is
-``multiprocess_mode="livesum"``: summed over live processes, which
-``prometheus_client`` knows only from ``mark_process_dead(pid)`` removing a
-dead process's gauge files.  A worker killed outright (``kill -9``, the OOM
-killer) calls nothing, and ``uvicorn --workers N`` has no hook to call it
-from, so each scrape first calls ``mark_process_dead`` for every process
-that left gauge files and no longer exists (``mark_dead_processes``); under
-gunicorn the example config's ``child_exit`` hook also calls it at once.
-The pids are this host's: a directory shared across containers (other pid
-namespaces) would have their live workers taken for dead.
-
-Why not a custom ``Collector`` reading the list at scrape time: it only runs
-in the scraped process, so with several workers it would show one of them.
-Why not update the metrics at each connection event: in multiprocess mode
-every change takes a lock and writes to an mmap, several times per request,
-on the hot path.  The trade-off: the answering worker's values are exact, the
-other workers' are at most ``interval`` seconds old.  With one process,
-``/metrics`` is exact.
+The metrics are the debug view's counts and totals, for the tools that
+scrape rather than look: ``connlist_connections{state}`` by phase
+(``connlist.connections.PHASES``), and counters of connections, requests and
+timeouts by kind.  Nothing is added to the hot path: a refresh copies the
+list's O(1) counts and the enforcer's totals into the metric objects, on the
+worker's event loop, every ``interval`` seconds and right before ``/metrics``
+answers.  Why not at each event: in ``prometheus_client``'s multiprocess
+mode every write takes a lock and writes an mmap.  Why not a collector
+reading the list at scrape time: it would see only the worker that answers.
+``docs/metrics.md`` is the reference: the metrics, the options, several
+workers and dead ones.
 """
 
 from __future__ import annotations
