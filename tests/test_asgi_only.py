@@ -54,9 +54,8 @@ class Recorder:
         self.late_send_returned = True
 
 
-@pytest.fixture(params=["httptools", "h11"])
-def asgi_server(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    parser = request.param
+@pytest.fixture
+def asgi_server(parser: str):  # type: ignore[no-untyped-def]
     recorder = Recorder()
     mw = ConnectionsMiddleware(recorder, headers_timeout=0.5, request_timeout=REQUEST_TIMEOUT)
     with serve(mw, PLAIN[parser]) as running:

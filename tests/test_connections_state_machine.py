@@ -17,22 +17,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from connlist.connections import Connection, ConnectionsList
-
-T0 = 1000.0
+from tests.fakes import FakeClock
 
 TIMEOUTS = st.sampled_from([0, 1, 2, 3, 5, 8])
 ADVANCES = st.sampled_from([0.0, 0.0, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 9.0])
 # Pairs checked with next_deadline() after every step (swapped, headers only, request only,
 # far apart); the next_deadline rule draws any pair.
 DEADLINE_PAIRS = [(5, 2), (3, 0), (0, 3), (1, 8)]
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # Minimum body rates (powers of two, so that bytes / rate is exact) and graces.

@@ -15,15 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.subprocesses import PYTHON, run_server, server_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import mass_timeout
-
-pytestmark = pytest.mark.parametrize("parser", ["httptools", "h11"])
 
 PROTOCOLS = {"httptools": "connlist.uvicorn:HttpToolsProtocol", "h11": "connlist.uvicorn:H11Protocol"}
 
