@@ -87,6 +87,27 @@ def test_with_every_timeout_off_no_timer_is_ever_armed(clock: FakeClock, loop: M
     assert loop.armed == []
 
 
+def test_with_every_timeout_off_a_linger_still_ends(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop)
+    conn, handle = connect(enforcer)
+    enforcer.connections.linger(conn)  # closed by close_idle(), say: the timer ends its linger
+    enforcer.bring_forward(T0 + LINGER)
+    assert loop.armed == [T0 + LINGER]
+    loop.run_until(T0 + LINGER)
+    assert handle.transport.aborted and loop.armed == []
+
+
+def test_with_only_the_rate_on_a_body_is_looked_at_after_its_grace(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, body_min_rate=100, body_grace=2)
+    _, handle = receiving(enforcer)
+    # No deadline yet (no headers or request timeout), but the body can be due: in a grace.
+    assert loop.armed == [T0 + 2]
+    loop.run_until(T0 + 2)
+    assert loop.armed == [T0 + 2 + _SLACK]
+    loop.run_until(T0 + 2 + _SLACK)
+    assert handle.transport.buffer == RESPONSE_408 and enforcer.totals.rate_timeouts == 1
+
+
 def test_the_timer_is_armed_just_after_the_earliest_deadline(clock: FakeClock, loop: MockLoop) -> None:
     enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
     conn, handle = connect(enforcer)
@@ -168,18 +189,55 @@ def test_configure_rearms_with_the_new_settings(clock: FakeClock, loop: MockLoop
 # -- cutting off in budgets ----------------------------------------------------
 
 
+def costly(enforcer: Enforcer, clock: FakeClock) -> None:
+    """Make every reading of the enforcer's clock cost half of ``BUDGET``, as cutting off costs time."""
+
+    def reading() -> float:
+        clock.now += BUDGET / 2
+        return clock.now
+
+    enforcer.clock = reading
+
+
 def mass_timeout(clock: FakeClock, loop: MockLoop, n: int) -> tuple[Enforcer, list[MemoryHandle]]:
     """``n`` connections past their headers deadline, and a clock that moves half the budget per reading."""
     enforcer = make(clock, loop, headers_timeout=1, request_timeout=2)
     handles = [connect(enforcer)[1] for _ in range(n)]
     loop.run_until(T0 + 1)  # nothing is older than the timeout yet
-
-    def costly() -> float:
-        clock.now += BUDGET / 2
-        return clock.now
-
-    enforcer.clock = costly
+    costly(enforcer, clock)
     return enforcer, handles
+
+
+@pytest.mark.parametrize("kind", ["rate", "send", "linger"])
+def test_each_kind_of_mass_cut_off_keeps_to_the_budget(clock: FakeClock, loop: MockLoop, kind: str) -> None:
+    enforcer = make(clock, loop, body_min_rate=100, body_grace=1, send_timeout=4, headers_timeout=10)
+    lst = enforcer.connections
+    n = 3 * _BATCH + 4
+    handles = []
+    for _ in range(n):
+        if kind == "rate":
+            conn, handle = receiving(enforcer)
+        elif kind == "send":
+            conn, handle = stalled(enforcer, 1000)
+        else:
+            conn, handle = connect(enforcer)
+            finish_request(enforcer, conn)
+            lst.linger(conn)
+            enforcer.watch()
+        handles.append(handle)
+    # Due after the grace (rate), at the sample 4 s without progress (send), after the linger.
+    due = {"rate": T0 + 1 + _SLACK, "send": T0 + 4, "linger": T0 + LINGER}[kind]
+    loop.run_until(due - 0.0001)
+    assert not any(h.transport.closed for h in handles)
+    costly(enforcer, clock)  # each reading of the clock costs half the budget from now on
+    loop.run_until(due)
+    done = [h for h in handles if h.transport.closed]
+    assert 0 < len(done) < n and loop.queued == 1 and loop.armed == []
+    while loop.run_soon():
+        pass
+    assert all(h.transport.closed for h in handles)
+    if kind == "linger":
+        assert all(h.transport.aborted for h in handles)
 
 
 def test_a_mass_timeout_is_spread_over_loop_iterations(clock: FakeClock, loop: MockLoop) -> None:
@@ -442,3 +500,26 @@ def test_a_slow_callback_is_warned_about_once(
     slow = [message for message in warnings(caplog) if "on_timeout took" in message]
     assert len(slow) == 1
     assert slow[0].startswith(f"connlist: on_timeout took {SLOW_CALLBACK * 2000:.0f} ms; ")
+
+
+def test_a_record_without_a_handle_is_counted_and_nothing_is_closed(clock: FakeClock, loop: MockLoop) -> None:
+    # (ASGI-only mode's records have no handle on some paths: nothing to close them through.)
+    enforcer = make(clock, loop, headers_timeout=1, request_timeout=2, send_timeout=4)
+    lst = enforcer.connections
+    waiting = lst.connect()
+    stalling = lst.connect()
+    lst.headers_complete(stalling, "GET", "/")
+    lst.message_complete(stalling)
+    lst.stall(stalling, 100)
+    lingering = lst.connect()
+    lst.headers_complete(lingering, "GET", "/")
+    lst.message_complete(lingering)
+    lst.linger(lingering)
+    enforcer.watch()
+    loop.run_until(T0 + 5)
+    assert (enforcer.totals.headers_timeouts, enforcer.totals.send_timeouts) == (1, 1)
+    assert not waiting.is_active and not stalling.stalled
+    # Once the second timeout's summary is written, nothing is left to watch:
+    # the linger ended, with nothing to abort.
+    loop.run_until(T0 + 12)
+    assert loop.armed == []
