@@ -22,11 +22,14 @@ from connlist.debug import (
     PATH_MAX,
     STATES,
     connection_state,
+    describe,
     parse_limit,
     snapshot,
+    snapshot_steps,
 )
 from connlist.enforcer import Enforcer
 from connlist.settings import resolve
+from connlist.slices import STEP
 from tests.fakes import T0, FakeClock
 
 PATH = "/_connections"
@@ -301,3 +304,42 @@ def test_parse_limit() -> None:
     assert parse_limit(b"limit=007") == 7
     with pytest.raises(ValueError, match="ASCII"):
         parse_limit("limit=\u00e9".encode())
+
+
+def test_describe_formats_the_server_address_with_or_without_a_cache() -> None:
+    clock = FakeClock()
+    lst = make_enforcer(clock).connections
+    conn = lst.connect(client=("127.0.0.1", 5000), server=("::1", 8000))
+    listed = lst.connect(server=["127.0.0.1", 80])  # a list, as some ASGI servers give: not hashable
+    assert describe(conn, clock.now)["server"] == "[::1]:8000"
+    servers: dict[Any, str | None] = {}
+    assert describe(conn, clock.now, servers)["server"] == "[::1]:8000"
+    assert servers == {("::1", 8000): "[::1]:8000"}
+    assert describe(listed, clock.now, servers)["server"] == "127.0.0.1:80"
+    assert list(servers) == [("::1", 8000)]
+
+
+def test_a_connection_removed_between_steps_is_left_out() -> None:
+    clock = FakeClock()
+    enforcer = make_enforcer(clock)
+    lst = enforcer.connections
+    conns = [lst.connect(client=("127.0.0.1", i)) for i in range(2 * STEP)]
+    # The walk pauses at every STEP-th connection of ``all`` (twice), then of
+    # ``active``; the server closes one while the caller has the loop.
+    removals = {0: conns[STEP - 1], 2: conns[STEP]}
+    steps = snapshot_steps(enforcer, limit=len(conns))
+    pauses = 0
+    with pytest.raises(StopIteration) as done:
+        while True:
+            next(steps)
+            if pauses in removals:
+                lst.remove(removals[pauses])
+            pauses += 1
+    assert pauses == 3
+    data = done.value.value
+    ids = [conn.id for conn in conns]
+    # Removed at the pause in ``all``: in neither list.  Removed at the pause
+    # in ``active``: listed in ``all`` (described before), not in ``active``.
+    assert [e["id"] for e in data["all"]] == ids[: STEP - 1] + ids[STEP:]
+    assert [e["id"] for e in data["active"]] == ids[: STEP - 1] + ids[STEP + 1 :]
+    assert data["counts"]["all"] == 2 * STEP  # the counts are those of the start

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 import httpx
@@ -249,6 +250,18 @@ def test_the_endpoint_yields_the_loop_while_it_builds_a_large_view(monkeypatch: 
     assert len(data["all"]) == len(data["active"]) == 2000 and data["truncated"] is False
     assert [entry["id"] for entry in data["all"]] == [conn.id for conn in connections.all()]
     assert data["counts"] == mw.snapshot(limit=0)["counts"]
+
+
+def test_workers_all_without_a_group_is_this_worker_alone() -> None:
+    mw = ConnectionsMiddleware(App(), headers_timeout=3, request_timeout=7)
+    mw.connections.connect(client=("127.0.0.1", 1))
+    data = request(mw, url=PATH + "?workers=all&limit=5").json()
+    # The combined answer's shape (connlist.workers), with one worker: this one.
+    assert (data["unreachable"], data["limit"], data["truncated"]) == (0, 5, False)
+    (worker,) = data["workers"]
+    assert worker["pid"] == data["pid"] == os.getpid()
+    assert data["counts"] == worker["counts"] and data["counts"]["all"] == 1
+    assert data["totals"] == worker["totals"]
 
 
 def test_snapshot_method_is_what_the_endpoint_serves() -> None:
