@@ -111,6 +111,9 @@ def test_route_to_uvicorn_leaves_configured_logging_alone(
     route_to_uvicorn()
     assert logger.handlers == [] and logger.propagate is True
     logging.getLogger().handlers[:] = []
-    plain_logging.handlers[:] = []  # not under uvicorn
+    # Not under uvicorn: no handler on its logger or above (uvicorn's servers
+    # in this process may have configured the "uvicorn" logger).
+    plain_logging.handlers[:] = []
+    monkeypatch.setattr(plain_logging, "propagate", False)
     route_to_uvicorn()
     assert logger.handlers == []
