@@ -350,3 +350,35 @@ def test_a_client_disconnect_that_is_not_a_cut_off_reaches_the_server() -> None:
     with pytest.raises(ClientDisconnect):
         asyncio.run(mw(body_scope((b"content-length", b"5")), client.receive, client.send))
     assert len(mw.connections) == 0
+
+
+def test_close_idle_leaves_a_request_whose_body_is_in_alone() -> None:
+    # Fully received, the record is idle while the app handles it: close_idle asks its handle, which says no.
+    answered: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await receive()  # the last chunk: the record is idle now
+        answered.append(mw.connections.close_idle())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    mw = ConnectionsMiddleware(app, debug_path=None)
+    chunks = [
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "body": b"cde", "more_body": False},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return chunks.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(mw(body_scope((b"content-length", b"5")), receive, send))
+    assert answered == [0]
+    assert [(m["type"], m.get("status")) for m in sent] == [
+        ("http.response.start", 200),
+        ("http.response.body", None),
+    ]

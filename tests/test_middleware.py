@@ -262,14 +262,16 @@ def test_other_scopes_pass_through() -> None:
     assert state[STATE_KEY] is mw.enforcer
 
 
-def test_slow_on_timeout_is_warned_about_once(parser: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_slow_on_timeout_is_warned_about_once(caplog: pytest.LogCaptureFixture) -> None:
+    # On a real loop and clock, once (the parser plays no part): the rule
+    # itself is tested on a mock loop in tests/test_enforcer.py.
     caplog.set_level(logging.WARNING, logger="connlist")
 
     def on_timeout(conn: Connection, kind: str) -> None:
         time.sleep(0.02)  # blocks the event loop: longer than the 10 ms connlist tolerates
 
     mw = ConnectionsMiddleware(echo_app, headers_timeout=0.3, request_timeout=1, on_timeout=on_timeout)
-    with serve(mw, INTEGRATED[parser]) as running:
+    with serve(mw, INTEGRATED["h11"]) as running:
         socks = [connect(running.port) for _ in range(3)]
         for sock in socks:
             data, _ = read_until_closed(sock)
