@@ -69,6 +69,16 @@ class Running:
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=5)
 
+    @property
+    def calls(self) -> list[str]:
+        """The paths ``echo_app`` was asked for, in order (its lifespan state keeps them)."""
+        calls: list[str] = self.server.lifespan.state[CALLS]
+        return calls
+
+    def release(self) -> None:
+        """Answer the ``/hold`` requests ``echo_app`` holds, and those to come."""
+        self.call(self.server.lifespan.state[RELEASE].set)
+
 
 @contextlib.contextmanager
 def serve(app: Any, http: str, **config: Any) -> Iterator[Running]:
@@ -169,12 +179,25 @@ def is_408(data: bytes) -> bool:
     return data.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and b"connection: close" in data.lower()
 
 
+# echo_app's lifespan state: the paths asked for, and the event ``/hold`` waits for
+# (``Running.calls`` and ``Running.release`` read them from the test's thread).
+CALLS = "tests.echo.calls"
+RELEASE = "tests.echo.release"
+
+
 async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """A small ASGI app: reads the whole body, answers ``ok <bytes>``; websockets echo."""
+    """A small ASGI app: reads the whole body, answers ``ok <bytes>``; websockets echo.
+
+    ``/hold`` reads the body, then waits for ``Running.release()`` before it answers.
+    """
+    state = scope.get("state")
     if scope["type"] == "lifespan":
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                if state is not None:
+                    state[CALLS] = []
+                    state[RELEASE] = asyncio.Event()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
@@ -188,6 +211,8 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 return
             await send({"type": "websocket.send", "text": message.get("text") or ""})
     path = scope["path"]
+    if state is not None and CALLS in state:
+        state[CALLS].append(path)
     if path == "/stream":
         # Starts the response at once, without reading the body, and keeps it open.
         await send(
@@ -229,6 +254,8 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             break
     if path == "/slow":
         await asyncio.sleep(0.3)
+    elif path == "/hold":
+        await state[RELEASE].wait()  # type: ignore[index]
     body = b"ok %d" % size
     await send(
         {

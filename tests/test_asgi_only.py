@@ -54,9 +54,8 @@ class Recorder:
         self.late_send_returned = True
 
 
-@pytest.fixture(params=["httptools", "h11"])
-def asgi_server(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    parser = request.param
+@pytest.fixture
+def asgi_server(parser: str):  # type: ignore[no-untyped-def]
     recorder = Recorder()
     mw = ConnectionsMiddleware(recorder, headers_timeout=0.5, request_timeout=REQUEST_TIMEOUT)
     with serve(mw, PLAIN[parser]) as running:
@@ -215,3 +214,171 @@ def test_pending_receive_returns_when_the_server_never_answers() -> None:
     assert got == ["http.request", "http.disconnect", 0]
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert sent[0]["status"] == 408
+
+
+# -- in-process: the middleware called directly, cut off through the list -------
+
+
+def body_scope(*headers: tuple[bytes, bytes]) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/upload",
+        "headers": list(headers),
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+
+
+class Client:
+    """The server's side of one request: a receive that gives one chunk, then waits; a send that records."""
+
+    def __init__(self, *, send_fails: bool = False) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.send_fails = send_fails
+        self._first = True
+        self.disconnected = asyncio.Event()
+
+    async def receive(self) -> dict[str, Any]:
+        if self._first:
+            self._first = False
+            return {"type": "http.request", "body": b"a", "more_body": True}
+        await self.disconnected.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.send_fails:
+            raise OSError("the client is gone")
+        self.sent.append(message)
+
+
+def test_which_requests_get_a_record_in_asgi_only_mode() -> None:
+    seen: list[tuple[int, int]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append((len(mw.connections), len(mw.enforcer.in_flight)))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    mw = ConnectionsMiddleware(app, debug_path=None)
+    for headers in (
+        [(b"transfer-encoding", b"chunked")],  # a body of unknown length: timed
+        [(b"content-length", b"5")],  # timed
+        [(b"content-length", b"0")],  # no body: nothing to time, listed in flight
+        [(b"content-length", b" ")],
+        [],
+    ):
+        client = Client()
+        asyncio.run(mw(body_scope(*headers), client.receive, client.send))
+    assert seen == [(1, 0), (1, 0), (0, 1), (0, 1), (0, 1)]
+    assert len(mw.connections) == 0 and mw.enforcer.in_flight == {}
+
+
+def cut_while_receiving(app: Any, client: Client, *, close: str) -> ConnectionsMiddleware:
+    """Run ``app`` behind the middleware; once it waits for the body's second chunk, ``close`` the list."""
+    mw = ConnectionsMiddleware(app, debug_path=None)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(mw(body_scope((b"content-length", b"5")), client.receive, client.send))
+        for _ in range(100):
+            await asyncio.sleep(0)
+            (conn,) = mw.connections.all()
+            if conn.handle.receiving is not None:  # type: ignore[union-attr]
+                break
+        assert mw.connections.close_idle() == 0  # a request being received is never idle
+        assert getattr(mw.connections, close)() == 1
+        await asyncio.wait_for(task, 2)
+
+    asyncio.run(scenario())
+    assert len(mw.connections) == 0
+    return mw
+
+
+def test_close_all_answers_a_request_being_received_408() -> None:
+    got: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        got.append((await receive())["type"])
+        got.append((await receive())["type"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # dropped: cut off
+
+    client = Client()
+    cut_while_receiving(app, client, close="close_all")
+    assert got == ["http.request", "http.disconnect"]
+    assert [(m["type"], m.get("status")) for m in client.sent] == [
+        ("http.response.start", 408),
+        ("http.response.body", None),
+    ]
+
+
+def test_a_request_cut_after_its_response_started_gets_no_408() -> None:
+    got: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        got.append((await receive())["type"])
+        got.append((await receive())["type"])
+        await send({"type": "http.response.body", "body": b"late"})  # dropped: cut off
+
+    client = Client()
+    cut_while_receiving(app, client, close="close_all")
+    assert got == ["http.request", "http.disconnect"]
+    assert [(m["type"], m.get("status")) for m in client.sent] == [("http.response.start", 200)]
+
+
+def test_a_408_the_client_cannot_take_is_only_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="connlist")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await receive()
+
+    cut_while_receiving(app, Client(send_fails=True), close="close_all")
+    failed = [r for r in caplog.records if r.getMessage() == "sending 408 failed"]
+    assert len(failed) == 1 and failed[0].exc_info is not None
+
+
+def test_a_client_disconnect_that_is_not_a_cut_off_reaches_the_server() -> None:
+    from starlette.requests import ClientDisconnect
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        raise ClientDisconnect()
+
+    mw = ConnectionsMiddleware(app, debug_path=None)
+    client = Client()
+    with pytest.raises(ClientDisconnect):
+        asyncio.run(mw(body_scope((b"content-length", b"5")), client.receive, client.send))
+    assert len(mw.connections) == 0
+
+
+def test_close_idle_leaves_a_request_whose_body_is_in_alone() -> None:
+    # Fully received, the record is idle while the app handles it: close_idle asks its handle, which says no.
+    answered: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await receive()  # the last chunk: the record is idle now
+        answered.append(mw.connections.close_idle())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    mw = ConnectionsMiddleware(app, debug_path=None)
+    chunks = [
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "body": b"cde", "more_body": False},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return chunks.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(mw(body_scope((b"content-length", b"5")), receive, send))
+    assert answered == [0]
+    assert [(m["type"], m.get("status")) for m in sent] == [
+        ("http.response.start", 200),
+        ("http.response.body", None),
+    ]

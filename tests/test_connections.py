@@ -15,24 +15,7 @@ from typing import NamedTuple
 import pytest
 
 from connlist.connections import Connection, ConnectionsList, check_timeout
-
-T0 = 1000.0
-
-
-class FakeClock:
-    """A monotonic clock that only moves when told to, and never returns 0."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-        self.calls = 0
-
-    def __call__(self) -> float:
-        self.calls += 1
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        assert seconds >= 0
-        self.now += seconds
+from tests.fakes import T0, FakeClock
 
 
 class S(NamedTuple):
@@ -126,11 +109,6 @@ def check(
             assert conn._active_next is conn and conn._active_prev is conn
         elif not expected.is_active:
             assert conn._active_next is conn and conn._active_prev is conn
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 @pytest.fixture

@@ -1,74 +1,525 @@
-"""The enforcer's timer on a real event loop, with a clock the test moves."""
+"""The enforcer's one timer, deterministically: a mock loop, a fake clock, handles over memory transports.
+
+Each test drives the list's events and the enforcer's entry points
+(``watch``, ``unwatch``, ``bring_forward``, ``cancel``) as the server layer
+does, and runs the timer with ``MockLoop.run_until``: when the timer is
+armed, what each sweep cuts and when the next one is due are exact.  The
+real-server tests (tests/test_timeouts.py, tests/test_hardening.py) check
+the same rules end to end within wall-clock bounds.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
-from connlist.enforcer import _BATCH, Enforcer
+import pytest
+
+from connlist.connections import Connection
+from connlist.enforcer import _BATCH, _SLACK, BUDGET, RATE_RESOLUTION, SLOW_CALLBACK, Enforcer
+from connlist.logs import SUMMARY_INTERVAL
 from connlist.settings import resolve
+from tests.fakes import RESPONSE_408, T0, FakeClock, MemoryHandle, MockLoop
+
+LINGER = 1.0
 
 
-class TickingClock:
-    """Moves by ``step`` at every reading: every look at the clock finds the budget spent."""
+def make(clock: FakeClock, loop: MockLoop, **options: float) -> Enforcer:
+    """An enforcer on ``loop`` with the options given, every other timeout off."""
+    values: dict[str, float] = {
+        "headers_timeout": 0,
+        "request_timeout": 0,
+        "send_timeout": 0,
+        "body_min_rate": 0,
+    }
+    values.update(options)
+    return Enforcer(resolve(**values), clock=clock, loop=loop, linger=LINGER)  # type: ignore[arg-type]
 
-    def __init__(self, step: float) -> None:
-        self.now = 1000.0
-        self.step = step
 
-    def __call__(self) -> float:
-        self.now += self.step
-        return self.now
+def connect(enforcer: Enforcer) -> tuple[Connection, MemoryHandle]:
+    """A new connection, as the server layer reports it: ``connect`` then ``watch``."""
+    handle = MemoryHandle()
+    conn = enforcer.connections.connect(client=("127.0.0.1", 5000), handle=handle)
+    enforcer.watch()
+    return conn, handle
 
 
-def test_a_sweep_out_of_budget_carries_on_at_the_next_iteration_and_cancel_forgets_it() -> None:
+def finish_request(enforcer: Enforcer, conn: Connection) -> None:
+    """A whole request received: the connection is idle (and responding)."""
+    enforcer.connections.headers_complete(conn, "GET", "/")
+    enforcer.connections.message_complete(conn)
+    enforcer.unwatch()
+
+
+# -- when the timer is armed ---------------------------------------------------
+
+
+def test_the_timer_is_armed_only_while_something_can_be_due(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30, send_timeout=8)
+    lst = enforcer.connections
+    enforcer.watch()
+    assert loop.armed == []  # no connection
+    conn, _ = connect(enforcer)
+    assert loop.armed == [T0 + 2]  # a new connection is active; send_timeout / 4 bounds every sleep
+    finish_request(enforcer, conn)
+    assert loop.armed == []  # idle: nothing can be due
+    lst.stall(conn, 100)
+    enforcer.watch()
+    assert loop.armed == [T0 + 2]  # a stalled response is sampled
+    lst.unstall(conn)
+    enforcer.unwatch()
+    assert loop.armed == []
+    lst.linger(conn)
+    enforcer.watch()
+    assert loop.armed == [T0 + LINGER]  # a closed connection's linger ends
+    lst.remove(conn)
+    loop.run_until(T0 + LINGER)
+    assert loop.armed == []  # the sweep found nothing more to watch
+
+
+def test_with_every_timeout_off_no_timer_is_ever_armed(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop)
+    assert enforcer.settings.shortest == 0
+    conn, _ = connect(enforcer)
+    enforcer.connections.headers_complete(conn, "POST", "/upload")
+    enforcer.connections.body_begin(conn)
+    enforcer.watch()
+    assert loop.armed == []
+
+
+def test_with_every_timeout_off_a_linger_still_ends(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop)
+    conn, handle = connect(enforcer)
+    enforcer.connections.linger(conn)  # closed by close_idle(), say: the timer ends its linger
+    enforcer.bring_forward(T0 + LINGER)
+    assert loop.armed == [T0 + LINGER]
+    loop.run_until(T0 + LINGER)
+    assert handle.transport.aborted and loop.armed == []
+
+
+def test_with_only_the_rate_on_a_body_is_looked_at_after_its_grace(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, body_min_rate=100, body_grace=2)
+    _, handle = receiving(enforcer)
+    # No deadline yet (no headers or request timeout), but the body can be due: in a grace.
+    assert loop.armed == [T0 + 2]
+    loop.run_until(T0 + 2)
+    assert loop.armed == [T0 + 2 + _SLACK]
+    loop.run_until(T0 + 2 + _SLACK)
+    assert handle.transport.buffer == RESPONSE_408 and enforcer.totals.rate_timeouts == 1
+
+
+def test_the_timer_is_armed_just_after_the_earliest_deadline(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
+    conn, handle = connect(enforcer)
+    # No further than Settings.shortest (10 s) away, and a second watch() arms nothing more.
+    assert loop.armed == [T0 + 10]
+    enforcer.watch()
+    assert loop.armed == [T0 + 10]
+    # At T0 + 10 nothing is due yet (Node's rule is strict: older than the
+    # timeout), so the timer is armed just after the deadline ...
+    assert loop.run_until(T0 + 10) == 1
+    assert handle.transport.buffer == b"" and conn.is_active
+    assert loop.armed == [T0 + 10 + _SLACK]
+    # ... where the connection is cut: counted, 408 and close, then it lingers.
+    loop.run_until(T0 + 10 + _SLACK)
+    assert handle.transport.buffer == RESPONSE_408 and handle.transport.closed
+    assert enforcer.totals.headers_timeouts == 1 and not conn.is_active
+    assert loop.armed == [pytest.approx(T0 + 10 + _SLACK + LINGER)]
+
+
+def test_a_deadline_nearer_than_the_shortest_wins(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
+    first, _ = connect(enforcer)
+    clock.advance(7)
+    second, _ = connect(enforcer)
+    assert loop.armed == [T0 + 10]  # the second connect moved nothing
+    enforcer.cancel()
+    enforcer.watch()
+    # The first connection's deadline (T0 + 10) is nearer than now + shortest (T0 + 17).
+    assert loop.armed == [T0 + 10 + _SLACK]
+    loop.run_until(T0 + 10 + _SLACK)
+    assert (first.is_active, second.is_active) == (False, True)
+    # Next: the first one's linger, before the second one's deadline.
+    assert loop.armed == [pytest.approx(T0 + 10 + _SLACK + LINGER)]
+    loop.run_until(T0 + 16)
+    assert loop.armed == [pytest.approx(T0 + 17 + _SLACK)]
+
+
+def test_a_far_deadline_is_reached_in_sleeps_of_the_shortest(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
+    conn, handle = connect(enforcer)
+    enforcer.connections.headers_complete(conn, "POST", "/upload")
+    # The request timeout is 30 s away; the timer sleeps 10 s at a time, as
+    # a request begun in the meantime could be due 10 s after it began.
+    assert loop.run_until(T0 + 29) == 2
+    assert loop.armed == [T0 + 30]
+    assert handle.transport.buffer == b""
+    loop.run_until(T0 + 30 + _SLACK)
+    assert handle.transport.buffer == RESPONSE_408
+    assert (enforcer.totals.headers_timeouts, enforcer.totals.request_timeouts) == (0, 1)
+
+
+def test_a_request_begun_after_the_timer_was_armed_never_moves_it(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
+    lst = enforcer.connections
+    first, _ = connect(enforcer)
+    second, _ = connect(enforcer)
+    finish_request(enforcer, second)
+    clock.advance(3)
+    lst.message_begin(second)  # the hot path: no watch(), the timer already fires by T0 + 13
+    assert loop.armed == [T0 + 10]
+    loop.run_until(T0 + 10 + _SLACK)
+    assert not first.is_active
+    # The sweep armed the timer at the earlier of the first one's linger and the second one's deadline.
+    assert loop.armed == [pytest.approx(T0 + 10 + _SLACK + LINGER)]
+    lst.remove(first)
+    loop.run_until(T0 + 12)
+    assert loop.armed == [pytest.approx(T0 + 13 + _SLACK)]
+
+
+def test_configure_rearms_with_the_new_settings(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
+    connect(enforcer)
+    before = loop.later[0]
+    enforcer.configure(resolve(headers_timeout=2, request_timeout=3, send_timeout=0), on_timeout=None)
+    assert before.cancelled
+    assert loop.armed == [T0 + 2]
+
+
+# -- cutting off in budgets ----------------------------------------------------
+
+
+def costly(enforcer: Enforcer, clock: FakeClock) -> None:
+    """Make every reading of the enforcer's clock cost half of ``BUDGET``, as cutting off costs time."""
+
+    def reading() -> float:
+        clock.now += BUDGET / 2
+        return clock.now
+
+    enforcer.clock = reading
+
+
+def mass_timeout(clock: FakeClock, loop: MockLoop, n: int) -> tuple[Enforcer, list[MemoryHandle]]:
+    """``n`` connections past their headers deadline, and a clock that moves half the budget per reading."""
+    enforcer = make(clock, loop, headers_timeout=1, request_timeout=2)
+    handles = [connect(enforcer)[1] for _ in range(n)]
+    loop.run_until(T0 + 1)  # nothing is older than the timeout yet
+    costly(enforcer, clock)
+    return enforcer, handles
+
+
+@pytest.mark.parametrize("kind", ["rate", "send", "linger"])
+def test_each_kind_of_mass_cut_off_keeps_to_the_budget(clock: FakeClock, loop: MockLoop, kind: str) -> None:
+    enforcer = make(clock, loop, body_min_rate=100, body_grace=1, send_timeout=4, headers_timeout=10)
+    lst = enforcer.connections
+    n = 3 * _BATCH + 4
+    handles = []
+    for _ in range(n):
+        if kind == "rate":
+            conn, handle = receiving(enforcer)
+        elif kind == "send":
+            conn, handle = stalled(enforcer, 1000)
+        else:
+            conn, handle = connect(enforcer)
+            finish_request(enforcer, conn)
+            lst.linger(conn)
+            enforcer.watch()
+        handles.append(handle)
+    # Due after the grace (rate), at the sample 4 s without progress (send), after the linger.
+    due = {"rate": T0 + 1 + _SLACK, "send": T0 + 4, "linger": T0 + LINGER}[kind]
+    loop.run_until(due - 0.0001)
+    assert not any(h.transport.closed for h in handles)
+    costly(enforcer, clock)  # each reading of the clock costs half the budget from now on
+    loop.run_until(due)
+    done = [h for h in handles if h.transport.closed]
+    assert 0 < len(done) < n and loop.queued == 1 and loop.armed == []
+    while loop.run_soon():
+        pass
+    assert all(h.transport.closed for h in handles)
+    if kind == "linger":
+        assert all(h.transport.aborted for h in handles)
+
+
+def test_a_mass_timeout_is_spread_over_loop_iterations(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer, handles = mass_timeout(clock, loop, 3 * _BATCH + 4)
+    loop.run_until(T0 + 1 + _SLACK)
+    # Three batches, then the budget was spent: the rest waits for the next
+    # iteration (call_soon), and no timer is armed meanwhile.
+    assert enforcer.totals.headers_timeouts == 3 * _BATCH
+    assert sum(h.transport.buffer == RESPONSE_408 for h in handles) == 3 * _BATCH
+    assert (loop.queued, loop.armed) == (1, [])
+    enforcer.watch()  # a connect while the sweep carries on arms nothing
+    enforcer.bring_forward(clock.now)
+    assert (loop.queued, loop.armed) == (1, [])
+    assert loop.run_soon() == 1
+    assert all(h.transport.buffer == RESPONSE_408 for h in handles)
+    assert enforcer.totals.headers_timeouts == 3 * _BATCH + 4
+    # Done: nothing queued, the timer armed again for the lingers.
+    assert loop.queued == 0 and len(loop.armed) == 1
+
+
+def test_cancel_forgets_the_sweep_that_carries_on(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer, _ = mass_timeout(clock, loop, 3 * _BATCH + 4)
+    loop.run_until(T0 + 1 + _SLACK)
+    assert loop.queued == 1
+    enforcer.cancel()  # a server starting, or nothing due any more
+    assert (loop.queued, loop.run_soon()) == (0, 0)
+    assert enforcer.totals.headers_timeouts == 3 * _BATCH
+    # Not continuing any more: a timer can be armed again at once.
+    enforcer.watch()
+    assert len(loop.armed) == 1
+
+
+def test_cancel_on_a_closed_loop_forgets_without_touching_it(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
+    connect(enforcer)
+    timer = loop.later[0]
+    loop.closed = True
+    enforcer.cancel()
+    assert not timer.cancelled  # a closed loop's handles are left alone
+    loop.closed = False
+    enforcer.watch()  # forgotten: the next server's loop gets a timer of its own
+    assert len(loop.later) == 2
+
+
+def test_bring_forward_moves_a_later_timer_only(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
+    conn, handle = connect(enforcer)
+    first = loop.later[0]
+    enforcer.bring_forward(T0 + 20)  # the timer fires before that already
+    assert not first.cancelled and loop.armed == [T0 + 10]
+    # A close outside a sweep starts a linger: the timer must fire by its end.
+    enforcer.connections.linger(conn)
+    enforcer.bring_forward(T0 + LINGER)
+    assert first.cancelled and loop.armed == [T0 + LINGER]
+    loop.run_until(T0 + LINGER)
+    assert handle.transport.aborted
+
+
+def test_without_a_loop_the_timer_runs_on_the_running_loop() -> None:
     async def main() -> None:
-        clock = TickingClock(step=0.0)
-        enforcer = Enforcer(resolve(headers_timeout=1, request_timeout=2), clock=clock)
-        connections = enforcer.connections
-        for _ in range(3 * _BATCH):
-            connections.connect()
-        clock.now += 10  # every one of them is past its headers deadline
-        clock.step = 1.0  # from now on, each batch uses up the budget
-        enforcer._sweep()
-        assert enforcer.totals.headers_timeouts == _BATCH and enforcer._continuing
-        await asyncio.sleep(0)  # the next iteration: one more batch
-        assert enforcer.totals.headers_timeouts == 2 * _BATCH and enforcer._continuing
-        # A server starting (or nothing due) forgets the sweep waiting to carry on.
-        enforcer.cancel()
-        assert not enforcer._continuing
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        assert enforcer.totals.headers_timeouts == 2 * _BATCH
-        # ... and a timer can be armed again at once.
+        enforcer = Enforcer(resolve(headers_timeout=0.01, request_timeout=0.02, send_timeout=0), linger=0.01)
+        handle = MemoryHandle()
+        enforcer.connections.connect(handle=handle)
         enforcer.watch()
-        assert enforcer._timer is not None
+        for _ in range(200):
+            if handle.transport.aborted:
+                break
+            await asyncio.sleep(0.005)
         enforcer.cancel()
+        assert handle.transport.buffer == RESPONSE_408 and handle.transport.aborted
 
     asyncio.run(main())
 
 
-def test_no_timer_while_nothing_can_be_due() -> None:
-    async def main() -> None:
-        clock = TickingClock(step=0.0)
-        enforcer = Enforcer(resolve(headers_timeout=1, request_timeout=2), clock=clock)
-        connections = enforcer.connections
-        conn = connections.connect()
-        enforcer.watch()
-        assert enforcer._timer is not None  # a new connection is active: it can expire
-        connections.message_begin(conn)
-        connections.headers_complete(conn)
-        connections.message_complete(conn)
-        enforcer.unwatch()
-        assert enforcer._timer is None  # idle: nothing can be due
-        connections.stall(conn, 100)
-        enforcer.watch()
-        assert enforcer._timer is not None  # a stalled response is sampled
-        connections.unstall(conn)
-        enforcer.unwatch()
-        assert enforcer._timer is None
-        connections.linger(conn)
-        enforcer.watch()
-        assert enforcer._timer is not None  # a closed connection's linger ends
-        enforcer.cancel()
+# -- linger ----------------------------------------------------------------------
 
-    asyncio.run(main())
+
+def test_a_cut_connection_that_lingers_is_aborted_once(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
+    _, handle = connect(enforcer)
+    loop.run_until(T0 + 10 + _SLACK)
+    assert handle.transport.closed and not handle.transport.aborted
+    loop.run_until(T0 + 10 + LINGER)
+    assert not handle.transport.aborted
+    loop.run_until(T0 + 10 + _SLACK + LINGER)
+    assert handle.transport.aborted
+    # It left the closing list: nothing more to watch.
+    assert loop.armed == []
+
+
+def test_a_connection_that_goes_within_the_linger_is_not_aborted(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
+    conn, handle = connect(enforcer)
+    loop.run_until(T0 + 10 + _SLACK)
+    enforcer.connections.remove(conn)  # the server reports the connection lost
+    enforcer.unwatch()
+    assert loop.armed == []
+    loop.run_until(T0 + 20)
+    assert handle.transport.closed and not handle.transport.aborted
+
+
+# -- the body rate -------------------------------------------------------------
+
+
+def receiving(enforcer: Enforcer) -> tuple[Connection, MemoryHandle]:
+    conn, handle = connect(enforcer)
+    enforcer.connections.headers_complete(conn, "POST", "/upload")
+    enforcer.connections.body_begin(conn)
+    return conn, handle
+
+
+def test_a_body_behind_the_minimum_rate_is_cut_at_its_deadline(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=60, body_min_rate=100, body_grace=2)
+    conn, handle = receiving(enforcer)
+    assert loop.armed == [T0 + 2]  # the grace period bounds the sleep
+    clock.advance(1)
+    enforcer.connections.body_bytes(conn, 300)  # enough until T0 + 2 + 300 / 100
+    loop.run_until(T0 + 5)
+    assert (handle.transport.buffer, enforcer.totals.rate_timeouts) == (b"", 0)
+    loop.run_until(T0 + 5 + _SLACK)
+    assert handle.transport.buffer == RESPONSE_408 and enforcer.totals.rate_timeouts == 1
+    assert not conn.is_active and not conn.receiving_body
+
+
+def test_a_body_just_ahead_of_the_rate_is_looked_at_every_resolution(
+    clock: FakeClock, loop: MockLoop
+) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=60, body_min_rate=100, body_grace=2)
+    conn, _ = receiving(enforcer)
+    enforcer.connections.body_bytes(conn, 5)  # due at T0 + 2.05
+    loop.run_until(T0 + 2 + _SLACK)  # past the grace period: its rate deadline is now known
+    assert loop.armed == [pytest.approx(T0 + 2 + _SLACK + RATE_RESOLUTION)]
+
+
+def test_a_body_held_up_by_the_server_gets_a_new_grace(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=60, body_min_rate=100, body_grace=2)
+    conn, handle = receiving(enforcer)
+    handle.transport.read_paused = True  # the app has not read the body: the server stopped reading
+    loop.run_until(T0 + 3)
+    assert enforcer.totals.rate_timeouts == 0 and conn.receiving_body
+    handle.transport.read_paused = False
+    # Its clock started again when it was found behind (T0 + 2 + _SLACK).
+    loop.run_until(T0 + 4)
+    assert enforcer.totals.rate_timeouts == 0
+    loop.run_until(T0 + 4.01)
+    assert enforcer.totals.rate_timeouts == 1 and handle.transport.buffer == RESPONSE_408
+
+
+# -- stalled responses -----------------------------------------------------------
+
+
+def stalled(enforcer: Enforcer, pending: int) -> tuple[Connection, MemoryHandle]:
+    """A connection whose response the client stopped taking, ``pending`` bytes unsent."""
+    conn, handle = connect(enforcer)
+    finish_request(enforcer, conn)
+    handle.transport.unsent = pending
+    enforcer.connections.stall(conn, pending)
+    enforcer.watch()
+    return conn, handle
+
+
+def test_a_stalled_response_is_sampled_and_aborted_without_progress(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30, send_timeout=8)
+    conn, handle = stalled(enforcer, 1000)
+    # Sampled every send_timeout / 4 from the stall on, also when armed later than the stall.
+    assert loop.armed == [T0 + 2]
+    clock.advance(1)
+    enforcer.cancel()
+    enforcer.watch()
+    assert loop.armed == [T0 + 2]
+    assert loop.run_until(T0 + 5) == 2
+    handle.transport.unsent = 500  # progress: the client took some, the clock restarts at the next sample
+    loop.run_until(T0 + 13.9)
+    assert conn.stalled and not handle.transport.aborted
+    # No progress since the sample at T0 + 6: aborted at the sample 8 s later, with no 408.
+    loop.run_until(T0 + 14)
+    assert handle.transport.aborted and handle.transport.buffer == b""
+    assert enforcer.totals.send_timeouts == 1 and not conn.stalled
+
+
+def test_a_stall_that_ends_is_not_cut(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30, send_timeout=8)
+    conn, handle = stalled(enforcer, 1000)
+    loop.run_until(T0 + 4)
+    enforcer.connections.unstall(conn)  # the client takes the response again
+    enforcer.unwatch()
+    assert loop.armed == []
+    loop.run_until(T0 + 40)
+    assert not handle.transport.aborted and enforcer.totals.send_timeouts == 0
+
+
+# -- the log summary and the callback ---------------------------------------------
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_pending_summary_keeps_the_timer_until_it_is_written(
+    clock: FakeClock, loop: MockLoop, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="connlist")
+    enforcer = make(clock, loop, headers_timeout=3, request_timeout=6)
+    first, _ = connect(enforcer)
+    loop.run_until(T0 + 3 + _SLACK)
+    assert warnings(caplog) == ["connlist: 1 connection timed out (1 headers); e.g. 127.0.0.1:5000"]
+    enforcer.connections.remove(first)
+    enforcer.unwatch()
+    assert loop.armed == []
+    # A second timeout within the interval waits for the next summary ...
+    loop.run_until(T0 + 5)
+    second, _ = connect(enforcer)
+    loop.run_until(T0 + 8 + _SLACK)
+    enforcer.connections.remove(second)
+    enforcer.unwatch()
+    # ... which keeps the timer armed with nothing else due, and is written on time.
+    due = T0 + 3 + _SLACK + SUMMARY_INTERVAL
+    loop.run_until(due - 0.01)
+    assert len(warnings(caplog)) == 1 and loop.armed == [pytest.approx(due)]
+    loop.run_until(due)
+    assert warnings(caplog)[1:] == ["connlist: 1 connection timed out (1 headers); e.g. 127.0.0.1:5000"]
+    assert loop.armed == []
+
+
+def test_a_failing_callback_is_logged_once_then_counted(
+    clock: FakeClock, loop: MockLoop, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="connlist")
+    calls: list[str] = []
+
+    def on_timeout(conn: Connection, kind: str) -> None:
+        calls.append(kind)
+        raise RuntimeError("boom")
+
+    enforcer = make(clock, loop, headers_timeout=1, request_timeout=2)
+    enforcer.on_timeout = on_timeout
+    handles = [connect(enforcer)[1] for _ in range(3)]
+    loop.run_until(T0 + 1 + _SLACK)
+    # Every connection is closed anyway; one traceback, the other failures in the summary.
+    assert calls == ["headers"] * 3
+    assert all(h.transport.buffer == RESPONSE_408 for h in handles)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is not None
+    assert warnings(caplog)[-1].endswith("; on_timeout raised 2 times")
+
+
+def test_a_slow_callback_is_warned_about_once(
+    clock: FakeClock, loop: MockLoop, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="connlist")
+
+    def on_timeout(conn: Connection, kind: str) -> None:
+        clock.advance(SLOW_CALLBACK * 2)
+
+    enforcer = make(clock, loop, headers_timeout=1, request_timeout=2)
+    enforcer.on_timeout = on_timeout
+    for _ in range(2):
+        connect(enforcer)
+    loop.run_until(T0 + 1 + _SLACK)
+    slow = [message for message in warnings(caplog) if "on_timeout took" in message]
+    assert len(slow) == 1
+    assert slow[0].startswith(f"connlist: on_timeout took {SLOW_CALLBACK * 2000:.0f} ms; ")
+
+
+def test_a_record_without_a_handle_is_counted_and_nothing_is_closed(clock: FakeClock, loop: MockLoop) -> None:
+    # (ASGI-only mode's records have no handle on some paths: nothing to close them through.)
+    enforcer = make(clock, loop, headers_timeout=1, request_timeout=2, send_timeout=4)
+    lst = enforcer.connections
+    waiting = lst.connect()
+    stalling = lst.connect()
+    lst.headers_complete(stalling, "GET", "/")
+    lst.message_complete(stalling)
+    lst.stall(stalling, 100)
+    lingering = lst.connect()
+    lst.headers_complete(lingering, "GET", "/")
+    lst.message_complete(lingering)
+    lst.linger(lingering)
+    enforcer.watch()
+    loop.run_until(T0 + 5)
+    assert (enforcer.totals.headers_timeouts, enforcer.totals.send_timeouts) == (1, 1)
+    assert not waiting.is_active and not stalling.stalled
+    # Once the second timeout's summary is written, nothing is left to watch:
+    # the linger ended, with nothing to abort.
+    loop.run_until(T0 + 12)
+    assert loop.armed == []

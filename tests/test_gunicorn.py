@@ -92,3 +92,15 @@ def test_slow_clients_get_408_on_time(gunicorn_server: Process) -> None:
         assert timeout - EARLY <= elapsed <= timeout + LATE + 0.1, (timeout, elapsed)
     answers = workers_seen(port)
     assert sum(a["totals"]["headers_timeouts"] for a in answers.values()) == before + 1
+
+
+def test_a_uvicorn_worker_without_config_kwargs_is_refused_at_import() -> None:
+    from connlist import gunicorn
+
+    class Bare:
+        pass
+
+    # The worker classes extend the base class's CONFIG_KWARGS: without them, fail loudly.
+    with pytest.raises(ImportError, match=r"Bare has no CONFIG_KWARGS dict; connlist is tested with"):
+        gunicorn._base_kwargs(Bare)
+    assert gunicorn._base_kwargs(type("Old", (), {"CONFIG_KWARGS": {"loop": "auto"}})) == {"loop": "auto"}

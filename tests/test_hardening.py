@@ -33,8 +33,6 @@ from tests.servers import (
     wait_for,
 )
 
-pytestmark = pytest.mark.parametrize("parser", ["httptools", "h11"])
-
 
 def only_record(running: Running, mw: Any) -> Connection | None:
     conns = running.call(lambda: mw.connections.all())

@@ -127,7 +127,6 @@ def test_missing_hook_fails_loudly() -> None:
 # -- the hand-over to the server's protocol -----------------------------------
 
 
-@pytest.mark.parametrize("parser", ["httptools", "h11"])
 def test_protocol_without_middleware_enforces_defaults(parser: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="connlist")
     with serve(echo_app, INTEGRATED[parser]) as running:
@@ -149,7 +148,6 @@ def test_protocol_without_middleware_enforces_defaults(parser: str, caplog: pyte
     assert len(warnings) == 1
 
 
-@pytest.mark.parametrize("parser", ["httptools", "h11"])
 def test_protocol_adds_nothing_to_uvicorns_instance_dict(parser: str) -> None:
     # CPython shares an instance dict's keys only up to 30 of them; uvicorn's
     # httptools protocol has 28 after a request, so connlist's fields must
@@ -170,7 +168,6 @@ def test_protocol_adds_nothing_to_uvicorns_instance_dict(parser: str) -> None:
     assert len(integrated) < 30
 
 
-@pytest.mark.parametrize("parser", ["httptools", "h11"])
 def test_lifespan_off_middleware_adopts_the_protocols_list(
     parser: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -196,7 +193,6 @@ def test_lifespan_off_middleware_adopts_the_protocols_list(
 # -- on_timeout ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("parser", ["httptools", "h11"])
 def test_on_timeout_is_called_before_closing(parser: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="connlist")
     calls: list[tuple[int, str, bool]] = []
@@ -266,15 +262,16 @@ def test_other_scopes_pass_through() -> None:
     assert state[STATE_KEY] is mw.enforcer
 
 
-@pytest.mark.parametrize("parser", ["httptools", "h11"])
-def test_slow_on_timeout_is_warned_about_once(parser: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_slow_on_timeout_is_warned_about_once(caplog: pytest.LogCaptureFixture) -> None:
+    # On a real loop and clock, once (the parser plays no part): the rule
+    # itself is tested on a mock loop in tests/test_enforcer.py.
     caplog.set_level(logging.WARNING, logger="connlist")
 
     def on_timeout(conn: Connection, kind: str) -> None:
         time.sleep(0.02)  # blocks the event loop: longer than the 10 ms connlist tolerates
 
     mw = ConnectionsMiddleware(echo_app, headers_timeout=0.3, request_timeout=1, on_timeout=on_timeout)
-    with serve(mw, INTEGRATED[parser]) as running:
+    with serve(mw, INTEGRATED["h11"]) as running:
         socks = [connect(running.port) for _ in range(3)]
         for sock in socks:
             data, _ = read_until_closed(sock)

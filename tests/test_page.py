@@ -62,6 +62,7 @@ def head(app: Any, url: str, **headers: str) -> httpx.Response:
         ("text/html, application/json", False),  # a tie keeps JSON
         ("application/json;q=0.5, text/html", True),
         ("text/html;q=0", False),
+        ("text/html;q=high, application/json;q=0.1", False),  # a q that is no number counts as 0
         (BROWSER_ACCEPT, True),  # Chromium's and Firefox's navigation
         ("application/xhtml+xml", True),
     ],

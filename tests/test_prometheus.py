@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("prometheus_client")
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
@@ -196,6 +196,52 @@ def test_mark_dead_processes_drops_the_live_gauges_of_gone_and_zombie_processes(
         assert mark_dead_processes(str(tmp_path)) == []
     finally:
         zombie.wait()
+
+
+def test_mark_dead_processes_without_a_directory_drops_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    assert mark_dead_processes() == []  # not in multiprocess mode
+    assert mark_dead_processes(str(tmp_path / "gone")) == []  # removed under the server's feet
+    # The directory from the environment, as prometheus_client reads it.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / f"gauge_livesum_{gone.pid}.db").write_bytes(b"")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    assert mark_dead_processes() == [gone.pid]
+
+
+def test_another_users_process_or_no_proc_counts_as_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    from connlist import prometheus
+
+    def not_yours(pid: int, signal: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(prometheus.os, "kill", not_yours)
+        assert prometheus._exists(1) is True
+    real_open = open
+
+    def no_proc(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).startswith("/proc/"):
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", no_proc)
+    assert prometheus._exists(os.getpid()) is True  # os.kill said it exists
+
+
+def test_an_exporter_without_an_enforcer_publishes_nothing() -> None:
+    registry = CollectorRegistry()
+    exporter = Exporter(ConnlistMetrics(registry))
+    enforcer = Enforcer()
+    enforcer.connections.connect()
+    exporter.refresh(enforcer)
+    before = parse(generate_latest(registry).decode())
+    exporter.refresh(None)  # no server has started (yet): nothing to read, nothing changes
+    assert parse(generate_latest(registry).decode()) == before
+    assert before[("connlist_connections", (("state", "reading"),))] == 1
 
 
 # -- one process: uvicorn in a thread -------------------------------------------

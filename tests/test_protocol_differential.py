@@ -423,10 +423,7 @@ UPGRADE = (
     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
 )
 
-PARSERS = pytest.mark.parametrize("parser", ["httptools", "h11"])
 
-
-@PARSERS
 def test_whole_requests_one_read_each(parser: str) -> None:
     states = check(parser, feeds(GET, GET2, POST, CHUNKED, GET))
     assert states[-1]["record"]["requests"] == 5
@@ -435,7 +432,6 @@ def test_whole_requests_one_read_each(parser: str) -> None:
     assert states[-1]["body_begins"] == [] and states[-1]["body_bytes"] == []
 
 
-@PARSERS
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 16])
 def test_every_request_split_into_small_reads(parser: str, size: int) -> None:
     stream = GET + POST + CHUNKED + GET2
@@ -448,7 +444,6 @@ def test_every_request_split_into_small_reads(parser: str, size: int) -> None:
     assert sum(n for _, n in last["body_bytes"]) > 0
 
 
-@PARSERS
 def test_headers_then_body_in_reads(parser: str) -> None:
     head, body = POST.split(b"\r\n\r\n")
     states = check(parser, feeds(head[:10], head[10:] + b"\r\n\r\n", body[:4], body[4:], GET))
@@ -463,7 +458,6 @@ def test_headers_then_body_in_reads(parser: str) -> None:
     assert states[-1]["body_bytes"] == [(0, 4), (0, 6)]
 
 
-@PARSERS
 def test_pipelined_requests_in_one_read(parser: str) -> None:
     states = check(
         parser,
@@ -476,7 +470,6 @@ def test_pipelined_requests_in_one_read(parser: str) -> None:
     assert states[-1]["record"]["requests"] == 5
 
 
-@PARSERS
 def test_a_read_that_ends_one_request_and_begins_the_next(parser: str) -> None:
     stream = POST + GET
     cut = len(POST) + 5
@@ -485,26 +478,22 @@ def test_a_read_that_ends_one_request_and_begins_the_next(parser: str) -> None:
     assert states[-1]["record"]["requests"] == 2
 
 
-@PARSERS
 def test_pipelined_behind_an_unfinished_response(parser: str) -> None:
     check(
         parser, [*feeds(HOLD, GET[:10], GET[10:] + POST[:40]), ("release",), *feeds(POST[40:]), ("release",)]
     )
 
 
-@PARSERS
 def test_websocket_upgrade(parser: str) -> None:
     states = check(parser, feeds(GET, UPGRADE))
     assert states[-1]["record"] == {"tracked": False}
 
 
-@PARSERS
 def test_websocket_upgrade_split(parser: str) -> None:
     states = check(parser, [*feeds(GET), *split(UPGRADE, 40)])
     assert states[-1]["record"] == {"tracked": False}
 
 
-@PARSERS
 @pytest.mark.parametrize(
     "phase",
     ["new", "reading_headers", "reading_body", "reading_body_chunked", "between_requests_partial"],
@@ -528,7 +517,6 @@ def test_expiry_in_each_phase(parser: str, phase: str) -> None:
     assert expired["counts"][3] == 1
 
 
-@PARSERS
 def test_expired_then_the_rest_arrives(parser: str) -> None:
     # A real transport stops reading once closed; this one keeps going, to
     # compare the events on an expired record too.
@@ -537,19 +525,16 @@ def test_expired_then_the_rest_arrives(parser: str) -> None:
     assert sides_states[-1]["record"]["state"] == "timed_out"
 
 
-@PARSERS
 @pytest.mark.parametrize("bad", [b"BAD\x01 / HTTP/1.1\r\n\r\n", b"GET / HTTP/1.1\r\nHost t\r\n\r\n"])
 def test_bad_request(parser: str, bad: bytes) -> None:
     states = check(parser, [*feeds(GET, bad), ("lost",)])
     assert b"400" in states[-2]["written"]
 
 
-@PARSERS
 def test_bad_request_after_a_partial_one(parser: str) -> None:
     check(parser, [*feeds(GET[:10], b"\x00\x01garbage\r\n\r\n"), ("lost",)])
 
 
-@PARSERS
 @pytest.mark.parametrize("rest_with_next", [False, True])
 def test_app_responds_before_the_body_is_in(parser: str, rest_with_next: bool) -> None:
     rest = b"3456789" + (GET if rest_with_next else b"")
@@ -562,7 +547,6 @@ def test_app_responds_before_the_body_is_in(parser: str, rest_with_next: bool) -
     assert states[-1]["record"]["requests"] == (3 if rest_with_next else 2)
 
 
-@PARSERS
 def test_app_responds_before_a_chunked_body_is_in(parser: str) -> None:
     states = check(parser, feeds(EARLY_CHUNKED + b"4\r\nab", b"cd\r\n", b"0\r\n\r\n" + GET[:9], GET[9:]))
     assert states[1]["record"]["state"] == "reading_body"
@@ -570,7 +554,6 @@ def test_app_responds_before_a_chunked_body_is_in(parser: str) -> None:
     assert states[-1]["record"]["requests"] == 2
 
 
-@PARSERS
 def test_response_complete_and_idle_responding(parser: str) -> None:
     states = check(parser, [*feeds(HOLD), *feeds(GET[:5]), ("release",), *feeds(GET[5:]), ("release",)])
     assert states[0]["record"]["state"] == "handling"
@@ -578,7 +561,6 @@ def test_response_complete_and_idle_responding(parser: str) -> None:
     assert states[-1]["counts"][5] == 0
 
 
-@PARSERS
 def test_a_pipelined_request_started_when_the_previous_response_ends(parser: str) -> None:
     # The second request is still handled after the first response ends: the
     # connection stays responding until its own response ends.

@@ -35,8 +35,6 @@ from tests.servers import (
 HEADERS_TIMEOUT = 0.5
 REQUEST_TIMEOUT = 1.0
 
-pytestmark = pytest.mark.parametrize("parser", ["httptools", "h11"])
-
 
 def assert_on_time(started: float, arrived: float, timeout: float) -> None:
     elapsed = arrived - started

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -489,3 +490,83 @@ def test_a_worker_removes_what_dead_masters_left_and_its_own_at_stop(
     assert not gone.exists()
     assert (elsewhere / "4243.sock").exists()
     assert directory is not None and not directory.exists()  # the last worker removed the group's directory
+
+
+@pytest.mark.parametrize(
+    ("reply", "error"),
+    [
+        (b'{"pid": 1}', "ValueError: the answer is not worker {pid}'s"),
+        (b"[1, 2]", "ValueError: the answer is not worker {pid}'s"),
+        (b'{"pid": {pid}, "error": "bad request: limit"}', "ValueError: bad request: limit"),
+        (
+            b"{not json",
+            "JSONDecodeError: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        ),
+        (b'{"pid": {pid}, "padding": "' + b"x" * 100 + b'"}', "ValueError: answer larger than 64 bytes"),
+    ],
+)
+def test_a_sibling_that_answers_wrongly_is_listed_unreachable_with_the_reason(
+    tmp_dir: Path, monkeypatch: pytest.MonkeyPatch, reply: bytes, error: str
+) -> None:
+    monkeypatch.setattr(workers, "_ANSWER_MAX", 64)
+    sibling = os.getppid()  # any pid: the answer is checked against the socket's name
+    reply = reply.replace(b"{pid}", str(sibling).encode())
+
+    async def run() -> dict[str, Any]:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readline()
+            writer.write(reply)
+            await writer.drain()
+            writer.close()
+
+        fake = await asyncio.start_unix_server(answer, str(tmp_dir / f"{sibling}.sock"))
+        group = WorkerGroup(answering({"pid": os.getpid()}), directory=tmp_dir)
+        await group.start()
+        try:
+            return await group.gather(3)
+        finally:
+            group.stop()
+            fake.close()
+
+    answer = asyncio.run(run())
+    assert {"pid": sibling, "unreachable": True, "error": error.format(pid=sibling)} in answer["workers"]
+    assert answer["unreachable"] == 1
+
+
+def test_a_worker_answers_bad_requests_with_the_reason_and_drops_overlong_ones(tmp_dir: Path) -> None:
+    async def ask(path: Path, request: bytes) -> bytes:
+        reader, writer = await asyncio.open_unix_connection(str(path))
+        writer.write(request)
+        try:
+            return await asyncio.wait_for(reader.read(), 2)
+        finally:
+            writer.close()
+
+    async def run() -> list[bytes]:
+        group = WorkerGroup(answering({"pid": os.getpid(), "counts": {"all": 0}}), directory=tmp_dir)
+        await group.start()
+        try:
+            path = tmp_dir / f"{os.getpid()}{workers.SUFFIX}"
+            return [
+                await ask(path, request)
+                for request in (
+                    b'{"limit": 2}\n',
+                    b'{"limit": -1}\n',
+                    b'{"limit": true}\n',
+                    b"nonsense\n",
+                    b"x" * (workers._REQUEST_MAX + 1),  # no newline, and too long: closed unanswered
+                )
+            ]
+        finally:
+            group.stop()
+
+    good, negative, boolean, nonsense, overlong = asyncio.run(run())
+    assert json.loads(good) == {"pid": os.getpid(), "counts": {"all": 0}}
+    for body, reason in (
+        (negative, "ValueError(-1)"),
+        (boolean, "ValueError(True)"),
+        (nonsense, "JSONDecodeError"),
+    ):
+        answer = json.loads(body)
+        assert answer["pid"] == os.getpid() and answer["error"].startswith(f"bad request: {reason}"), answer
+    assert overlong == b""

@@ -111,7 +111,12 @@ class Totals:
 
 
 class Enforcer:
-    """One worker's ConnectionsList, its settings, its timer, its counters and its log summary."""
+    """One worker's ConnectionsList, its settings, its timer, its counters and its log summary.
+
+    The timer runs on ``loop`` if one is given (it uses ``call_later``,
+    ``call_soon`` and ``is_closed``: the tests give a mock loop and move
+    ``clock`` by hand), else on the loop running when it is armed.
+    """
 
     def __init__(
         self,
@@ -120,6 +125,7 @@ class Enforcer:
         on_timeout: OnTimeout | None = None,
         clock: Callable[[], float] = time.monotonic,
         linger: float = LINGER,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.connections = ConnectionsList(clock)
         self.settings = Settings() if settings is None else settings
@@ -131,6 +137,7 @@ class Enforcer:
         # The list's clock, read where a request has no record (ASGI-only mode).
         self.clock = clock
         self.linger = linger
+        self.loop = loop
         # ASGI-only mode: requests without a body have nothing left to
         # receive, so nothing to time and no record; the view lists them from
         # here: key -> (id, start, scope).
@@ -259,7 +266,7 @@ class Enforcer:
         elif shortest:
             # Never later: what starts a clock after this cannot be due earlier than that.
             due = min(due, now + shortest)
-        loop = asyncio.get_running_loop()
+        loop = self.loop or asyncio.get_running_loop()
         delay = max(due - now, 0.0)
         self._timer = loop.call_later(delay, self._sweep)
         self._timer_at = now + delay
@@ -276,7 +283,7 @@ class Enforcer:
             # Out of budget: carry on at the next loop iteration, after the
             # I/O that is ready (other clients) has been served.
             self._continuing = True
-            loop = asyncio.get_running_loop()
+            loop = self.loop or asyncio.get_running_loop()
             self._soon = loop.call_soon(self._sweep)
             self._timer_loop = loop
 

@@ -1,0 +1,188 @@
+"""Stand-ins for time, the event loop and a server's connections, to test timing logic deterministically.
+
+As uvicorn tests its protocols' timers (``tests/protocols/test_http.py``):
+``MockLoop`` keeps the callbacks it is given instead of running them, and a
+test runs them when it says so, moving a ``FakeClock`` by hand to each
+timer's time.  ``MemoryHandle`` is a connection's handle (what the enforcer
+closes through) over a ``MemoryTransport``: what was written, what the client
+has not taken, whether the server stopped reading, closed or aborted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+T0 = 1000.0
+
+
+class FakeClock:
+    """A monotonic clock that only moves when told to, and never returns 0."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.now += seconds
+
+
+class MockHandle:
+    """What ``call_soon`` and ``call_later`` return: a callback, when it is due, whether cancelled."""
+
+    def __init__(self, when: float, callback: Callable[..., object], args: tuple[Any, ...]) -> None:
+        self.when = when
+        self.callback = callback
+        self.args = args
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def run(self) -> None:
+        self.callback(*self.args)
+
+
+class MockLoop:
+    """The part of an event loop a timer uses: ``call_later``, ``call_soon``, ``is_closed``.
+
+    Nothing runs by itself.  ``run_soon`` is one loop iteration: it runs
+    what was queued with ``call_soon`` before it began.  ``run_until`` runs
+    the timers due by a clock value, earliest first, each with the clock
+    moved to its time, and leaves the clock there.
+    """
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.later: list[MockHandle] = []
+        self.soon: list[MockHandle] = []
+        self.closed = False
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> MockHandle:
+        assert delay >= 0, delay
+        handle = MockHandle(self.clock.now + delay, callback, args)
+        self.later.append(handle)
+        return handle
+
+    def call_soon(self, callback: Callable[..., object], *args: Any) -> MockHandle:
+        handle = MockHandle(self.clock.now, callback, args)
+        self.soon.append(handle)
+        return handle
+
+    def is_closed(self) -> bool:
+        return self.closed
+
+    @property
+    def armed(self) -> list[float]:
+        """When the timers neither cancelled nor run are due, earliest first."""
+        return sorted(h.when for h in self.later if not h.cancelled)
+
+    @property
+    def queued(self) -> int:
+        """Callbacks waiting for the next iteration (not cancelled)."""
+        return sum(not h.cancelled for h in self.soon)
+
+    def run_soon(self) -> int:
+        """One loop iteration: run the callbacks queued so far; how many ran."""
+        ready, self.soon = [h for h in self.soon if not h.cancelled], []
+        for handle in ready:
+            handle.run()
+        return len(ready)
+
+    def run_until(self, until: float, limit: int = 1000) -> int:
+        """Run the timers due by ``until`` in order, the clock moved to each; how many ran.
+
+        More than ``limit`` of them is taken for a timer re-armed without end
+        (a real loop would spin), and fails.
+        """
+        ran = 0
+        while True:
+            assert ran <= limit, f"more than {limit} timers by {until}: re-armed without end?"
+            due = [h for h in self.later if not h.cancelled and h.when <= until]
+            if not due:
+                break
+            handle = min(due, key=lambda h: h.when)
+            self.later.remove(handle)
+            self.clock.now = max(self.clock.now, handle.when)
+            handle.run()
+            ran += 1
+        self.clock.now = max(self.clock.now, until)
+        return ran
+
+
+class MemoryTransport:
+    """A transport in memory, after uvicorn's tests' ``MockTransport``.
+
+    ``unsent`` is what the client has not taken of what was written (the
+    test sets it, as a slow reader would leave it).
+    """
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.unsent = 0
+        self.read_paused = False
+        self.closed = False
+        self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed
+        self.buffer += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+
+RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+
+
+class MemoryHandle:
+    """A connection's handle (``connlist.connections.ConnectionHandle``) over a ``MemoryTransport``.
+
+    Closes as the server layer does: a ``408`` only if no response byte was
+    written for the request, then close; an abort drops what is unsent.
+    """
+
+    def __init__(self, method: str | None = None, path: str | None = None) -> None:
+        self.transport = MemoryTransport()
+        self.request = (method, path)
+        self.responding = False
+
+    def connlist_close_expired(self) -> None:
+        if not self.responding and not self.transport.closed:
+            self.transport.write(RESPONSE_408)
+        self.transport.close()
+
+    def connlist_close_idle(self) -> bool:
+        if self.responding:
+            return False
+        self.transport.close()
+        return True
+
+    def connlist_close(self) -> None:
+        self.transport.close()
+
+    def connlist_abort(self) -> None:
+        self.transport.abort()
+
+    def connlist_pending(self) -> int:
+        return self.transport.get_write_buffer_size()
+
+    def connlist_reading_paused(self) -> bool:
+        return self.transport.read_paused
+
+    def connlist_request(self) -> tuple[str | None, str | None]:
+        return self.request
