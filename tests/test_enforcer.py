@@ -11,12 +11,23 @@ the same rules end to end within wall-clock bounds.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import typing
 
 import pytest
 
 from connlist.connections import Connection
-from connlist.enforcer import _BATCH, _SLACK, BUDGET, RATE_RESOLUTION, SLOW_CALLBACK, Enforcer
+from connlist.enforcer import (
+    _BATCH,
+    _SLACK,
+    BUDGET,
+    RATE_RESOLUTION,
+    SLOW_CALLBACK,
+    Enforcer,
+    TimeoutKind,
+    Totals,
+)
 from connlist.logs import SUMMARY_INTERVAL
 from connlist.settings import resolve
 from tests.fakes import RESPONSE_408, T0, FakeClock, MemoryHandle, MockLoop
@@ -523,3 +534,11 @@ def test_a_record_without_a_handle_is_counted_and_nothing_is_closed(clock: FakeC
     # the linger ended, with nothing to abort.
     loop.run_until(T0 + 12)
     assert loop.armed == []
+
+
+def test_every_timeout_kind_has_its_total() -> None:
+    # A kind added to TimeoutKind takes a <kind>_timeouts field in Totals: the views list those by name.
+    kinds = set(typing.get_args(TimeoutKind))
+    names = [field.name for field in dataclasses.fields(Totals)]
+    totals = {name.removesuffix("_timeouts") for name in names if name.endswith("_timeouts")}
+    assert kinds == totals == {"headers", "request", "rate", "send"}

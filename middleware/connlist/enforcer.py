@@ -100,7 +100,7 @@ OnTimeout = Callable[[Connection, TimeoutKind], object]
 
 @dataclass
 class Totals:
-    """Counters since the worker started."""
+    """Counters since the worker started: one ``<kind>_timeouts`` per ``TimeoutKind``."""
 
     connections: int = 0
     requests: int = 0
@@ -355,15 +355,9 @@ class Enforcer:
 
     def _record(self, conn: Connection, kind: TimeoutKind) -> None:
         """Count a timeout, log it, and call ``on_timeout``."""
-        totals = self.totals
-        if kind == "headers":
-            totals.headers_timeouts += 1
-        elif kind == "request":
-            totals.request_timeouts += 1
-        elif kind == "rate":
-            totals.rate_timeouts += 1
-        else:
-            totals.send_timeouts += 1
+        # Each kind has its ``<kind>_timeouts`` total, which the views list by name.
+        counter = f"{kind}_timeouts"
+        setattr(self.totals, counter, getattr(self.totals, counter) + 1)
         self.summary.add(kind, conn.client, self._details[kind])
         on_timeout = self.on_timeout
         if on_timeout is not None:
