@@ -139,6 +139,15 @@ def test_list_micro_reports_its_goals() -> None:
     assert [line.split(":")[0] for line in verdicts] == list(list_micro.GOALS)
 
 
+def test_e2e_callgrind_runs_per_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Without valgrind on the PATH: per_request.py's own message and status.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert e2e.main(["--callgrind"]) == 2
+    assert "valgrind not found" in capsys.readouterr().err
+
+
 # -- benchmarks/attacks.py: what can be checked without running an attack -------------------------
 
 # slowhttptest 1.8.2's -g -o statistics, captured: `-H -c 50 -r 50 -i 5 -l 12` against
