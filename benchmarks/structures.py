@@ -33,10 +33,10 @@ import workloads
 
 WORKLOADS = ("cycle_random", "cycle_round_robin", "expired_none", "expired_1pct")
 TITLES = {
-    "cycle_random": "message cycle, random order: ns per cycle (complete + begin + headers)",
-    "cycle_round_robin": "message cycle, round-robin order: ns per cycle",
-    "expired_none": "expired(), all N active, none expired: ns per call",
-    "expired_1pct": "expired(), oldest 1% of N expired: ns per call",
+    "cycle_random": "**(a) message cycle, random order**, ns per cycle (complete + begin + headers):",
+    "cycle_round_robin": "**(a) message cycle, round-robin order**, ns per cycle:",
+    "expired_none": "**(b) `expired()`, all N active, none expired**, ns per call:",
+    "expired_1pct": "**(c) `expired()`, oldest 1% expired**, ns per call:",
 }
 
 
@@ -46,6 +46,10 @@ def add_cmdline_args(cmd: list[str], args: argparse.Namespace) -> None:
 
 def ns(seconds: float) -> str:
     return f"{seconds * 1e6:,.0f} µs" if seconds >= 1e-4 else f"{seconds * 1e9:,.0f}"
+
+
+def times(ratio: float) -> str:
+    return f"{ratio:.2f}" if ratio < 10 else f"{ratio:.1f}" if ratio < 100 else f"{ratio:,.0f}"
 
 
 def table(paths: list[str]) -> None:
@@ -59,14 +63,14 @@ def table(paths: list[str]) -> None:
     names = next(iter(runs.values()))
     sizes = sorted({int(name.split("N=")[1]) for name in names})
     for workload in WORKLOADS:
-        print(f"\n**{TITLES[workload]}**\n")
+        print(f"\n{TITLES[workload]}\n")
         print("| structure | " + " | ".join(f"N={n:,}" for n in sizes) + " | x connlist |")
         print("| --- |" + " ---: |" * (len(sizes) + 1))
         big = f"{workload} N={sizes[-1]}"
         for structure, means in runs.items():
             cells = [ns(means[f"{workload} N={n}"]) for n in sizes]
             ratio = means[big] / runs["connlist"][big]
-            print(f"| {structure} | " + " | ".join(cells) + f" | {ratio:.3g} |")
+            print(f"| {structure} | " + " | ".join(cells) + f" | {times(ratio)} |")
 
 
 def memory() -> None:

@@ -116,7 +116,7 @@ def test_structures_runs_on_pyperf_and_renders_its_tables(tmp_path: Path) -> Non
     assert lines.count("| structure | N=100 | N=300 | x connlist |") == 4
     rows = [line for line in lines if line.startswith(("| connlist |", "| set |"))]
     assert len(rows) == 8
-    assert all(row.startswith("| connlist |") and row.endswith(" | 1 |") for row in rows[::2])
+    assert all(row.startswith("| connlist |") and row.endswith(" | 1.00 |") for row in rows[::2])
     done = run_script("-m", "pyperf", "compare_to", *paths, "--table")
     assert done.returncode == 0, done.stderr
     assert "cycle_round_robin N=300" in done.stdout
