@@ -45,17 +45,17 @@ Usage::
     python3 benchmarks/e2e.py                 # 5 rounds x 3 s, about 4 minutes
     python3 benchmarks/e2e.py --quick         # 3 rounds x 1 s, no warm-up, about 1 minute (smoke test)
     python3 benchmarks/e2e.py --rounds 7 --duration 5 --json e2e.json
-    python3 benchmarks/e2e.py --callgrind     # instructions per request under valgrind, ~2 minutes
+    python3 benchmarks/e2e.py --callgrind     # = python3 benchmarks/per_request.py --loops uvloop
 
 On a shared machine CPU time per request moves by 10-30% from one server
-process to the next, more than the targets; ``--callgrind`` counts instead the
-user-space instructions each setup executes per request (valgrind's callgrind,
-switched on only around the measured run), which repeat within about 1%.
+process to the next, more than the targets; the instructions each setup
+executes per request do not.  ``benchmarks/per_request.py`` counts them (in
+process, under valgrind's callgrind); ``--callgrind`` runs it for every setup
+on ``--loop``, and exits as it does (0, or 2 without valgrind).
 
-Needs ``wrk`` (``apt-get install wrk``) and ``taskset`` (util-linux), two CPUs,
-and ``valgrind`` for ``--callgrind``; sends its load to 127.0.0.1 only.  Exits 0
-when every target is met (always, with ``--callgrind``), 1 when one is missed,
-2 when it cannot run.
+Needs ``wrk`` (``apt-get install wrk``) and ``taskset`` (util-linux) and two
+CPUs; sends its load to 127.0.0.1 only.  Exits 0 when every target is met, 1
+when one is missed, 2 when it cannot run.
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
 class Server:
     """One uvicorn process pinned to one CPU; a context manager that always stops it."""
 
-    def __init__(self, setup: Setup, *, loop: str, cpu: int, wrapper: tuple[str, ...] = ()) -> None:
+    def __init__(self, setup: Setup, *, loop: str, cpu: int) -> None:
         self.setup = setup
         self.port = free_port()
         # The server's output, shown if it fails; closed in stop().
@@ -222,7 +222,6 @@ class Server:
             "taskset",
             "-c",
             str(cpu),
-            *wrapper,
             sys.executable,
             "-m",
             "uvicorn",
@@ -241,7 +240,7 @@ class Server:
             "warning",
             "--no-access-log",
         ]
-        # taskset execs the interpreter (or the wrapper), so this PID is the server's own.
+        # taskset execs the interpreter, so this PID is the server's own.
         self.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, cwd=HERE
         )
@@ -326,14 +325,18 @@ def parse_wrk(output: str) -> dict[str, Any]:
     return result
 
 
-def start_wrk(
-    wrk: str, cpu: int, conns: int, seconds: int, port: int, *, timeout: int | None = None
-) -> subprocess.Popen[str]:
+def start_wrk(wrk: str, cpu: int, conns: int, seconds: int, port: int) -> subprocess.Popen[str]:
     """``wrk`` pinned to ``cpu``, loading ``port`` for ``seconds``; collect it with ``finish_wrk``."""
-    command = ["taskset", "-c", str(cpu), wrk, "-t1", f"-c{conns}", f"-d{seconds}s"]
-    if timeout is not None:
-        command.append(f"--timeout={timeout}s")
-    command.append(f"http://127.0.0.1:{port}/")
+    command = [
+        "taskset",
+        "-c",
+        str(cpu),
+        wrk,
+        "-t1",
+        f"-c{conns}",
+        f"-d{seconds}s",
+        f"http://127.0.0.1:{port}/",
+    ]
     return subprocess.Popen(
         command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -349,12 +352,6 @@ def finish_wrk(process: subprocess.Popen[str], seconds: int) -> dict[str, Any]:
     if process.returncode != 0:
         raise BenchError(f"wrk failed with status {process.returncode}:\n{out}{err}")
     return parse_wrk(out)
-
-
-def run_wrk(
-    wrk: str, cpu: int, conns: int, seconds: int, port: int, *, timeout: int | None = None
-) -> dict[str, Any]:
-    return finish_wrk(start_wrk(wrk, cpu, conns, seconds, port, timeout=timeout), seconds)
 
 
 # -- one measurement, the rounds, the summary --------------------------------------
@@ -566,120 +563,6 @@ def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"  (only {args.rounds} rounds: indicative; the issue asks for at least 5)")
 
 
-# -- instructions per request (callgrind) ---------------------------------------------
-#
-# CPU time on a shared machine moves by 10-30% from one server process to the
-# next; the instructions a server executes per request do not (about 1%).
-# ``--callgrind`` runs each setup under valgrind's callgrind, with the
-# instrumentation switched on only around the measured wrk run, and reports
-# user-space instructions per request: the kernel's share of the server's CPU
-# (about 30% here, the same for every setup) is not in them.  Each run opens
-# fresh connections, whose set-up is counted too: under valgrind a server serves
-# only a few hundred requests a second, so keep runs long (10 s) and connections
-# few (50); at 500 the set-up of the connections outweighs the requests.
-
-
-def callgrind_totals(folder: Path) -> int:
-    """The largest ``totals:`` (or ``summary:``) line of the callgrind dumps in ``folder``."""
-    best = 0
-    for path in folder.iterdir():
-        for line in path.read_text(errors="replace").splitlines():
-            if line.startswith(("totals:", "summary:")):
-                best = max(best, int(line.split()[1]))
-    return best
-
-
-def measure_callgrind(setup: Setup, conns: int, args: argparse.Namespace, wrk: str) -> dict[str, Any]:
-    control = shutil.which("callgrind_control") or "callgrind_control"
-    with tempfile.TemporaryDirectory(prefix="e2e-callgrind-") as tmp:
-        wrapper = (
-            "valgrind",
-            "--tool=callgrind",
-            "--instr-atstart=no",
-            f"--callgrind-out-file={tmp}/callgrind.%p.out",
-        )
-        with Server(setup, loop=args.loop, cpu=args.server_cpu, wrapper=wrapper) as server:
-            server.wait_ready(timeout=300, request_timeout=60)
-            # Warm up uninstrumented; then count only the measured run.  wrk's
-            # own 2 s timeout would fire on a server this slow: 60 s.
-            run_wrk(wrk, args.client_cpu, conns, 2, server.port, timeout=60)
-            done = subprocess.run([control, "-i", "on", str(server.pid)], capture_output=True, timeout=60)
-            if done.returncode != 0:
-                raise BenchError(f"callgrind_control -i on failed:\n{done.stdout!r}")
-            result = run_wrk(wrk, args.client_cpu, conns, args.duration, server.port, timeout=60)
-            for option in (("-i", "off"), ("-d",)):
-                done = subprocess.run([control, *option, str(server.pid)], capture_output=True, timeout=60)
-                if done.returncode != 0:
-                    raise BenchError(f"callgrind_control {' '.join(option)} failed:\n{done.stdout!r}")
-            if server.process.poll() is not None:
-                raise BenchError(f"{setup.key}: uvicorn died during the run:\n{server.output()}")
-        instructions = callgrind_totals(Path(tmp))
-    if not result["requests"] or not instructions:
-        raise BenchError(f"{setup.key}: no requests ({result['requests']}) or no instructions counted")
-    return {
-        "setup": setup.key,
-        "conns": conns,
-        "requests": result["requests"],
-        "instructions": instructions,
-        "instructions_per_req": instructions / result["requests"],
-        "socket_errors": result["socket_errors"],
-    }
-
-
-def run_callgrind(args: argparse.Namespace, wrk: str) -> int:
-    runs: list[dict[str, Any]] = []
-    total = args.rounds * len(args.conns) * len(SETUPS)
-    rotation = 0
-    for round_no in range(1, args.rounds + 1):
-        for conns in args.conns:
-            order = SETUPS[rotation % len(SETUPS) :] + SETUPS[: rotation % len(SETUPS)]
-            rotation += 1
-            for setup in order:
-                run = measure_callgrind(setup, conns, args, wrk)
-                run["round"] = round_no
-                runs.append(run)
-                print(
-                    f"[{len(runs):3d}/{total}] round {round_no} c={conns:<4d} {setup.key:<16s}"
-                    f"{run['instructions_per_req']:10.0f} instructions/request ({run['requests']} requests)",
-                    flush=True,
-                )
-    by_key = {(r["round"], r["conns"], r["setup"]): r for r in runs}
-    table = []
-    print()
-    print(f"User-space instructions per request (callgrind), {args.rounds} round(s), median [min..max]")
-    header = f"{'setup':<38s} {'conns':>5s} {'instr/req':>10s}  {'ratio vs bare':<22s}"
-    print(header)
-    print("-" * len(header))
-    for conns in args.conns:
-        for setup in SETUPS:
-            rs = [by_key[r, conns, setup.key] for r in range(1, args.rounds + 1)]
-            ratios = [
-                r["instructions_per_req"] / by_key[r["round"], conns, BASELINE]["instructions_per_req"]
-                for r in rs
-            ]
-            row = {
-                "setup": setup.key,
-                "label": setup.label,
-                "conns": conns,
-                "instructions_per_req": statistics.median(r["instructions_per_req"] for r in rs),
-                "ratio": statistics.median(ratios),
-                "ratio_min": min(ratios),
-                "ratio_max": max(ratios),
-            }
-            table.append(row)
-            spread = f"{row['ratio']:.3f} [{row['ratio_min']:.3f}..{row['ratio_max']:.3f}]"
-            print(f"{setup.label:<38s} {conns:>5d} {row['instructions_per_req']:>10.0f}  {spread:<22s}")
-    print(
-        "(user space only: the targets are on CPU time, see the default mode; these ratios move "
-        "the same way, by the user share of the server's CPU)"
-    )
-    if args.json:
-        report = {"machine": machine(wrk), "mode": "callgrind", "runs": runs, "table": table}
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
-    return 0
-
-
 # -- the machine ---------------------------------------------------------------------
 
 
@@ -782,14 +665,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--callgrind",
         action="store_true",
-        help="count user-space instructions per request under valgrind instead of CPU time "
-        "(noise-free; default 1 round of 10 s runs at 50 connections, about 2 minutes)",
+        help="count instructions per request instead: runs benchmarks/per_request.py (in process, "
+        "under valgrind's callgrind) for every setup on --loop",
     )
     parser.add_argument("--json", metavar="PATH", help="write every measurement and the summary here")
     args = parser.parse_args(argv)
-    if args.callgrind:
-        defaults = (1, 10, [50])
-    elif args.quick:
+    if args.quick:
         defaults = (3, 1, [50, 500])
         args.warmup = 0
     else:
@@ -809,6 +690,10 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.callgrind:
+        import per_request
+
+        return per_request.main(["--loops", args.loop])
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -823,11 +708,6 @@ def main(argv: list[str] | None = None) -> int:
             f"needs two distinct CPUs for the server ({args.server_cpu}) and wrk ({args.client_cpu}); "
             f"this process may use {sorted(allowed)}",
             file=sys.stderr,
-        )
-        return 2
-    if args.callgrind and (shutil.which("valgrind") is None or shutil.which("callgrind_control") is None):
-        print(
-            "valgrind not found: install it with `apt-get install valgrind` (Debian/Ubuntu)", file=sys.stderr
         )
         return 2
     if args.loop == "uvloop" and version("uvloop") is None:
@@ -845,12 +725,6 @@ def main(argv: list[str] | None = None) -> int:
             f"connlist from {source['path']} at {source.get('commit', '?')} "
             f"(uncommitted changes: {changed}; sha256 {source['sha256']})"
         )
-    if args.callgrind:
-        try:
-            return run_callgrind(args, wrk)
-        except BenchError as error:
-            print(f"benchmark failed: {error}", file=sys.stderr)
-            return 2
     try:
         measurements = run_rounds(args, wrk)
     except BenchError as error:

@@ -1,4 +1,9 @@
-"""The end-to-end benchmark's setups serve requests, and connlist is really in the ones that name it."""
+"""The benchmarks measure what they say.
+
+The end-to-end setups serve requests (connlist is really in the ones that
+name it); the micro-benchmarks' six structures expire the same connections
+and every workload runs on each; the scripts run on pyperf.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +23,9 @@ sys.path.insert(0, str(BENCHMARKS))
 import attacks  # noqa: E402
 import e2e  # noqa: E402
 import e2e_apps  # noqa: E402
+import list_micro  # noqa: E402
 import per_request  # noqa: E402
+import workloads  # noqa: E402
 
 
 @pytest.mark.parametrize("setup", e2e.SETUPS, ids=lambda setup: setup.key)
@@ -40,6 +47,105 @@ def test_each_setup_serves_keep_alive_requests_in_process(setup: e2e.Setup) -> N
         # The mode the e2e benchmark checks over HTTP, seen from inside.
         assert enforcer is not None and enforcer.mode == setup.mode  # type: ignore[attr-defined]
         assert enforcer.totals.requests == 5  # type: ignore[attr-defined]
+
+
+# -- the micro-benchmarks (structures.py, list_micro.py) ---------------------------------------
+
+
+def test_the_six_structures_expire_the_same_connections() -> None:
+    workloads.self_check(steps=3000)
+
+
+def test_the_differential_check_sees_a_structure_that_disagrees(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A dict variant that forgets the headers rule: it expires only on the request timeout.
+    class Forgetful(workloads.DictConns):
+        __slots__ = ()
+
+        def expired(self, headers_timeout: float, request_timeout: float) -> list[workloads.Conn]:
+            return super().expired(0.0, max(headers_timeout, request_timeout))
+
+    monkeypatch.setitem(workloads.STRUCTURES, "dict", Forgetful)
+    with pytest.raises(AssertionError, match="dict disagrees with connlist"):
+        workloads.self_check(steps=3000)
+
+
+@pytest.mark.parametrize("name", workloads.STRUCTURES)
+def test_every_workload_runs_on_every_structure(name: str) -> None:
+    for workload, time_func in workloads.WORKLOADS.items():
+        # Twice: the structure lives on between calls, as in a pyperf worker.
+        for loops in (5, 7):
+            assert time_func(loops, name, 300) > 0, workload
+    # The expired_* workloads check what they expired, and left all N active.
+    state = workloads._states["expired_1pct", name, 300]
+    assert state.s.active_count == 300
+    assert [conn.last_message_start for conn in state.by_start] == sorted(
+        conn.last_message_start for conn in state.conns
+    )
+    fresh, churned, record = workloads.memory(name, 200)
+    assert record < fresh <= churned
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=BENCHMARKS.parent
+    )
+
+
+def test_structures_runs_on_pyperf_and_renders_its_tables(tmp_path: Path) -> None:
+    paths = []
+    for name in ("connlist", "set"):
+        out = tmp_path / f"{name}.json"
+        done = run_script(
+            "benchmarks/structures.py",
+            "--debug-single-value",
+            "--quiet",
+            "--structure",
+            name,
+            "--sizes",
+            "100",
+            "300",
+            "-o",
+            str(out),
+        )
+        assert done.returncode == 0, done.stderr
+        assert "expired_1pct N=300" in done.stdout
+        paths.append(str(out))
+    done = run_script("benchmarks/structures.py", "--table", *paths)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines.count("| structure | N=100 | N=300 | x connlist |") == 4
+    rows = [line for line in lines if line.startswith(("| connlist |", "| set |"))]
+    assert len(rows) == 8
+    assert all(row.startswith("| connlist |") and row.endswith(" | 1.00 |") for row in rows[::2])
+    done = run_script("-m", "pyperf", "compare_to", *paths, "--table")
+    assert done.returncode == 0, done.stderr
+    assert "cycle_round_robin N=300" in done.stdout
+
+
+def test_structures_memory_table() -> None:
+    done = run_script("benchmarks/structures.py", "--memory")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines()[2:]]
+    assert [row[0].strip() for row in rows] == list(workloads.STRUCTURES)
+    for row in rows:
+        connected, after, record, _ = (int(cell) for cell in row[1:])
+        assert record < connected <= after
+
+
+def test_list_micro_reports_its_goals() -> None:
+    done = run_script("benchmarks/list_micro.py", "--debug-single-value", "--quiet")
+    assert done.returncode == 0, done.stderr
+    verdicts = [line for line in done.stdout.splitlines() if " / N=100 = " in line]
+    assert [line.split(":")[0] for line in verdicts] == list(list_micro.GOALS)
+
+
+def test_e2e_callgrind_runs_per_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Without valgrind on the PATH: per_request.py's own message and status.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert e2e.main(["--callgrind"]) == 2
+    assert "valgrind not found" in capsys.readouterr().err
 
 
 # -- benchmarks/attacks.py: what can be checked without running an attack -------------------------
