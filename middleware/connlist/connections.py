@@ -140,7 +140,8 @@ OUT_STALLED = 1
 OUT_CLOSING = 2
 
 _ids = itertools.count(1)
-# Ids for what the view lists, records or not (ASGI-only mode's requests without a body).
+# Every record's id, unique in the process: a Connection's, and the key of
+# each of ASGI-only mode's requests received whole (``ConnectionsList.received``).
 next_id = _ids.__next__
 _INF = math.inf
 
@@ -291,6 +292,39 @@ class Connection:
         )
 
 
+class Received(Connection):
+    """The record of one of ASGI-only mode's requests without a body, made when a view walks the list.
+
+    Such a request arrives whole (its headers are all there is to receive),
+    so nothing times it; it is handled from its arrival until the app
+    returns.  Per request, the feeder (``connlist.asgi``) writes only an entry
+    in ``ConnectionsList.received``, ``id -> (arrival, scope)``, and deletes
+    it when the app returns: that is all a request costs.  The list counts
+    the entries as idle connections whose response is unfinished, and
+    ``iter_all`` hands each out as one of these records, in the handling
+    state, after the linked records (in arrival order).  A record stays
+    ``tracked`` while its entry is in the table.
+    """
+
+    __slots__ = ("_table",)
+
+    def __init__(self, key: int, arrival: float, scope: Any, table: dict[int, tuple[float, Any]]) -> None:
+        super().__init__(client=scope.get("client"), server=scope.get("server"), connected_at=arrival)
+        self.id = key
+        self._table = table
+        # Received whole, and handed to the app: idle, one request, responding.
+        self.headers_completed = True
+        self.requests = 1
+        self._method = scope.get("method")
+        self._path = scope.get("path")
+        self._responding = True
+
+    @property
+    def tracked(self) -> bool:
+        """Whether the request is still in the list (the app has not returned)."""
+        return self.id in self._table
+
+
 def check_timeout(name: str, value: object) -> float:
     """Validate one timeout (seconds, 0 disables) and return it as a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -316,6 +350,7 @@ class ConnectionsList:
         "_n_stalled",
         "_n_timed_out",
         "_stalled_root",
+        "received",
     )
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -339,6 +374,8 @@ class ConnectionsList:
         self._stalled_root = Connection()
         self._closing_root = Connection()
         self._n_stalled = 0
+        # ASGI-only mode's requests without a body (see Received).
+        self.received: dict[int, tuple[float, Any]] = {}
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -703,7 +740,7 @@ class ConnectionsList:
     # -- views ---------------------------------------------------------------
 
     def __len__(self) -> int:
-        return self._n_all
+        return self._n_all + len(self.received)
 
     @property
     def active_count(self) -> int:
@@ -711,7 +748,7 @@ class ConnectionsList:
 
     @property
     def idle_count(self) -> int:
-        return self._n_all - self._n_active - self._n_timed_out
+        return self._n_all + len(self.received) - self._n_active - self._n_timed_out
 
     @property
     def timed_out_count(self) -> int:
@@ -726,7 +763,7 @@ class ConnectionsList:
     @property
     def idle_responding_count(self) -> int:
         """Idle connections (no request being received) whose response is unfinished."""
-        return self._n_idle_responding
+        return self._n_idle_responding + len(self.received)
 
     @property
     def stalled_count(self) -> int:
@@ -744,6 +781,16 @@ class ConnectionsList:
             nxt = node._all_next
             yield node
             node = nxt if node._all_next is node else node._all_next
+        if node is root:
+            yield from self._iter_received()
+
+    def _iter_received(self) -> Iterator[Connection]:
+        """ASGI-only mode's requests without a body, in arrival order, as records (see Received)."""
+        table = self.received
+        # A copy: the table changes while the caller has the loop.
+        for key, (arrival, scope) in list(table.items()):
+            if key in table:
+                yield Received(key, arrival, scope, table)
 
     def iter_active(self) -> Iterator[Connection]:
         """``active`` by message start, oldest first; unlinking the current node is safe."""

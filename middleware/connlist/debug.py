@@ -201,42 +201,22 @@ def count(enforcer: Enforcer) -> dict[str, int]:
     ``all``, ``idle``, ``active`` as the list has them, and nginx-style
     phases: ``reading`` (new + reading_headers), ``writing`` (reading_body +
     handling), ``waiting`` (idle) and ``timed_out``; the phases add up to
-    ``all``.  In ASGI-only mode, the requests in flight that have no record
-    (no body) count as handling.
+    ``all``.
     """
     connections = enforcer.connections
-    in_flight = len(enforcer.in_flight)
-    n_all = len(connections)
     n_active = connections.active_count
     n_idle = connections.idle_count
     reading = connections.headers_pending_count
     handling = connections.idle_responding_count
     return {
-        "all": n_all + in_flight,
-        "idle": n_idle + in_flight,
+        "all": len(connections),
+        "idle": n_idle,
         "active": n_active,
         "reading": reading,
-        "writing": n_active - reading + handling + in_flight,
+        "writing": n_active - reading + handling,
         "waiting": n_idle - handling,
         "timed_out": connections.timed_out_count,
         "stalled": connections.stalled_count,
-    }
-
-
-def _describe_in_flight(entry: tuple[int, float, Any], now: float) -> dict[str, Any]:
-    """An ASGI-only request without a body (it has no record): received, being handled."""
-    request_id, start, scope = entry
-    return {
-        "id": request_id,
-        "client": format_address(scope.get("client")),
-        "server": format_address(scope.get("server")),
-        "state": "handling",
-        "age": round((now - start) * 1000) / 1000,
-        "duration": None,
-        "headers_completed": True,
-        "requests": 1,
-        "method": scope.get("method"),
-        "path": _short_path(scope.get("path")),
     }
 
 
@@ -303,17 +283,6 @@ def snapshot_steps(
             break
         elif conn.last_message_start == 0:
             idle_list.append(describe(conn, now, servers))
-
-    # ASGI-only mode's requests without a body have no record: they are
-    # listed after the records, in the order they arrived.
-    for request in list(enforcer.in_flight.values()):
-        if len(all_list) >= limit and len(idle_list) >= limit:
-            break
-        item = _describe_in_flight(request, now)
-        if len(all_list) < limit:
-            all_list.append(item)
-        if len(idle_list) < limit:
-            idle_list.append(dict(item))
 
     active_list: list[dict[str, Any]] = []
     if limit:
