@@ -37,10 +37,10 @@ and carries on at the next iteration, so requests of other clients are served
 in between.
 
 The server layer (``connlist.uvicorn``), or ``connlist.asgi`` in ASGI-only
-mode, feeds the list, calls ``watch()`` after any event that can make something
-due (``connect``, ``message_begin``, ``stall``) and ``unwatch()`` after one
-that can leave nothing due (``message_complete``, ``remove``); what is due is
-closed through the connection's handle.
+mode, feeds the list, calls ``watch()`` after any event that can make
+something due (``connect``, ``message_begin``, ``stall``) and ``unwatch()``
+after one that can leave nothing due (``message_complete``, ``remove``); what
+is due is closed through the connection's handle.
 """
 
 from __future__ import annotations

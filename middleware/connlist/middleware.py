@@ -194,6 +194,10 @@ class ConnectionsMiddleware:
                 self._feed = Feed(self.app, self.debug_path, enforcer, route)
             if type(self) is ConnectionsMiddleware:
                 self.__class__ = _AsgiOnly
+                # The switch leaves the instance's attributes in a form
+                # CPython 3.11 no longer specializes their loads for (about
+                # 300 instructions more each); a plain dict of them it does.
+                self.__dict__ = dict(self.__dict__)
             await AsgiOnly.__call__(self, scope, receive, send)  # type: ignore[arg-type]
             return
         if scope_type == "lifespan":
