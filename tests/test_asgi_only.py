@@ -291,6 +291,18 @@ def test_unit_requests_in_flight_are_numbered_counted_and_listed() -> None:
         await mw(scope("/", []), receive, send)
         assert ids == [4, 5]
         app_sees.clear()
+        # The first framing header decides whether a body follows (a timed record, active).
+        active: list[int] = []
+        app_sees.append(lambda: active.append(mw.connections.active_count))
+        for headers in (
+            [(b"host", b"x"), (b"transfer-encoding", b"chunked")],
+            [(b"content-length", b" 0 "), (b"transfer-encoding", b"chunked")],
+            [(b"content-length", b"")],
+            [(b"content-length", b"1")],
+        ):
+            await mw(scope("/", headers), receive, send)
+        assert active == [1, 0, 0, 1]
+        app_sees.clear()
         # A server starting: back to the general path (its protocols may
         # announce the integration), and to this mode's at the next request.
         messages = iter([{"type": "lifespan.startup"}])
@@ -302,6 +314,6 @@ def test_unit_requests_in_flight_are_numbered_counted_and_listed() -> None:
         assert type(mw) is ConnectionsMiddleware
         await mw(scope("/", []), receive, send)
         assert type(mw) is _AsgiOnly
-        assert mw.snapshot()["totals"]["requests"] == 6
+        assert mw.snapshot()["totals"]["requests"] == 10
 
     asyncio.run(scenario())
