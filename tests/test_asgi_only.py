@@ -64,7 +64,7 @@ def asgi_server(parser: str):  # type: ignore[no-untyped-def]
         yield running
     assert len(mw.connections) == 0
     assert mw.connections.active_count == 0
-    assert mw.enforcer.in_flight == {}
+    assert mw.connections.received == {}
 
 
 def test_mode_is_asgi_and_logged_once(asgi_server, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
@@ -256,7 +256,7 @@ def test_which_requests_get_a_record_in_asgi_only_mode() -> None:
     seen: list[tuple[int, int]] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        seen.append((len(mw.connections), len(mw.enforcer.in_flight)))
+        seen.append((mw.connections.active_count, len(mw.connections.received)))
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
@@ -264,14 +264,14 @@ def test_which_requests_get_a_record_in_asgi_only_mode() -> None:
     for headers in (
         [(b"transfer-encoding", b"chunked")],  # a body of unknown length: timed
         [(b"content-length", b"5")],  # timed
-        [(b"content-length", b"0")],  # no body: nothing to time, listed in flight
+        [(b"content-length", b"0")],  # no body: nothing to time, an entry of the list
         [(b"content-length", b" ")],
         [],
     ):
         client = Client()
         asyncio.run(mw(body_scope(*headers), client.receive, client.send))
     assert seen == [(1, 0), (1, 0), (0, 1), (0, 1), (0, 1)]
-    assert len(mw.connections) == 0 and mw.enforcer.in_flight == {}
+    assert len(mw.connections) == 0 and mw.connections.received == {}
 
 
 def cut_while_receiving(app: Any, client: Client, *, close: str) -> ConnectionsMiddleware:
@@ -382,3 +382,105 @@ def test_close_idle_leaves_a_request_whose_body_is_in_alone() -> None:
         ("http.response.start", 200),
         ("http.response.body", None),
     ]
+
+
+def test_unit_requests_in_flight_are_numbered_counted_and_listed() -> None:
+    # In-process: a request without a body is listed as handling while the
+    # app runs, with its own number (a request with a body takes one too),
+    # and counted once as a connection and once as a request; the
+    # middleware has its own class in this mode until the next lifespan startup.
+    import inspect
+
+    from connlist.middleware import _AsgiOnly
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+        started = asyncio.Event()
+        app_sees: list[Any] = []
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            for look in app_sees:
+                look()
+            if scope["type"] == "lifespan":
+                await receive()
+                await send({"type": "lifespan.startup.complete"})
+                return
+            if scope["path"] == "/hold":
+                started.set()
+                await release.wait()
+            else:
+                await receive()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+        async def receive() -> Any:
+            return {"type": "http.request", "body": b"12345", "more_body": False}
+
+        async def send(message: Any) -> None:
+            pass
+
+        def scope(path: str, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+            return {
+                "type": "http",
+                "method": "GET",
+                "path": path,
+                "headers": headers,
+                "client": ("127.0.0.1", 1),
+                "server": ("127.0.0.1", 2),
+            }
+
+        mw = ConnectionsMiddleware(app, debug_path="/_connections")
+        assert type(mw) is ConnectionsMiddleware
+        await mw(scope("/", [(b"host", b"x")]), receive, send)
+        assert type(mw) is _AsgiOnly and isinstance(mw, ConnectionsMiddleware)
+        # Still an ASGI 3 app (servers check the instance's __call__).
+        assert inspect.iscoroutinefunction(mw.__call__)
+        holding = asyncio.ensure_future(mw(scope("/hold", [(b"content-length", b"0")]), receive, send))
+        await started.wait()
+        await mw(scope("/upload", [(b"content-length", b"5")]), receive, send)
+        data = mw.snapshot()
+        assert [(e["id"], e["state"], e["method"], e["path"]) for e in data["all"]] == [
+            (2, "handling", "GET", "/hold")
+        ]
+        assert data["all"][0]["age"] >= 0 and data["all"][0]["client"] == "127.0.0.1:1"
+        assert data["counts"]["all"] == data["counts"]["writing"] == 1
+        assert data["totals"]["connections"] == data["totals"]["requests"] == 3
+        release.set()
+        await holding
+        data = mw.snapshot()
+        assert data["all"] == [] and data["counts"]["all"] == 0
+        assert data["totals"]["connections"] == data["totals"]["requests"] == 3
+        assert mw.connections.received == {}
+        # A record with a body is numbered like the others: each id once.
+        ids: list[int] = []
+        app_sees.append(lambda: ids.extend(conn.id for conn in mw.connections.iter_all()))
+        await mw(scope("/upload", [(b"content-length", b"5")]), receive, send)
+        await mw(scope("/", []), receive, send)
+        assert ids == [4, 5]
+        app_sees.clear()
+        # The first framing header decides whether a body follows (a timed record, active).
+        active: list[int] = []
+        app_sees.append(lambda: active.append(mw.connections.active_count))
+        for headers in (
+            [(b"host", b"x"), (b"transfer-encoding", b"chunked")],
+            [(b"content-length", b" 0 "), (b"transfer-encoding", b"chunked")],
+            [(b"content-length", b"")],
+            [(b"content-length", b"1")],
+        ):
+            await mw(scope("/", headers), receive, send)
+        assert active == [1, 0, 0, 1]
+        app_sees.clear()
+        # A server starting: back to the general path (its protocols may
+        # announce the integration), and to this mode's at the next request.
+        messages = iter([{"type": "lifespan.startup"}])
+
+        async def lifespan_receive() -> Any:
+            return next(messages)
+
+        await mw({"type": "lifespan", "state": {}}, lifespan_receive, send)
+        assert type(mw) is ConnectionsMiddleware
+        await mw(scope("/", []), receive, send)
+        assert type(mw) is _AsgiOnly
+        assert mw.snapshot()["totals"]["requests"] == 10
+
+    asyncio.run(scenario())

@@ -1257,3 +1257,67 @@ def test_message_is_the_three_events_at_one_instant(before: str) -> None:
     at_once, other = setup()
     at_once.message(other)
     assert state(at_once, other) == state(by_events, conn)
+
+
+# -- ASGI-only mode's requests without a body (ConnectionsList.received) -----
+
+
+def test_requests_received_whole_are_counted_and_walked_as_handling_records(
+    lst: ConnectionsList, clock: FakeClock
+) -> None:
+    from connlist.connections import Received
+    from connlist.debug import connection_state
+
+    body = lst.connect(client=("127.0.0.1", 1), server=("127.0.0.1", 80))
+    lst.headers_complete(body, "POST", "/upload")
+    scope = {"method": "GET", "path": "/a", "client": ("127.0.0.1", 2), "server": ("127.0.0.1", 80)}
+    # The feeder writes the entries itself: key -> (arrival, scope).
+    lst.received[7] = (T0 - 2, scope)
+    lst.received[5] = (T0 - 1, dict(scope, path="/b"))
+    # Counted like idle connections whose response is unfinished.
+    assert (len(lst), lst.active_count, lst.idle_count, lst.timed_out_count) == (3, 1, 2, 0)
+    assert (lst.headers_pending_count, lst.idle_responding_count) == (0, 2)
+    # Walked after the linked records, in arrival order; never active.
+    walked = lst.all()
+    assert walked[0] is body and [conn.id for conn in walked[1:]] == [7, 5]
+    assert [conn.id for conn in lst.idle()] == [7, 5]
+    assert lst.active() == [body]
+    first = walked[1]
+    assert isinstance(first, Received)
+    assert connection_state(first) == "handling"
+    assert fields(first) == S(0.0, True, 1, True, False)
+    assert (first.connected_at, first.client, first.server) == (T0 - 2, ("127.0.0.1", 2), ("127.0.0.1", 80))
+    assert (first.method, first.path, first.responding, first.stalled) == ("GET", "/a", True, False)
+    # Nothing to close through: close_idle and close_all reach only records with a handle.
+    assert lst.close_idle() == 0 and lst.close_all() == 0
+    # The app returned: the entry goes, and so does its record.
+    del lst.received[7]
+    assert not first.tracked and connection_state(first) == "closed"
+    assert (len(lst), lst.idle_count, lst.idle_responding_count) == (2, 1, 1)
+    assert [conn.id for conn in lst.all()] == [body.id, 5]
+
+
+def test_walking_the_requests_received_whole_survives_their_end(lst: ConnectionsList) -> None:
+    for key in range(1, 6):
+        lst.received[key] = (T0, {"method": "GET", "path": f"/{key}"})
+    seen = []
+    for conn in lst.iter_all():
+        seen.append(conn.id)
+        # Requests end and begin while the caller has the loop.
+        lst.received.pop(conn.id + 1, None)
+        lst.received[100 + conn.id] = (T0, {})
+    # Ended ones are skipped; the ones that began after the walk started are not walked.
+    assert seen == [1, 3, 5]
+    assert len(lst) == 3 + 3
+
+
+def test_removed_walk_does_not_reach_the_requests_received_whole(lst: ConnectionsList) -> None:
+    # A walk whose next record was removed too ends early (truncated): it does not go on to the entries.
+    a, b, c = (lst.connect() for _ in range(3))
+    lst.received[1] = (T0, {})
+    walk = lst.iter_all()
+    assert next(walk) is a
+    lst.remove(a)
+    lst.remove(b)
+    assert list(walk) == []
+    assert [conn.id for conn in lst.iter_all()] == [c.id, 1]

@@ -250,6 +250,60 @@ def test_long_paths_are_cut() -> None:
     assert len(entry["path"]) == PATH_MAX and entry["path"].endswith("...")
 
 
+def test_requests_received_whole_are_listed_and_counted_as_handling() -> None:
+    # ASGI-only mode's requests without a body: entries of the list, each
+    # shown and counted like a connection handling its one request.
+    clock = FakeClock()
+    enforcer = make_enforcer(clock)
+    lst = enforcer.connections
+    body = lst.connect(client=("127.0.0.1", 1), server=("127.0.0.1", 80))
+    lst.headers_complete(body, "POST", "/upload")
+    scope = {
+        "method": "GET",
+        "path": "/" + "a" * 1000,
+        "client": ("127.0.0.1", 2),
+        "server": ("127.0.0.1", 80),
+    }
+    lst.received[42] = (T0 + 1, scope)
+    clock.now = T0 + 3.5
+    data = snapshot(enforcer)
+    assert [e["id"] for e in data["all"]] == [body.id, 42]
+    assert [e["id"] for e in data["idle"]] == [42]
+    assert [e["id"] for e in data["active"]] == [body.id]
+    assert (
+        data["all"][1]
+        == data["idle"][0]
+        == {
+            "id": 42,
+            "client": "127.0.0.1:2",
+            "server": "127.0.0.1:80",
+            "state": "handling",
+            "age": 2.5,
+            "duration": None,
+            "headers_completed": True,
+            "requests": 1,
+            "method": "GET",
+            "path": "/" + "a" * (PATH_MAX - 4) + "...",
+        }
+    )
+    assert data["counts"] == {
+        "all": 2,
+        "idle": 1,
+        "active": 1,
+        "reading": 0,
+        "writing": 2,
+        "waiting": 0,
+        "timed_out": 0,
+        "stalled": 0,
+    }
+    assert data["counts"] == counts_by_walking(lst)
+    assert data["truncated"] is False
+    # One listed, both counted.
+    assert snapshot(enforcer, limit=1)["truncated"] is True
+    del lst.received[42]
+    assert snapshot(enforcer)["counts"]["writing"] == 1
+
+
 # -- unit: the O(1) counts always match a walk (hypothesis) --------------------
 
 OPS = ("connect", "begin", "headers", "complete", "respond", "remove", "expire")

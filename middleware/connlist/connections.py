@@ -176,7 +176,8 @@ OUT_STALLED = 1
 OUT_CLOSING = 2
 
 _ids = itertools.count(1)
-# Ids for what the view lists, records or not (ASGI-only mode's requests without a body).
+# Every record's id, unique in the process: a Connection's, and the key of
+# each of ASGI-only mode's requests received whole (``ConnectionsList.received``).
 next_id = _ids.__next__
 _INF = math.inf
 
@@ -330,13 +331,46 @@ def connection_state(conn: Connection) -> str:
         if conn.headers_completed:
             return "reading_body"
         return "reading_headers" if conn._begun else "new"
-    if conn._all_next is conn:
+    if not conn.tracked:  # a property: a ``Received`` record is in the list's table, not linked
         return "closed"
     if conn.last_message_start != 0.0:
         return "timed_out"  # left active without completing its message: expired
     if conn.out_state == OUT_STALLED:
         return "stalled"
     return "handling" if conn._responding else "idle"
+
+
+class Received(Connection):
+    """The record of one of ASGI-only mode's requests without a body, made when a view walks the list.
+
+    Such a request arrives whole (its headers are all there is to receive),
+    so nothing times it; it is handled from its arrival until the app
+    returns.  Per request, the feeder (``connlist.asgi``) writes only an entry
+    in ``ConnectionsList.received``, ``id -> (arrival, scope)``, and deletes
+    it when the app returns: that is all a request costs.  The list counts
+    the entries as idle connections whose response is unfinished, and
+    ``iter_all`` hands each out as one of these records, in the handling
+    state, after the linked records (in arrival order).  A record stays
+    ``tracked`` while its entry is in the table.
+    """
+
+    __slots__ = ("_table",)
+
+    def __init__(self, key: int, arrival: float, scope: Any, table: dict[int, tuple[float, Any]]) -> None:
+        super().__init__(client=scope.get("client"), server=scope.get("server"), connected_at=arrival)
+        self.id = key
+        self._table = table
+        # Received whole, and handed to the app: idle, one request, responding.
+        self.headers_completed = True
+        self.requests = 1
+        self._method = scope.get("method")
+        self._path = scope.get("path")
+        self._responding = True
+
+    @property
+    def tracked(self) -> bool:
+        """Whether the request is still in the list (the app has not returned)."""
+        return self.id in self._table
 
 
 def check_timeout(name: str, value: object) -> float:
@@ -364,6 +398,7 @@ class ConnectionsList:
         "_n_stalled",
         "_n_timed_out",
         "_stalled_root",
+        "received",
     )
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -387,6 +422,8 @@ class ConnectionsList:
         self._stalled_root = Connection()
         self._closing_root = Connection()
         self._n_stalled = 0
+        # ASGI-only mode's requests without a body (see Received).
+        self.received: dict[int, tuple[float, Any]] = {}
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -760,7 +797,7 @@ class ConnectionsList:
     # -- views ---------------------------------------------------------------
 
     def __len__(self) -> int:
-        return self._n_all
+        return self._n_all + len(self.received)
 
     @property
     def active_count(self) -> int:
@@ -768,7 +805,7 @@ class ConnectionsList:
 
     @property
     def idle_count(self) -> int:
-        return self._n_all - self._n_active - self._n_timed_out
+        return self._n_all + len(self.received) - self._n_active - self._n_timed_out
 
     @property
     def timed_out_count(self) -> int:
@@ -783,7 +820,7 @@ class ConnectionsList:
     @property
     def idle_responding_count(self) -> int:
         """Idle connections (no request being received) whose response is unfinished."""
-        return self._n_idle_responding
+        return self._n_idle_responding + len(self.received)
 
     @property
     def stalled_count(self) -> int:
@@ -797,12 +834,15 @@ class ConnectionsList:
         what it does otherwise (``writing`` while its app responds,
         ``waiting`` once the app has handed over the whole response).
         """
+        # ASGI-only mode's requests without a body are idle and responding.
+        received = len(self.received)
+        n_all = self._n_all + received
         n_active = self._n_active
-        n_idle = self._n_all - n_active - self._n_timed_out
+        n_idle = n_all - n_active - self._n_timed_out
         reading = self._n_headers_pending
-        handling = self._n_idle_responding
+        handling = self._n_idle_responding + received
         return {
-            "all": self._n_all,
+            "all": n_all,
             "idle": n_idle,
             "active": n_active,
             "reading": reading,
@@ -823,6 +863,16 @@ class ConnectionsList:
             nxt = node._all_next
             yield node
             node = nxt if node._all_next is node else node._all_next
+        if node is root:
+            yield from self._iter_received()
+
+    def _iter_received(self) -> Iterator[Connection]:
+        """ASGI-only mode's requests without a body, in arrival order, as records (see Received)."""
+        table = self.received
+        # A copy: the table changes while the caller has the loop.
+        for key, (arrival, scope) in list(table.items()):
+            if key in table:
+                yield Received(key, arrival, scope, table)
 
     def iter_active(self) -> Iterator[Connection]:
         """``active`` by message start, oldest first; unlinking the current node is safe."""

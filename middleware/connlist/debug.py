@@ -149,32 +149,9 @@ def count(enforcer: Enforcer) -> dict[str, int]:
     ``all``, ``idle``, ``active`` as the list has them, and nginx-style
     phases: ``reading`` (new + reading_headers), ``writing`` (reading_body +
     handling), ``waiting`` (idle) and ``timed_out``; the phases add up to
-    ``all``.  In ASGI-only mode, the requests in flight that have no record
-    (no body) count as handling.
+    ``all``.
     """
-    counts = enforcer.connections.counts()
-    in_flight = len(enforcer.in_flight)
-    counts["all"] += in_flight
-    counts["idle"] += in_flight
-    counts["writing"] += in_flight
-    return counts
-
-
-def _describe_in_flight(entry: tuple[int, float, Any], now: float) -> dict[str, Any]:
-    """An ASGI-only request without a body (it has no record): received, being handled."""
-    request_id, start, scope = entry
-    return {
-        "id": request_id,
-        "client": format_address(scope.get("client")),
-        "server": format_address(scope.get("server")),
-        "state": "handling",
-        "age": round((now - start) * 1000) / 1000,
-        "duration": None,
-        "headers_completed": True,
-        "requests": 1,
-        "method": scope.get("method"),
-        "path": _short_path(scope.get("path")),
-    }
+    return enforcer.connections.counts()
 
 
 def _check_limit(limit: object) -> int:
@@ -240,17 +217,6 @@ def snapshot_steps(
             break
         elif conn.last_message_start == 0:
             idle_list.append(describe(conn, now, servers))
-
-    # ASGI-only mode's requests without a body have no record: they are
-    # listed after the records, in the order they arrived.
-    for request in list(enforcer.in_flight.values()):
-        if len(all_list) >= limit and len(idle_list) >= limit:
-            break
-        item = _describe_in_flight(request, now)
-        if len(all_list) < limit:
-            all_list.append(item)
-        if len(idle_list) < limit:
-            idle_list.append(dict(item))
 
     active_list: list[dict[str, Any]] = []
     if limit:

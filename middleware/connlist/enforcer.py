@@ -36,16 +36,17 @@ one sweep spends at most ``BUDGET`` seconds closing, then yields to the loop
 and carries on at the next iteration, so requests of other clients are served
 in between.
 
-The server layer (``connlist.uvicorn``) or the middleware in ASGI-only mode
-feeds the list, calls ``watch()`` after any event that can make something
-due (``connect``, ``message_begin``, ``stall``) and ``unwatch()`` after one
-that can leave nothing due (``message_complete``, ``remove``); what is due is
-closed through the connection's handle.
+The server layer (``connlist.uvicorn``), or ``connlist.asgi`` in ASGI-only
+mode, feeds the list, calls ``watch()`` after any event that can make
+something due (``connect``, ``message_begin``, ``stall``) and ``unwatch()``
+after one that can leave nothing due (``message_complete``, ``remove``); what
+is due is closed through the connection's handle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ __all__ = [
     "LINGER",
     "STATE_KEY",
     "Enforcer",
+    "OneRequestPerConnection",
     "TimeoutKind",
     "Totals",
     "format_address",
@@ -110,6 +112,26 @@ class Totals:
     send_timeouts: int = 0
 
 
+class OneRequestPerConnection(Totals):
+    """Totals where each request is a connection of its own (ASGI-only mode): ``requests`` is ``connections``.
+
+    So a request is counted with one increment (``connlist.asgi``).
+    """
+
+    @property
+    def requests(self) -> int:
+        return self.connections
+
+    @requests.setter
+    def requests(self, value: int) -> None:
+        self.connections = value
+
+    @classmethod
+    def of(cls, totals: Totals) -> OneRequestPerConnection:
+        """The same counts (``requests`` taken for ``connections``: they are equal where this is used)."""
+        return cls(**dataclasses.asdict(totals))
+
+
 class Enforcer:
     """One worker's ConnectionsList, its settings, its timer, its counters and its log summary.
 
@@ -134,14 +156,10 @@ class Enforcer:
         self.summary = Summary()
         # "asgi" until a connlist protocol of the server announces itself.
         self.mode = "asgi"
-        # The list's clock, read where a request has no record (ASGI-only mode).
+        # The list's clock.
         self.clock = clock
         self.linger = linger
         self.loop = loop
-        # ASGI-only mode: requests without a body have nothing left to
-        # receive, so nothing to time and no record; the view lists them from
-        # here: key -> (id, start, scope).
-        self.in_flight: dict[int, tuple[int, float, object]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._timer_loop: asyncio.AbstractEventLoop | None = None

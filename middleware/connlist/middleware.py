@@ -13,22 +13,10 @@ log summary still pending.
 
 Without it (plain uvicorn, hypercorn, ...) the middleware runs in ASGI-only
 mode: it sees a request only once its headers are parsed, so it cannot enforce
-the headers timeout, and it cannot see connections, only requests.  A request
-with a body is a record of its own, from the scope's arrival until the app
-returns; it is active until its last chunk is received, and the request
-timeout and the minimum body rate apply to it (the rate's clock starts when
-the app is called, and counts the body bytes the app has received).  A
-request without a body has nothing left to time: it gets no record, only an
-entry in ``Enforcer.in_flight`` that the view lists as handling while the
-app runs (so it costs next to nothing).  When a request expires, the
-middleware answers ``408`` with ``Connection: close`` if the response has not
-started (the server then closes the connection and the app's pending
-``receive()`` returns ``http.disconnect``), drops what the app sends after
-that, and swallows the app's ``ClientDisconnect``.  If the response had
-started, it cannot close the connection: the app's next ``receive()`` returns
-``http.disconnect``.  Nor can it do what needs the transport: the send
-timeout (ASGI does not say whether the client takes the response) and the
-linger's abort (an app cannot abort its connection).
+the headers timeout, and it cannot see connections, only requests, which
+``connlist.asgi`` feeds to the list (from its first request in that mode the
+middleware is an ``_AsgiOnly``, whose path is that feeder's).  See
+``docs/how-it-works.md`` ("ASGI-only mode") for what each mode enforces.
 """
 
 from __future__ import annotations
@@ -38,12 +26,13 @@ import inspect
 import logging
 import sys
 from collections.abc import Awaitable
+from types import MethodType
 from typing import Any
 
-from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from connlist.connections import Connection, ConnectionsList, next_id
+from connlist.asgi import AsgiOnly, Feed
+from connlist.connections import ConnectionsList
 from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
 from connlist.enforcer import STATE_KEY, Enforcer, OnTimeout
 from connlist.logs import route_to_uvicorn
@@ -60,17 +49,6 @@ from connlist.workers import WorkerGroup
 __all__ = ["ConnectionsMiddleware"]
 
 logger = logging.getLogger("connlist")
-
-_DISCONNECT: Message = {"type": "http.disconnect"}
-_408_START: Message = {
-    "type": "http.response.start",
-    "status": 408,
-    "headers": [
-        (b"connection", b"close"),
-        (b"content-length", b"0"),
-    ],
-}
-_408_BODY: Message = {"type": "http.response.body", "body": b""}
 
 
 class ConnectionsMiddleware:
@@ -90,10 +68,11 @@ class ConnectionsMiddleware:
     to its shutdown.
     """
 
-    # Slots, so that the switch to _PassThrough (and back) leaves attribute
-    # access as fast as before it: a switch makes CPython 3.11 turn an
-    # instance's inline attributes into a dict, which cost the pass-through
-    # path about 800 instructions per request.  ``__dict__`` stays for what
+    # Slots, so that the switch to _PassThrough or _AsgiOnly (and back)
+    # leaves attribute access as fast as before it: a switch makes CPython
+    # 3.11 turn an instance's inline attributes into a dict whose loads it no
+    # longer specializes, which cost the pass-through path about 800
+    # instructions per request.  ``__dict__`` stays for what
     # the instance is given besides (the ``__call__`` of Python < 3.12, see
     # _PassThrough; a subclass's own attributes).
     __slots__ = (
@@ -101,6 +80,7 @@ class ConnectionsMiddleware:
         "__weakref__",
         "_endpoint",
         "_enforcer",
+        "_feed",
         "_first_request_seen",
         "_starting",
         "_workers",
@@ -227,37 +207,21 @@ class ConnectionsMiddleware:
                     self.__class__ = _PassThrough
                 await self.app(scope, receive, send)
                 return
-            # ASGI-only mode.  Does the request have a body?  (This and the
-            # bookkeeping below are written out: it is most requests, and in
-            # Python a call costs as much as any of them.)
-            for name, value in scope["headers"]:
-                if name == b"content-length":
-                    if value.strip() not in (b"0", b""):
-                        await self._asgi_only(scope, receive, send)
-                        return
-                    break
-                if name == b"transfer-encoding":
-                    await self._asgi_only(scope, receive, send)
-                    return
-            # No body: nothing to time, so no record; the view lists the
-            # request while the app runs.
-            totals = enforcer.totals
-            totals.connections += 1
-            totals.requests += 1
-            in_flight = enforcer.in_flight
-            ident = next_id()
-            in_flight[ident] = (ident, enforcer.clock(), scope)
-            try:
-                await self.app(scope, receive, send)
-            finally:
-                del in_flight[ident]
+            # ASGI-only mode: from now on, its own path (see _AsgiOnly).
+            feed = getattr(self, "_feed", None)
+            if feed is None or feed.enforcer is not enforcer:
+                route = MethodType(ConnectionsMiddleware.__call__, self)
+                self._feed = Feed(self.app, self.debug_path, enforcer, route)
+            if type(self) is ConnectionsMiddleware:
+                self.__class__ = _AsgiOnly
+            await AsgiOnly.__call__(self, scope, receive, send)  # type: ignore[arg-type]
             return
         if scope_type == "lifespan":
             # A server is starting: forget a timer left on the loop of an
             # earlier run of this app, then hand the enforcer to the server's
             # protocols (uvicorn passes this state dict to every protocol).
             # Its protocols announce their mode before the first request.
-            if type(self) is _PassThrough:
+            if type(self) is _PassThrough or type(self) is _AsgiOnly:
                 self.__class__ = ConnectionsMiddleware  # type: ignore[assignment]
             self._enforcer.cancel()
             state = scope.get("state")
@@ -313,64 +277,6 @@ class ConnectionsMiddleware:
                 self._enforcer.request_timeout,
             )
 
-    async def _asgi_only(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI-only mode, a request with a body: a record, timed until its last chunk arrives."""
-        enforcer = self._enforcer
-        connections = enforcer.connections
-        conn = connections.connect(client=scope.get("client"), server=scope.get("server"))
-        connections.headers_complete(conn, scope["method"], scope["path"])
-        if enforcer.settings.body_min_rate:
-            connections.body_begin(conn)
-        enforcer.totals.connections += 1
-        enforcer.totals.requests += 1
-        handle = _AsgiRequest(conn, send)
-        conn.handle = handle
-        enforcer.watch()
-
-        async def receive_tracked() -> Message:
-            if handle.cut:
-                return _DISCONNECT
-            handle.receiving = asyncio.current_task()
-            try:
-                message = await receive()
-            except asyncio.CancelledError:
-                # Only the handle's cancel (it clears ``receiving`` first) turns into a disconnect.
-                if not handle.cut or handle.receiving is not None or _uncancel():
-                    raise
-                return _DISCONNECT
-            finally:
-                handle.receiving = None
-            if handle.cut:
-                return _DISCONNECT
-            if message["type"] == "http.request":
-                conn.body_received += len(message.get("body", b""))
-                if not message.get("more_body", False):
-                    connections.message_complete(conn)
-            else:
-                connections.message_complete(conn)
-            return message
-
-        async def send_tracked(message: Message) -> None:
-            if handle.cut:
-                return  # timed out: the 408 went out, or the response was cut short
-            if message["type"] == "http.response.start":
-                handle.response_started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive_tracked, send_tracked)
-        except ClientDisconnect:
-            if not handle.cut:
-                raise  # not connlist's doing
-        finally:
-            connections.remove(conn)
-            enforcer.unwatch()
-            if handle.task is not None:
-                await handle.task
-            # Break the record <-> handle cycle: the handle holds the server's
-            # send, and a server may hold the connection open until that is freed.
-            conn.handle = None
-
 
 class _PassThrough(ConnectionsMiddleware):
     """A ConnectionsMiddleware once the server integration feeds its list.
@@ -412,80 +318,13 @@ class _PassThrough(ConnectionsMiddleware):
         __call__ = inspect.markcoroutinefunction(__call__)
 
 
-def _uncancel() -> bool:
-    """Take back the handle's cancel of the current task; whether other cancels are pending (3.11+).
+class _AsgiOnly(AsgiOnly, ConnectionsMiddleware):
+    """A ConnectionsMiddleware in ASGI-only mode (``connlist.asgi.AsgiOnly``).
 
-    Without it, 3.11's structured concurrency (``asyncio.timeout``, task
-    groups) in the app would take the handled cancel for one of its own.
-    """
-    uncancel = getattr(asyncio.current_task(), "uncancel", None)
-    return uncancel is not None and uncancel() > 0
-
-
-class _AsgiRequest:
-    """The ConnectionHandle of one request in ASGI-only mode.
-
-    Once the request is cut off, the app's pending ``receive()`` must
-    return too, and not only for the app's sake: a server may keep the
-    connection open for as long as a read of the body is pending.  granian
-    does (its pending receive holds hyper's body stream, and hyper keeps
-    reading a body that someone still wants, ``Connection: close`` or not),
-    until the client's next byte.  So the handle cancels the task waiting in
-    the server's ``receive()`` (cancelling granian's future drops its read),
-    and that ``receive()`` returns ``http.disconnect`` to the app.
+    As with ``_PassThrough``, the middleware switches to this class at its
+    first request in ASGI-only mode and back at the next lifespan startup
+    (a server with the integration may serve the app next), so that the
+    mode's per-request path is one function with no test of the mode.
     """
 
-    __slots__ = ("conn", "cut", "receiving", "response_started", "send", "task")
-
-    def __init__(self, conn: Connection, send: Send) -> None:
-        self.conn = conn
-        self.send = send
-        self.cut = False
-        self.response_started = False
-        self.task: asyncio.Task[None] | None = None
-        # The app's task while it waits in the server's receive(), else None.
-        self.receiving: asyncio.Task[Any] | None = None
-
-    def connlist_close_expired(self) -> None:
-        if self.cut:
-            return
-        self.cut = True
-        if self.response_started:
-            self._stop_receiving()
-        else:
-            self.task = asyncio.get_running_loop().create_task(self._send_408())
-
-    def _stop_receiving(self) -> None:
-        task, self.receiving = self.receiving, None
-        if task is not None:
-            task.cancel()
-
-    async def _send_408(self) -> None:
-        try:
-            await self.send(_408_START)
-            await self.send(_408_BODY)
-        except Exception:  # the client may be gone already
-            logger.debug("sending 408 failed", exc_info=True)
-        finally:
-            # After the 408, so the server has the whole response before the app returns.
-            self._stop_receiving()
-
-    def connlist_close_idle(self) -> bool:
-        return False  # a request in ASGI-only mode is never idle
-
-    def connlist_close(self) -> None:
-        self.connlist_close_expired()
-
-    def connlist_abort(self) -> None:
-        pass  # an ASGI app cannot abort its connection; the record goes when the app returns
-
-    def connlist_request(self) -> tuple[str | None, str | None]:
-        return None, None  # the record stores the request's method and path itself
-
-    def connlist_pending(self) -> int:
-        return 0  # never stalled: ASGI has no view of the transport
-
-    def connlist_reading_paused(self) -> bool:
-        # The bytes counted are the ones the app took: while it is not
-        # waiting in receive(), a body that seems behind is the app's doing.
-        return self.receiving is None
+    __slots__ = ()
