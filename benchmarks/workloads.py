@@ -461,16 +461,26 @@ def _state(workload: str, name: str, n: int) -> _State:
     return _states[key]
 
 
-def _cycles(loops: int, name: str, n: int, workload: str) -> float:
+def _events(loops: int, name: str, n: int, workload: str, events: tuple[str, str, str]) -> float:
+    """Three of the list's events, in the order given, on each of the next ``loops`` connections."""
     state = _state(workload, name, n)
     chunk = list(itertools.islice(state.order, loops))
-    mc, mb, hc = state.s.message_complete, state.s.message_begin, state.s.headers_complete
+    first, second, third = (getattr(state.s, event) for event in events)
     t0 = time.perf_counter()
     for conn in chunk:
-        mc(conn)
-        mb(conn)
-        hc(conn)
+        first(conn)
+        second(conn)
+        third(conn)
     return time.perf_counter() - t0
+
+
+# A message cycle on a connection kept active; an idle connection's whole request.
+_CYCLE = ("message_complete", "message_begin", "headers_complete")
+_IDLE = ("message_begin", "headers_complete", "message_complete")
+
+
+def _cycles(loops: int, name: str, n: int, workload: str) -> float:
+    return _events(loops, name, n, workload, _CYCLE)
 
 
 def cycle_random(loops: int, name: str, n: int) -> float:
@@ -517,15 +527,7 @@ def expired_1pct(loops: int, name: str, n: int) -> float:
 
 
 def _idle(loops: int, name: str, n: int, workload: str) -> float:
-    state = _state(workload, name, n)
-    chunk = list(itertools.islice(state.order, loops))
-    mb, hc, mc = state.s.message_begin, state.s.headers_complete, state.s.message_complete
-    t0 = time.perf_counter()
-    for conn in chunk:
-        mb(conn)
-        hc(conn)
-        mc(conn)
-    return time.perf_counter() - t0
+    return _events(loops, name, n, workload, _IDLE)
 
 
 def idle_in_turn(loops: int, name: str, n: int) -> float:
