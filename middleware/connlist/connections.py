@@ -834,15 +834,12 @@ class ConnectionsList:
         what it does otherwise (``writing`` while its app responds,
         ``waiting`` once the app has handed over the whole response).
         """
-        # ASGI-only mode's requests without a body are idle and responding.
-        received = len(self.received)
-        n_all = self._n_all + received
         n_active = self._n_active
-        n_idle = n_all - n_active - self._n_timed_out
+        n_idle = self.idle_count
         reading = self._n_headers_pending
-        handling = self._n_idle_responding + received
+        handling = self.idle_responding_count
         return {
-            "all": n_all,
+            "all": len(self),
             "idle": n_idle,
             "active": n_active,
             "reading": reading,

@@ -75,7 +75,6 @@ __all__ = [
     "QUERY_PARAMETERS",
     "DebugEndpoint",
     "Query",
-    "count",
     "describe",
     "is_loopback",
     "not_found",
@@ -143,17 +142,6 @@ def describe(conn: Connection, now: float, servers: dict[Any, str | None] | None
     }
 
 
-def count(enforcer: Enforcer) -> dict[str, int]:
-    """The exact counts of the view, in O(1) from the list's own counters.
-
-    ``all``, ``idle``, ``active`` as the list has them, and nginx-style
-    phases: ``reading`` (new + reading_headers), ``writing`` (reading_body +
-    handling), ``waiting`` (idle) and ``timed_out``; the phases add up to
-    ``all``.
-    """
-    return enforcer.connections.counts()
-
-
 def _check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be an integer from 0 to {MAX_LIMIT}, got {limit!r}")
@@ -192,7 +180,7 @@ def snapshot_steps(
     connections = enforcer.connections
     now = connections.clock()
 
-    counts = count(enforcer)
+    counts = enforcer.connections.counts()
     n_all, n_active, n_idle = counts["all"], counts["active"], counts["idle"]
 
     # Each connection is described once; a second list gets a copy.

@@ -40,7 +40,6 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from connlist.connections import PHASES
-from connlist.debug import count
 from connlist.enforcer import STATE_KEY, Enforcer, Totals
 
 try:
@@ -80,7 +79,7 @@ def multiprocess_mode() -> bool:
 
 def count_phases(enforcer: Enforcer) -> dict[str, int]:
     """One worker's connections by phase (``PHASES``), O(1): the debug endpoint's ``counts``."""
-    counts = count(enforcer)
+    counts = enforcer.connections.counts()
     return {phase: counts[phase] for phase in PHASES}
 
 
