@@ -31,16 +31,9 @@ from connlist.connections import Connection, connection_state
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.settings import resolve
 from connlist.uvicorn import H11Protocol, HttpToolsProtocol, _Tracking
+from tests.fakes import FakeClock
 
 HEADERS_TIMEOUT, REQUEST_TIMEOUT = 10.0, 30.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class MemoryTransport(asyncio.Transport):
@@ -301,7 +294,7 @@ class Side:
         return conn
 
 
-def make_side(name: str, cls: type, clock: Clock) -> Side:
+def make_side(name: str, cls: type, clock: FakeClock) -> Side:
     config = Config(app, http=cls, ws="websockets-sansio", lifespan="off", log_level="critical")
     config.load()
     enforcer = Enforcer(
@@ -358,7 +351,7 @@ Step = tuple[Any, ...]
 
 async def run_steps(parser: str, steps: list[Step]) -> list[dict[str, Any]]:
     """Run both sides through ``steps``; return the observed side's states (checked equal)."""
-    clock = Clock()
+    clock = FakeClock()
     Gate.event = asyncio.Event()
     observed_cls, reference_cls = PROTOCOLS[parser]
     sides = [make_side("observed", observed_cls, clock), make_side("reference", reference_cls, clock)]
