@@ -148,14 +148,7 @@ def test_unit_handle_without_server() -> None:
             if message["type"] == "http.response.body":
                 gate.set()
 
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/",
-            "headers": [(b"content-length", b"5")],
-            "client": ("127.0.0.1", 1),
-            "server": ("127.0.0.1", 2),
-        }
+        scope = body_scope((b"content-length", b"5"), path="/")
         await asyncio.wait_for(mw(scope, receive, send), 2)
         assert len(mw.connections) == 0
         return sent
@@ -197,14 +190,7 @@ def test_pending_receive_returns_when_the_server_never_answers() -> None:
             sent.append(message)
 
         mw = ConnectionsMiddleware(app, headers_timeout=0.05, request_timeout=0.1, debug_path=None)
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/",
-            "headers": [(b"content-length", b"5")],
-            "client": ("127.0.0.1", 1),
-            "server": ("127.0.0.1", 2),
-        }
+        scope = body_scope((b"content-length", b"5"), path="/")
         await asyncio.wait_for(mw(scope, receive, send), 2)
         # Nothing left behind.
         assert len(mw.connections) == 0
@@ -219,11 +205,11 @@ def test_pending_receive_returns_when_the_server_never_answers() -> None:
 # -- in-process: the middleware called directly, cut off through the list -------
 
 
-def body_scope(*headers: tuple[bytes, bytes]) -> dict[str, Any]:
+def body_scope(*headers: tuple[bytes, bytes], path: str = "/upload") -> dict[str, Any]:
     return {
         "type": "http",
         "method": "POST",
-        "path": "/upload",
+        "path": path,
         "headers": list(headers),
         "client": ("127.0.0.1", 1),
         "server": ("127.0.0.1", 2),
