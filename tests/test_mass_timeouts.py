@@ -23,8 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import mass_timeout
 
-PROTOCOLS = {"httptools": "connlist.uvicorn:HttpToolsProtocol", "h11": "connlist.uvicorn:H11Protocol"}
-
 
 def test_thousands_expiring_at_once_do_not_stall_the_worker(
     parser: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -55,7 +53,7 @@ def test_a_few_hundred_body_timeouts_make_one_readable_warning_and_no_traceback(
             "uvicorn",
             "tests.hardening_app:app",
             "--http",
-            PROTOCOLS[parser],
+            mass_timeout.PROTOCOLS[parser],
             "--port",
             str(port),
             "--lifespan",
