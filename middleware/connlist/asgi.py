@@ -141,13 +141,13 @@ async def serve_with_body(
 ) -> None:
     """A request with a body: a record, timed until its last chunk arrives, while ``app`` runs."""
     connections = enforcer.connections
-    conn = connections.connect(client=scope.get("client"), server=scope.get("server"))
+    # Counted and numbered (see AsgiOnly): requests are connections here.
+    totals = enforcer.totals
+    key = totals.connections = totals.connections + 1
+    conn = connections.connect(client=scope.get("client"), server=scope.get("server"), id=key)
     connections.headers_complete(conn, scope["method"], scope["path"])
     if enforcer.settings.body_min_rate:
         connections.body_begin(conn)
-    # Counted and numbered (see AsgiOnly): requests are connections here.
-    totals = enforcer.totals
-    conn.id = totals.connections = totals.connections + 1
     handle = AsgiRequest(conn, send)
     conn.handle = handle
     enforcer.watch()

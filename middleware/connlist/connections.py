@@ -225,6 +225,7 @@ class Connection:
         server: Address = None,
         handle: ConnectionHandle | None = None,
         connected_at: float = 0.0,
+        id: int | None = None,
     ) -> None:
         # Linked to itself: in no list.
         self._all_prev: Connection = self
@@ -235,7 +236,8 @@ class Connection:
         self._body_next: Connection = self
         self._out_prev: Connection = self
         self._out_next: Connection = self
-        self.id: int = next_id()
+        # Given by ASGI-only mode, which numbers its requests as it counts them.
+        self.id: int = next_id() if id is None else id
         self.client = client
         self.server = server
         self.handle = handle
@@ -357,8 +359,7 @@ class Received(Connection):
     __slots__ = ("_table",)
 
     def __init__(self, key: int, arrival: float, scope: Any, table: dict[int, tuple[float, Any]]) -> None:
-        super().__init__(client=scope.get("client"), server=scope.get("server"), connected_at=arrival)
-        self.id = key
+        super().__init__(client=scope.get("client"), server=scope.get("server"), connected_at=arrival, id=key)
         self._table = table
         # Received whole, and handed to the app: idle, one request, responding.
         self.headers_completed = True
