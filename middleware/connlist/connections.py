@@ -176,8 +176,8 @@ OUT_STALLED = 1
 OUT_CLOSING = 2
 
 _ids = itertools.count(1)
-# Every record's id, unique in the process: a Connection's, and the key of
-# each of ASGI-only mode's requests received whole (``ConnectionsList.received``).
+# The id of a record not given one (ASGI-only mode gives its records their
+# request number: connlist.asgi), unique in the process.
 next_id = _ids.__next__
 _INF = math.inf
 
