@@ -302,7 +302,8 @@ class _PassThrough(ConnectionsMiddleware):
         except KeyError:
             return ConnectionsMiddleware.__call__(self, scope, receive, send)
         if path != self.debug_path:
-            return self.app(scope, receive, send)
+            app = self.app  # a slot; ``self.app(...)`` would be an unspecialized method call (see AsgiOnly)
+            return app(scope, receive, send)
         return ConnectionsMiddleware.__call__(self, scope, receive, send)
 
     # Servers tell ASGI 3 apps from ASGI 2 ones by whether ``app.__call__``
