@@ -12,10 +12,22 @@ feeds it N keep-alive ``GET /`` requests one after the other on the event loop,
 waiting for each response to complete.  Every setup runs on both loops: uvloop
 (what ``uvicorn[standard]`` installs, and what production servers run) and
 asyncio's own.  The child runs under
-valgrind's callgrind with ``PYTHONHASHSEED=0``, once with N = 1,000 and once with
-N = 3,000; instructions per request = the difference of the two totals / 2,000,
-so that start-up, imports and the lifespan cancel out.  Two runs of the same
-setup agree to within a few instructions.
+valgrind's callgrind with ``PYTHONHASHSEED=0``, once with N = 500 and once with
+N = 1,500; instructions per request = the difference of the two totals / 1,000,
+so that start-up, imports and the lifespan cancel out.
+
+Memory layouts.  Two runs of the same child agree to within a few
+instructions, but where objects land in memory moves a setup's count by a
+few hundred, sometimes a thousand: which of obmalloc's pools a request
+empties and refills, which attribute names collide in CPython's type cache.
+A change elsewhere in the code, a longer ``sys.path`` or another environment
+moves them too, so one layout's difference of a few hundred between two
+setups can be luck (measured: bare uvicorn read 179,044 to 179,716 over eight
+layouts, ASGI-only mode 185,319 to 186,371).  So each child first allocates a
+ballast of its layout's size, before anything else is imported (layout 0 has
+none), each setup is measured in ``--layouts`` layouts (5 by default), and the
+table gives each setup's median, with the range; the percentages compare
+medians.  pyperf spreads its runs over processes for the same reason.
 
 What it leaves out: the kernel (socket reads and writes, about 30% of a real
 server's CPU, the same for every setup), and the batching of many
@@ -24,8 +36,9 @@ of uvicorn, httptools, Starlette and connlist for one request.
 
 Usage::
 
-    python3 benchmarks/per_request.py                   # all five setups, both loops: 6 minutes on 2 CPUs
+    python3 benchmarks/per_request.py                   # all five setups, both loops: 20 minutes on 2 CPUs
     python3 benchmarks/per_request.py --setups bare connlist --loops uvloop
+    python3 benchmarks/per_request.py --layouts 1       # one layout: a quick look, within a few hundred
 
 Needs valgrind (``apt-get install valgrind``) and, for the uvloop runs, uvloop
 (``pip install 'connlist[bench]'``).  Exits 0, or 2 when it cannot run.
@@ -41,13 +54,18 @@ import importlib.util
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SMALL, LARGE = 1000, 3000
+SMALL, LARGE = 500, 1500
+LAYOUTS = 5
+# The ballast of layout k: k * BALLAST_STEP bytes objects of assorted sizes, up
+# to obmalloc's largest (512 bytes), so that every size class's pools shift.
+BALLAST_STEP = 64
 REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nUser-Agent: per_request\r\n\r\n"
 
 
@@ -125,7 +143,17 @@ async def drive(app_spec: str, http: str, requests: int, report: dict[str, Any] 
 LOOPS = ("uvloop", "asyncio")
 
 
-def child(app_spec: str, http: str, requests: int, loop: str) -> None:
+def ballast(layout: int) -> list[bytes]:
+    """What the child of memory layout ``layout`` allocates and keeps before importing anything."""
+    return [bytes(i * 7919 % 481) for i in range(layout * BALLAST_STEP)]
+
+
+_ballast: list[bytes] = []
+
+
+def child(app_spec: str, http: str, requests: int, loop: str, layout: int) -> None:
+    # Kept to the end: freed, it would leave holes that the imports fill.
+    _ballast[:] = ballast(layout)
     sys.path.insert(0, str(HERE))
     if loop == "uvloop":
         import uvloop
@@ -135,7 +163,7 @@ def child(app_spec: str, http: str, requests: int, loop: str) -> None:
         asyncio.run(drive(app_spec, http, requests))
 
 
-def instructions(app_spec: str, http: str, requests: int, loop: str) -> int:
+def instructions(app_spec: str, http: str, requests: int, loop: str, layout: int) -> int:
     command = [
         "valgrind",
         "--tool=callgrind",
@@ -147,21 +175,56 @@ def instructions(app_spec: str, http: str, requests: int, loop: str) -> int:
         http,
         str(requests),
         loop,
+        str(layout),
     ]
     env = dict(os.environ, PYTHONHASHSEED="0")
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     match = re.search(r"(?:Collected|refs):\s*([\d,]+)", done.stderr)
     if done.returncode != 0 or match is None:
         raise SystemExit(
-            f"valgrind run failed ({app_spec}, {http}, {loop}):\n{done.stdout}{done.stderr[-3000:]}"
+            f"valgrind run failed ({app_spec}, {http}, {loop}, layout {layout}):\n"
+            f"{done.stdout}{done.stderr[-3000:]}"
         )
     return int(match.group(1).replace(",", ""))
 
 
-def per_request(app_spec: str, http: str, loop: str) -> int:
-    small = instructions(app_spec, http, SMALL, loop)
-    large = instructions(app_spec, http, LARGE, loop)
+def per_request(app_spec: str, http: str, loop: str, layout: int) -> int:
+    small = instructions(app_spec, http, SMALL, loop, layout)
+    large = instructions(app_spec, http, LARGE, loop, layout)
     return round((large - small) / (LARGE - SMALL))
+
+
+def layouts_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--layouts must be a whole number of at least 1, got {text!r}")
+    return value
+
+
+def table(
+    setups: list[Any], loops: list[str], results: dict[tuple[str, str], list[int]], baseline: str
+) -> list[str]:
+    """The report: each setup's median over the layouts, against the baseline's median, and the range."""
+    count = len(next(iter(results.values())))
+    lines = [
+        f"User-space instructions per request, in process (N = {LARGE:,} minus N = {SMALL:,}), "
+        f"median of {count} memory layout{'s' if count > 1 else ''} [range]:",
+        f"  {'setup':<38s}" + "".join(f"  {loop + ' (vs bare)':<44s}" for loop in loops),
+    ]
+    for setup in setups:
+        cells = []
+        for loop in loops:
+            values, bare = results[setup.key, loop], round(statistics.median(results[baseline, loop]))
+            value = round(statistics.median(values))
+            cells.append(
+                f"  {value:>9,d} {value - bare:>+8,d} {(value / bare - 1) * 100:>+6.2f}%"
+                f" [{min(values):,}..{max(values):,}]".ljust(46)
+            )
+        lines.append(f"  {setup.label:<38s}" + "".join(cells).rstrip())
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,6 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setups", nargs="+", choices=keys, default=keys, help="setups to measure")
     parser.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS), help="event loops")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="valgrind runs at a time")
+    parser.add_argument(
+        "--layouts",
+        type=layouts_count,
+        default=LAYOUTS,
+        help=f"memory layouts each setup is measured in (default {LAYOUTS}; see the docstring)",
+    )
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         print(
@@ -188,26 +257,20 @@ def main(argv: list[str] | None = None) -> int:
         setups.insert(0, e2e.SETUP_BY_KEY[e2e.BASELINE])
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         futures = {
-            (setup.key, loop): pool.submit(per_request, setup.app, setup.http, loop)
+            (setup.key, loop, layout): pool.submit(per_request, setup.app, setup.http, loop, layout)
+            for layout in range(args.layouts)
             for setup in setups
             for loop in loops
         }
-        results = {key: future.result() for key, future in futures.items()}
-    print(f"User-space instructions per request, in process (N = {LARGE:,} minus N = {SMALL:,}):")
-    print(f"  {'setup':<38s}" + "".join(f"  {loop + ' (vs bare)':>32s}" for loop in loops))
-    for setup in setups:
-        cells = []
-        for loop in loops:
-            value, bare = results[setup.key, loop], results[e2e.BASELINE, loop]
-            cells.append(
-                f"  {value:>9,d} {value - bare:>+9,d} {(value / bare - 1) * 100:>+7.2f}% {value / bare:.4f}"
-            )
-        print(f"  {setup.label:<38s}" + "".join(cells))
+        results: dict[tuple[str, str], list[int]] = {}
+        for (key, loop, _), future in futures.items():
+            results.setdefault((key, loop), []).append(future.result())
+    print("\n".join(table(setups, loops, results, e2e.BASELINE)))
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    if len(sys.argv) == 7 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6]))
     else:
         sys.exit(main())

@@ -148,6 +148,49 @@ def test_e2e_callgrind_runs_per_request(
     assert "valgrind not found" in capsys.readouterr().err
 
 
+def test_per_request_reports_each_setups_median_over_the_layouts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Made-up counts: per request, by setup and layout (start-up adds the same to both N).
+    per_layout = {"bare": [100, 130, 110], "connlist": [113, 150, 114]}
+    by_app = {(setup.app, setup.http): setup.key for setup in e2e.SETUPS}
+    seen: list[int] = []
+
+    def fake(app_spec: str, http: str, requests: int, loop: str, layout: int) -> int:
+        assert loop == "asyncio"
+        seen.append(layout)
+        return 5_000_000 + per_layout[by_app[app_spec, http]][layout] * requests
+
+    monkeypatch.setattr(per_request, "instructions", fake)
+    monkeypatch.setattr(per_request.shutil, "which", lambda name: "/usr/bin/" + name)
+    assert per_request.main(["--setups", "connlist", "--loops", "asyncio", "--layouts", "3", "--jobs", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(seen) == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]  # two N per setup and layout
+    assert "median of 3 memory layouts" in lines[0]
+    bare, connlist = lines[2].split(), lines[3].split()
+    # The medians (110 and 114), the difference of the medians, and each range.
+    assert bare[-4:] == ["110", "+0", "+0.00%", "[100..130]"]
+    assert connlist[-4:] == ["114", "+4", "+3.64%", "[113..150]"]
+
+
+def test_per_request_layouts_must_be_at_least_one(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("0", "-2", "two"):
+        with pytest.raises(SystemExit) as exit:
+            per_request.main(["--layouts", bad])
+        assert exit.value.code == 2
+        assert f"--layouts must be a whole number of at least 1, got {bad!r}" in capsys.readouterr().err
+
+
+def test_each_layout_allocates_its_own_ballast_across_the_size_classes() -> None:
+    assert per_request.ballast(0) == []
+    sizes = [len(block) for block in per_request.ballast(3)]
+    assert len(sizes) == 3 * per_request.BALLAST_STEP
+    assert per_request.ballast(1) == per_request.ballast(1)  # the same layout each run
+    # Spread over obmalloc's 16-byte size classes up to its 512-byte limit, not piled in a few.
+    assert max(sizes) <= 480
+    assert len({size // 16 for size in sizes}) >= 25
+
+
 # -- benchmarks/attacks.py: what can be checked without running an attack -------------------------
 
 # slowhttptest 1.8.2's -g -o statistics, captured: `-H -c 50 -r 50 -i 5 -l 12` against
