@@ -25,9 +25,13 @@ moves them too, so one layout's difference of a few hundred between two
 setups can be luck (measured: bare uvicorn read 179,044 to 179,716 over eight
 layouts, ASGI-only mode 185,319 to 186,371).  So each child first allocates a
 ballast of its layout's size, before anything else is imported (layout 0 has
-none), each setup is measured in ``--layouts`` layouts (5 by default), and the
-table gives each setup's median, with the range; the percentages compare
-medians.  pyperf spreads its runs over processes for the same reason.
+none) and runs with an environment variable of its layout's length, each
+setup is measured in ``--layouts`` layouts (5 by default), and the table
+gives each setup's median, with the range; the percentages compare medians.
+pyperf spreads its runs over processes for the same reason.  Even so, two
+series of medians can differ by a few hundred (the integration on asyncio's
+loop read +2.09% and +2.42% under two parents' environments), so a
+difference of a few tenths of a percent is within the noise.
 
 What it leaves out: the kernel (socket reads and writes, about 30% of a real
 server's CPU, the same for every setup), and the batching of many
@@ -163,6 +167,22 @@ def child(app_spec: str, http: str, requests: int, loop: str, layout: int) -> No
         asyncio.run(drive(app_spec, http, requests))
 
 
+def child_env(layout: int) -> dict[str, str]:
+    """The environment of a child of memory layout ``layout``."""
+    return dict(
+        os.environ,
+        PYTHONHASHSEED="0",
+        # Both children of a pair must start alike: one that writes the .pyc
+        # files the other then reads would not cancel out (a first run after
+        # a change read 14,600 instructions per request too many so).
+        PYTHONDONTWRITEBYTECODE="1",
+        # The layout also shifts what the interpreter allocates before any
+        # code of ours runs: the environment is copied into os.environ at
+        # start-up (a longer environment alone moved a setup by up to 800).
+        CONNLIST_BENCH_LAYOUT="-" * (layout * 41),
+    )
+
+
 def instructions(app_spec: str, http: str, requests: int, loop: str, layout: int) -> int:
     command = [
         "valgrind",
@@ -177,7 +197,7 @@ def instructions(app_spec: str, http: str, requests: int, loop: str, layout: int
         loop,
         str(layout),
     ]
-    env = dict(os.environ, PYTHONHASHSEED="0")
+    env = child_env(layout)
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     match = re.search(r"(?:Collected|refs):\s*([\d,]+)", done.stderr)
     if done.returncode != 0 or match is None:
@@ -212,7 +232,7 @@ def table(
     lines = [
         f"User-space instructions per request, in process (N = {LARGE:,} minus N = {SMALL:,}), "
         f"median of {count} memory layout{'s' if count > 1 else ''} [range]:",
-        f"  {'setup':<38s}" + "".join(f"  {loop + ' (vs bare)':<44s}" for loop in loops),
+        (f"  {'setup':<38s}" + "".join(f"  {loop + ' (vs bare)':<44s}" for loop in loops)).rstrip(),
     ]
     for setup in setups:
         cells = []

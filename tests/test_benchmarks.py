@@ -163,7 +163,8 @@ def test_per_request_reports_each_setups_median_over_the_layouts(
 
     monkeypatch.setattr(per_request, "instructions", fake)
     monkeypatch.setattr(per_request.shutil, "which", lambda name: "/usr/bin/" + name)
-    assert per_request.main(["--setups", "connlist", "--loops", "asyncio", "--layouts", "3", "--jobs", "1"]) == 0
+    argv = ["--setups", "connlist", "--loops", "asyncio", "--layouts", "3", "--jobs", "1"]
+    assert per_request.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert sorted(seen) == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]  # two N per setup and layout
     assert "median of 3 memory layouts" in lines[0]
@@ -179,6 +180,15 @@ def test_per_request_layouts_must_be_at_least_one(capsys: pytest.CaptureFixture[
             per_request.main(["--layouts", bad])
         assert exit.value.code == 2
         assert f"--layouts must be a whole number of at least 1, got {bad!r}" in capsys.readouterr().err
+
+
+def test_each_layout_runs_its_children_alike_in_an_environment_of_its_own() -> None:
+    first, third = per_request.child_env(0), per_request.child_env(2)
+    for env in (first, third):
+        assert env["PYTHONHASHSEED"] == "0"
+        assert env["PYTHONDONTWRITEBYTECODE"] == "1"  # neither child of a pair writes what the other reads
+    assert len(third["CONNLIST_BENCH_LAYOUT"]) > len(first["CONNLIST_BENCH_LAYOUT"])
+    assert per_request.child_env(2) == third
 
 
 def test_each_layout_allocates_its_own_ballast_across_the_size_classes() -> None:
