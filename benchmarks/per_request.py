@@ -67,8 +67,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 SMALL, LARGE = 500, 1500
 LAYOUTS = 5
-# The ballast of layout k: k * BALLAST_STEP bytes objects of assorted sizes, up
-# to obmalloc's largest (512 bytes), so that every size class's pools shift.
+# The ballast of layout k: k * BALLAST_STEP bytes objects of assorted lengths
+# (0 to 480), so that the pools of obmalloc's size classes (it serves objects
+# of up to 512 bytes) shift.
 BALLAST_STEP = 64
 REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nUser-Agent: per_request\r\n\r\n"
 

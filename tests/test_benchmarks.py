@@ -196,7 +196,7 @@ def test_each_layout_allocates_its_own_ballast_across_the_size_classes() -> None
     sizes = [len(block) for block in per_request.ballast(3)]
     assert len(sizes) == 3 * per_request.BALLAST_STEP
     assert per_request.ballast(1) == per_request.ballast(1)  # the same layout each run
-    # Spread over obmalloc's 16-byte size classes up to its 512-byte limit, not piled in a few.
+    # Spread over obmalloc's 16-byte size classes, not piled in a few.
     assert max(sizes) <= 480
     assert len({size // 16 for size in sizes}) >= 25
 
