@@ -539,8 +539,9 @@ class ConnectionsList:
 
         The server layer passes the request's ``method`` and ``path``: the
         request is then handed to the app, so the connection is
-        ``responding`` until ``response_complete``.  (One call instead of
-        three: this runs once per request.)
+        ``responding`` (``response_begin``) until ``response_complete``.
+        (One call of the server layer's instead of three: this runs once per
+        request.)
         """
         if not conn.headers_completed and conn._active_next is not conn:
             self._n_headers_pending -= 1
@@ -548,10 +549,7 @@ class ConnectionsList:
         if method is not None:
             conn._method = method
             conn._path = path
-            if not conn._responding:
-                conn._responding = True
-                if conn.last_message_start == 0.0 and conn._all_next is not conn:
-                    self._n_idle_responding += 1
+            self.response_begin(conn)
 
     def message(self, conn: Connection) -> None:
         """A whole request begun and fully received at one instant: the three events at once.

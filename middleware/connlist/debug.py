@@ -180,7 +180,7 @@ def snapshot_steps(
     connections = enforcer.connections
     now = connections.clock()
 
-    counts = enforcer.connections.counts()
+    counts = connections.counts()
     n_all, n_active, n_idle = counts["all"], counts["active"], counts["idle"]
 
     # Each connection is described once; a second list gets a copy.
