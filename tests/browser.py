@@ -77,6 +77,9 @@ class Dom(HTMLParser):
         self.headings: list[str] = []
         # (table number, cells) of every row.
         self.rows: list[tuple[int, list[str]]] = []
+        # (href, text) of every link.
+        self.links: list[tuple[str, str]] = []
+        self._link: tuple[str, list[str]] | None = None
         self._tables = 0
         self._row: list[str] | None = None
         self._cell: list[str] | None = None
@@ -94,6 +97,8 @@ class Dom(HTMLParser):
             self._cell = []
         elif tag in ("h1", "h2"):
             self._heading = []
+        elif tag == "a":
+            self._link = (dict(attrs).get("href") or "", [])
 
     def handle_endtag(self, tag: str) -> None:
         if tag in ("td", "th") and self._cell is not None and self._row is not None:
@@ -105,9 +110,12 @@ class Dom(HTMLParser):
         elif tag in ("h1", "h2") and self._heading is not None:
             self.headings.append("".join(self._heading))
             self._heading = None
+        elif tag == "a" and self._link is not None:
+            self.links.append((self._link[0], "".join(self._link[1])))
+            self._link = None
 
     def handle_data(self, data: str) -> None:
-        for part in (self._cell, self._heading):
+        for part in (self._cell, self._heading, None if self._link is None else self._link[1]):
             if part is not None:
                 part.append(data)
 
