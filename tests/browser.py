@@ -58,9 +58,14 @@ def _run(*args: str) -> tuple[str, str]:
     return done.stdout.decode(), done.stderr.decode(errors="replace")
 
 
-def dump_dom(url: str) -> tuple[str, str]:
-    """The page's DOM once loaded (serialized by the browser), and the browser's console log."""
-    return _run("--dump-dom", url)
+def dump_dom(url: str, *, scripts_time: float = 0) -> tuple[str, str]:
+    """The page's DOM once loaded (serialized by the browser), and the browser's console log.
+
+    ``scripts_time``: seconds of (virtual) time the page's scripts get to run
+    after it loaded, for a page that draws itself (the docs' diagram).
+    """
+    budget = [f"--virtual-time-budget={int(scripts_time * 1000)}"] if scripts_time else []
+    return _run(*budget, "--dump-dom", url)
 
 
 def screenshot(url: str, path: Path, *, width: int = 900, height: int = 600) -> str:
