@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import re
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -339,3 +340,26 @@ def test_chromium_shows_every_worker(tmp_path: Path) -> None:
     totals = [cells for _, cells in dom.rows if cells[:2] == ["connections", "requests"]]
     assert len(totals) == len(pids) + 1, dom.rows
     assert dom.links == [("_connections?workers=all&format=json", "JSON"), ("_connections", "one worker")]
+
+
+def png_text(path: Path) -> dict[str, str]:
+    """The ``tEXt`` chunks of a PNG, by keyword."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    found, at = {}, 8
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        if kind == b"tEXt":
+            key, _, text = body.partition(b"\0")
+            found[key.decode("latin-1")] = text.decode("latin-1")
+        at += 12 + length
+    return found
+
+
+def test_the_docs_screenshot_shows_the_pages_columns() -> None:
+    # scripts/debug-page-screenshot records the headings it photographed:
+    # a change of the columns needs a new screenshot (run that script).
+    shot = Path(__file__).resolve().parent.parent / "docs" / "img" / "debug-page.png"
+    headings = ", ".join(page.LABELS.get(name, name) for name in page.COLUMNS)
+    assert png_text(shot).get("connlist-columns") == headings, "run scripts/debug-page-screenshot"
