@@ -179,6 +179,10 @@ def test_gunicorn_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
     assert gunicorn_util.load_class(config["worker_class"]) is UvicornWorker
     assert UvicornWorker.CONFIG_KWARGS["http"] == "connlist.uvicorn:AutoProtocol"
+    # A bad setting makes the worker fail to boot (tests/test_startup_errors.py), for both classes.
+    from connlist.gunicorn import UvicornH11Worker
+
+    assert UvicornWorker.CONFIG_KWARGS["lifespan"] == UvicornH11Worker.CONFIG_KWARGS["lifespan"] == "on"
     assert config["bind"] == "127.0.0.1:8000"
     assert config["workers"] == 2
     # on_starting creates and empties the Prometheus directory; child_exit drops a dead worker's gauges.
