@@ -103,7 +103,9 @@ debug view and the metrics only present them::
 The counts add nginx ``stub_status``-style phases (``PHASES``): ``reading``
 (new + reading_headers), ``writing`` (reading_body + handling), ``waiting``
 (idle) and ``timed_out``; they add up to ``all``.  A stalled connection keeps
-the phase of what it does otherwise.
+the phase of what it does otherwise.  Which timeout runs for a connection,
+and when it is due (``ConnectionsList.deadline``: the view's ``timeout`` and
+``time_left``), is derived here too, by the rules of the checks below.
 ``docs/debug-endpoint.md`` is the reference of both.
 """
 
