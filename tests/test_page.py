@@ -363,3 +363,16 @@ def test_the_docs_screenshot_shows_the_pages_columns() -> None:
     shot = Path(__file__).resolve().parent.parent / "docs" / "img" / "debug-page.png"
     headings = ", ".join(page.LABELS.get(name, name) for name in page.COLUMNS)
     assert png_text(shot).get("connlist-columns") == headings, "run scripts/debug-page-screenshot"
+
+
+def test_a_truncated_view_says_how_many_it_shows() -> None:
+    data = {
+        "pid": 1,
+        "counts": {"all": 3},
+        "totals": {},
+        "limit": 1,
+        "truncated": True,
+        "all": [connection()],
+    }
+    body = page.render(data).decode()
+    assert "<p>showing at most 1 connections per list (limit): 1 of 3</p>" in body

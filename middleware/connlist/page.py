@@ -76,11 +76,9 @@ HEADERS = [
 
 
 def _text(value: object) -> str:
-    """A value as escaped text: None as a dash, a float with milliseconds."""
+    """A value as escaped text: None as a dash."""
     if value is None:
         return "&ndash;"
-    if isinstance(value, float):
-        return f"{value:.3f}"
     return html.escape(str(value), quote=True)
 
 
