@@ -139,7 +139,7 @@ _COMMON_HOOKS = (
 _COMMON_ATTRIBUTES = ("transport", "client", "server", "cycle", "app_state")
 
 
-def _enforcer_for(app_state: dict[str, Any], config: Any = None) -> Enforcer:
+def _enforcer_for(app_state: dict[str, Any], protocol: Any = None) -> Enforcer:
     """The enforcer the middleware put in the lifespan state, or this worker's fallback.
 
     Without one the worker's first connection says why, once: uvicorn's
@@ -157,6 +157,8 @@ def _enforcer_for(app_state: dict[str, Any], config: Any = None) -> Enforcer:
         enforcer = Enforcer()
         app_state[STATE_KEY] = enforcer
         route_to_uvicorn()
+        # (Looked up only here, once per worker: this runs for every connection.)
+        config = getattr(protocol, "config", None)
         lifespan = getattr(config, "lifespan", None)
         declared = _declares_middleware(getattr(config, "loaded_app", None))
         defaults = (
@@ -255,7 +257,7 @@ class _Tracking:
         if not cls._connlist_attributes_checked:
             _require_attributes(self, _COMMON_ATTRIBUTES)
             cls._connlist_attributes_checked = True
-        enforcer = _enforcer_for(self.app_state, getattr(self, "config", None))
+        enforcer = _enforcer_for(self.app_state, self)
         enforcer.mode = self.connlist_mode
         self._connlist = enforcer
         self._connlist_record = None
