@@ -3,7 +3,7 @@
 Serve it with the server integration (the headers timeout needs it)::
 
     python3 examples/serve.py
-    # or: uvicorn examples.app:app --http connlist.uvicorn:HttpToolsProtocol
+    # or: uvicorn examples.app:app --lifespan on --http connlist.uvicorn:HttpToolsProtocol
 
 Try it: ``curl localhost:8000/``, ``curl -X POST -d hello localhost:8000/echo``,
 ``curl localhost:8000/_connections``; a client that connects and sends

@@ -3,7 +3,7 @@
 Serve it with the server integration (the headers timeout needs it)::
 
     pip install 'connlist[httptools,prometheus]' fastapi
-    uvicorn examples.fastapi_app:app --http connlist.uvicorn:HttpToolsProtocol
+    uvicorn examples.fastapi_app:app --lifespan on --http connlist.uvicorn:HttpToolsProtocol
     # several workers: gunicorn -c examples/gunicorn.conf.py examples.fastapi_app:app
 
 ``GET /``, ``POST /echo``, ``GET /_connections`` (debug endpoint, from

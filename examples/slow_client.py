@@ -6,8 +6,11 @@
 It shows the debug endpoint, then opens a connection that sends a request's
 headers one line at a time and never finishes them, prints when the
 ``408 Request Timeout`` arrives and how long after the first byte, and shows
-the debug endpoint again.  Stdlib only; everything is bounded in time
-(``--limit``).  Exit status 0 when the 408 came, 1 otherwise.
+the debug endpoint again.  It asks for every worker
+(``/_connections?workers=all``), so under ``--workers N`` or gunicorn the
+slow client shows whichever worker accepted it, and the totals are the
+server's.  Stdlib only; everything is bounded in time (``--limit``).  Exit
+status 0 when the 408 came, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -42,23 +45,31 @@ def get_debug(host: str, port: int, path: str) -> dict[str, Any] | None:
 
 
 def show_debug(title: str, answer: dict[str, Any] | None) -> None:
+    """A ``workers=all`` answer: the sums, and every worker's active connections."""
     if answer is None:
         return
+    workers = answer.get("workers") or [answer]  # (an endpoint without workers=all: one worker)
+    reached = [worker for worker in workers if not worker.get("unreachable")]
+    first = reached[0] if reached else {}
     print(
-        f"{title}: pid {answer.get('pid')}, mode {answer.get('mode')}, "
-        f"headers timeout {answer.get('headers_timeout')}s, request timeout {answer.get('request_timeout')}s"
+        f"{title}: {len(workers)} worker(s), pid {', '.join(str(w.get('pid')) for w in workers)}, "
+        f"mode {first.get('mode')}, headers timeout {first.get('headers_timeout')}s, "
+        f"request timeout {first.get('request_timeout')}s"
     )
     counts = answer.get("counts") or {}
     print("  counts: " + " ".join(f"{name}={value}" for name, value in counts.items()))
     totals = answer.get("totals") or {}
     print("  totals: " + " ".join(f"{name}={value}" for name, value in totals.items()))
-    active = answer.get("active") or []
+    active = [(worker.get("pid"), entry) for worker in reached for entry in worker.get("active") or []]
     if not active:
         print("  active: none")
-    for entry in active:
+    for pid, entry in active:
         duration = entry.get("duration")
         took = "" if duration is None else f" for {duration:.2f}s"
-        print(f"  active: #{entry.get('id')} {entry.get('client')} {entry.get('state')}{took}")
+        left = entry.get("time_left")
+        due = "" if left is None else f", {entry.get('timeout')} timeout in {max(left, 0):.2f}s"
+        where = f"{entry.get('client')} {entry.get('state')}{took}{due}"
+        print(f"  active: #{entry.get('id')} {where} (worker {pid})")
 
 
 def slowloris(host: str, port: int, interval: float, limit: float, debug: Any) -> bool:
@@ -89,8 +100,8 @@ def slowloris(host: str, port: int, interval: float, limit: float, debug: Any) -
                 received += data
                 continue
             if not shown and lines >= 2:
-                # Meanwhile, the server's view (another connection; with
-                # several workers it may be another worker's).
+                # Meanwhile, the server's view (another connection, which
+                # may reach another worker: it asks for every worker).
                 show_debug("debug endpoint while the slow client trickles", debug())
                 shown = True
             lines += 1
@@ -119,7 +130,7 @@ def main() -> int:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--debug-path", default="/_connections")
+    parser.add_argument("--debug-path", default="/_connections?workers=all")
     parser.add_argument(
         "--interval",
         type=float,
@@ -134,7 +145,8 @@ def main() -> int:
     show_debug("debug endpoint before", before)
     interval = args.interval
     if interval is None:
-        headers_timeout = (before or {}).get("headers_timeout") or 5.0
+        workers = (before or {}).get("workers") or [before or {}]
+        headers_timeout = workers[0].get("headers_timeout") or 5.0
         interval = min(max(headers_timeout / 5, 0.05), 1.0)
 
     cut_off = slowloris(

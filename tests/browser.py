@@ -58,9 +58,14 @@ def _run(*args: str) -> tuple[str, str]:
     return done.stdout.decode(), done.stderr.decode(errors="replace")
 
 
-def dump_dom(url: str) -> tuple[str, str]:
-    """The page's DOM once loaded (serialized by the browser), and the browser's console log."""
-    return _run("--dump-dom", url)
+def dump_dom(url: str, *, scripts_time: float = 0) -> tuple[str, str]:
+    """The page's DOM once loaded (serialized by the browser), and the browser's console log.
+
+    ``scripts_time``: seconds of (virtual) time the page's scripts get to run
+    after it loaded, for a page that draws itself (the docs' diagram).
+    """
+    budget = [f"--virtual-time-budget={int(scripts_time * 1000)}"] if scripts_time else []
+    return _run(*budget, "--dump-dom", url)
 
 
 def screenshot(url: str, path: Path, *, width: int = 900, height: int = 600) -> str:
@@ -77,6 +82,9 @@ class Dom(HTMLParser):
         self.headings: list[str] = []
         # (table number, cells) of every row.
         self.rows: list[tuple[int, list[str]]] = []
+        # (href, text) of every link.
+        self.links: list[tuple[str, str]] = []
+        self._link: tuple[str, list[str]] | None = None
         self._tables = 0
         self._row: list[str] | None = None
         self._cell: list[str] | None = None
@@ -94,6 +102,8 @@ class Dom(HTMLParser):
             self._cell = []
         elif tag in ("h1", "h2"):
             self._heading = []
+        elif tag == "a":
+            self._link = (dict(attrs).get("href") or "", [])
 
     def handle_endtag(self, tag: str) -> None:
         if tag in ("td", "th") and self._cell is not None and self._row is not None:
@@ -105,9 +115,12 @@ class Dom(HTMLParser):
         elif tag in ("h1", "h2") and self._heading is not None:
             self.headings.append("".join(self._heading))
             self._heading = None
+        elif tag == "a" and self._link is not None:
+            self.links.append((self._link[0], "".join(self._link[1])))
+            self._link = None
 
     def handle_data(self, data: str) -> None:
-        for part in (self._cell, self._heading):
+        for part in (self._cell, self._heading, None if self._link is None else self._link[1]):
             if part is not None:
                 part.append(data)
 

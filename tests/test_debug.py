@@ -115,6 +115,8 @@ def test_each_state_in_the_right_lists_with_the_right_fields() -> None:
         "state": "new",
         "age": 7.5,
         "duration": 7.5,
+        "timeout": "headers",  # 10 s from its connect, at T0 + 7
+        "time_left": 2.5,
         "headers_completed": False,
         "requests": 0,
         "method": None,
@@ -127,11 +129,19 @@ def test_each_state_in_the_right_lists_with_the_right_fields() -> None:
         "state": "reading_body",
         "age": 8.5,
         "duration": 1.5,  # began at T0 + 13
+        "timeout": "request",  # 20 s from then
+        "time_left": 18.5,
         "headers_completed": True,
         "requests": 0,
         "method": "POST",
         "path": "/reading_body",
     }
+    assert (entries[ids["reading_headers"]]["timeout"], entries[ids["reading_headers"]]["time_left"]) == (
+        "headers",
+        5.5,
+    )
+    for name in ("idle", "handling", "timed_out"):
+        assert (entries[ids[name]]["timeout"], entries[ids[name]]["time_left"]) == (None, None)
     for name in ("idle", "handling"):
         assert entries[ids[name]]["duration"] is None
         assert entries[ids[name]]["requests"] == 1
@@ -280,6 +290,8 @@ def test_requests_received_whole_are_listed_and_counted_as_handling() -> None:
             "state": "handling",
             "age": 2.5,
             "duration": None,
+            "timeout": None,
+            "time_left": None,
             "headers_completed": True,
             "requests": 1,
             "method": "GET",

@@ -10,6 +10,8 @@ default.
 from __future__ import annotations
 
 import ast
+import functools
+import http.server
 import importlib.util
 import inspect
 import json
@@ -17,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +58,13 @@ def defines_app(tree: ast.Module) -> bool:
     return False
 
 
-def test_site_builds_strict(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The site, built once for this module's tests with ``mkdocs build --strict``; and the build's result."""
     pytest.importorskip("mkdocs")
     if importlib.util.find_spec("material") is None:
         pytest.skip("mkdocs-material is not installed (pip install -e '.[docs]')")
-    site = tmp_path / "site"
+    site = tmp_path_factory.mktemp("docs") / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     # mkdocs runs no connlist code: not under coverage.py (scripts/test measures
     # the subprocesses through this variable), which makes the build twice as slow.
@@ -82,6 +87,11 @@ def test_site_builds_strict(tmp_path: Path) -> None:
         text=True,
         timeout=120,
     )
+    return site, result
+
+
+def test_site_builds_strict(built_site: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    site, result = built_site
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "WARNING" not in output, output
@@ -89,8 +99,62 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     for page in DOCS.glob("*.md"):
         built = site / "index.html" if page.stem == "index" else site / page.stem / "index.html"
         assert built.is_file(), f"{page.name} was not built"
-    # The state diagram went through the mermaid fence.
+    # The state diagram went through the mermaid fence, and Mermaid is in the site.
     assert '<pre class="mermaid">' in (site / "how-it-works" / "index.html").read_text(encoding="utf-8")
+    assert (site / "vendor" / "mermaid" / "mermaid.min.js").stat().st_size > 1_000_000
+
+
+def test_the_diagram_is_drawn_without_the_network(
+    built_site: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """In Chromium, from a local server: the page draws its diagram with the Mermaid the site ships.
+
+    The theme fetches Mermaid from a CDN unless one is loaded; that CDN is
+    out of reach here (as for an offline reader), so a diagram drawn proves
+    the shipped one drew it.  Drawn, the ``<pre class="mermaid">`` and its
+    ``stateDiagram-v2`` text are gone: the theme puts the SVG in a closed
+    shadow root of a ``<div class="mermaid">``.
+    """
+    from tests.browser import chromium, dump_dom
+
+    chromium()
+    site, result = built_site
+    assert result.returncode == 0, result.stderr
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        server.RequestHandlerClass.log_message = lambda *args: None  # type: ignore[method-assign]
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/how-it-works/"
+            markup, log = dump_dom(url, scripts_time=15)
+        finally:
+            server.shutdown()
+    assert "stateDiagram" not in markup, log
+    assert '<pre class="mermaid"' not in markup
+    assert '<div class="mermaid">' in markup, markup[:2000]
+
+
+def test_readme_links_are_absolute_and_lead_to_the_site(
+    built_site: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    # PyPI shows the README without the repository: a relative link breaks there.
+    site, _ = built_site
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)]+)\)", readme)
+    assert targets, "no links in the README"
+    relative = [target for target in targets if not target.startswith("https://")]
+    assert relative == [], relative
+    docs = "https://connlist.github.io/connlist/"
+    assert f"site_url: {docs}" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    for target in targets:
+        if not target.startswith(docs):
+            continue
+        page, _, anchor = target.removeprefix(docs).partition("#")
+        built = site / page / "index.html"
+        assert built.is_file(), f"README links to {target}, which the site does not have"
+        if anchor:
+            assert f'id="{anchor}"' in built.read_text(encoding="utf-8"), f"no #{anchor} in {page}"
 
 
 def test_quickstart_apps_compile_and_build() -> None:

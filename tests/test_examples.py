@@ -40,7 +40,11 @@ def totals(output: str, title: str) -> dict[str, int]:
 def readme_sample() -> dict[str, Any]:
     """The README's ``/_connections`` sample."""
     readme = (ROOT / "README.md").read_text()
-    block = readme.split("shows one: its own.\n\n```json\n", 1)[1].split("```", 1)[0]
+    block = (
+        readme.split("against the example shows one: its own", 1)[1]
+        .split("```json\n", 1)[1]
+        .split("```", 1)[0]
+    )
     sample: dict[str, Any] = json.loads(block)
     return sample
 
@@ -101,9 +105,12 @@ def test_slow_client_against_the_example_server(tmp_path: Path) -> None:
     ), log
 
     # Before, during and after, as the debug endpoint told.
-    assert "debug endpoint before: pid" in output and "mode uvicorn-httptools" in output
+    assert "debug endpoint before: 1 worker(s), pid" in output and "mode uvicorn-httptools" in output
     assert re.search(
-        r"^  active: #\d+ 127\.0\.0\.1:\d+ reading_headers for 0\.\d+s$", output, re.MULTILINE
+        r"^  active: #\d+ 127\.0\.0\.1:\d+ reading_headers for 0\.\d+s, headers timeout in 0\.\d+s "
+        r"\(worker \d+\)$",
+        output,
+        re.MULTILINE,
     ), output
     before, after = totals(output, "debug endpoint before"), totals(output, "debug endpoint after")
     assert after["headers_timeouts"] == before["headers_timeouts"] + 1 == 1
@@ -172,6 +179,10 @@ def test_gunicorn_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
     assert gunicorn_util.load_class(config["worker_class"]) is UvicornWorker
     assert UvicornWorker.CONFIG_KWARGS["http"] == "connlist.uvicorn:AutoProtocol"
+    # A bad setting makes the worker fail to boot (tests/test_startup_errors.py), for both classes.
+    from connlist.gunicorn import UvicornH11Worker
+
+    assert UvicornWorker.CONFIG_KWARGS["lifespan"] == UvicornH11Worker.CONFIG_KWARGS["lifespan"] == "on"
     assert config["bind"] == "127.0.0.1:8000"
     assert config["workers"] == 2
     # on_starting creates and empties the Prometheus directory; child_exit drops a dead worker's gauges.
@@ -188,3 +199,31 @@ def test_gunicorn_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert sorted(p.name for p in multiproc.iterdir()) == ["counter_41.db", "gauge_livesum_43.db"]
     config["on_starting"](None)
     assert list(multiproc.iterdir()) == []
+
+
+def test_slow_client_sees_itself_under_several_workers(tmp_path: Path) -> None:
+    # With --workers 2 the "while" view comes on another connection, which
+    # may reach the other worker: the script asks for every worker.
+    from tests.test_workers import WORKERS, both_up, env_for, stop_master, uvicorn_command
+
+    env = env_for(TMPDIR=str(tmp_path))
+    # The slow client waits for the headers timeout, twice: 2 s (its view while is at about 1.2 s).
+    env.update(CONNLIST_HEADERS_TIMEOUT="2", CONNLIST_REQUEST_TIMEOUT="4")
+    with run_server(uvicorn_command, tmp_path / "uvicorn.log", env=env, ready=both_up) as server:
+        for _ in range(2):  # twice: each connection may reach either worker
+            result = subprocess.run(
+                [PYTHON, str(EXAMPLES / "slow_client.py"), "--port", str(server.port), "--limit", "10"],
+                cwd=ROOT,
+                env=example_env(),
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            output = result.stdout
+            assert result.returncode == 0, (output, result.stderr)
+            assert f"debug endpoint before: {WORKERS} worker(s)" in output, output
+            during = output.split("\ndebug endpoint while the slow client trickles:", 1)[1].split(
+                "\n408 ", 1
+            )[0]
+            assert re.search(r"^  active: #\d+ 127\.0\.0\.1:\d+ reading_headers for ", during, re.M), output
+        stop_master(server)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 import math
 import sys
@@ -327,3 +328,32 @@ def test_servers_take_the_middleware_for_asgi3_when_it_is_the_outermost_app() ->
     # Still the middleware, and still ASGI 3 once it passes requests through.
     assert isinstance(mw, ConnectionsMiddleware) and mw.mode == "uvicorn-httptools"
     check_asgi3(mw)
+
+
+# -- a misspelled option -----------------------------------------------------------
+
+
+def test_a_misspelled_option_names_the_nearest_and_the_signature_stays_explicit() -> None:
+    with pytest.raises(TypeError) as info:
+        ConnectionsMiddleware(echo_app, headers_timout=10)  # type: ignore[call-arg]
+    assert str(info.value) == (
+        "ConnectionsMiddleware() got an unexpected keyword argument 'headers_timout'; "
+        "did you mean 'headers_timeout'?"
+    )
+    with pytest.raises(TypeError, match=r"'zzz'; the options are body_grace, body_min_rate, debug_path, "):
+        ConnectionsMiddleware(echo_app, zzz=1)  # type: ignore[call-arg]
+    # What type checkers and inspect read: the options themselves, not (*args, **kwargs).
+    parameters = inspect.signature(ConnectionsMiddleware).parameters
+    assert list(parameters)[:3] == ["app", "headers_timeout", "request_timeout"]
+    assert ConnectionsMiddleware(app=echo_app, headers_timeout=1).headers_timeout == 1.0
+
+    class Mine(ConnectionsMiddleware):
+        def __init__(self, app: Any, *, extra: int = 0, **options: Any) -> None:
+            super().__init__(app, **options)
+            self.extra = extra
+
+    assert Mine(echo_app, extra=2, request_timeout=9).request_timeout == 9.0
+    with pytest.raises(
+        TypeError, match=r"^Mine\(\) got an unexpected keyword argument 'request_timout'; did"
+    ):
+        Mine(echo_app, request_timout=9)

@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import re
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,8 @@ def connection(**fields: Any) -> dict[str, Any]:
         "state": "handling",
         "age": 1.5,
         "duration": None,
+        "timeout": None,
+        "time_left": None,
         "headers_completed": True,
         "requests": 1,
         "method": "GET",
@@ -155,8 +158,10 @@ def test_everything_from_clients_is_escaped_and_no_script_is_sent() -> None:
     assert row == {
         "state": "handling",
         "client": '"><img src=x onerror=alert(2)>',
-        "age": "1.500",
+        "age": "1.500 s",
         "duration": "\u2013",
+        "timeout": "\u2013",
+        "time left": "\u2013",
         "method": "G<E>T",
         "path": HOSTILE,
     }
@@ -191,11 +196,56 @@ def test_counts_totals_and_states_come_from_the_data() -> None:
     }
     dom = Dom(page.render(answer).decode())
     assert [row["state"] for row in dom.connection_rows()] == ["stalled", "some_new_state"]
-    assert dom.connection_rows()[1]["duration"] == "0.250"
+    assert dom.connection_rows()[1]["duration"] == "0.250 s"
     assert ["all", "stalled"] in [cells for _, cells in dom.rows]
     assert ["requests", "rate_timeouts"] in [cells for _, cells in dom.rows]
     assert "worker 10: unreachable (no answer within 0.5 s)" in dom.headings
     assert "worker 9" in dom.headings
+    # The sums at the top, then each worker's own counts and totals.
+    assert [cells for _, cells in dom.rows].count(["requests", "rate_timeouts"]) == 2
+
+
+def test_each_connection_shows_its_timeout_and_the_time_left() -> None:
+    rows = [
+        connection(state="new", duration=7.5, timeout="headers", time_left=2.5),
+        connection(id=2, state="reading_body", duration=1.0, timeout="rate", time_left=-0.004),
+    ]
+    dom = Dom(page.render({"pid": 1, "counts": {}, "totals": {}, "all": rows}).decode())
+    assert [(r["timeout"], r["time left"], r["duration"]) for r in dom.connection_rows()] == [
+        ("headers", "2.500 s", "7.500 s"),
+        ("rate", "due", "1.000 s"),  # past its deadline, the sweep not yet run
+    ]
+
+
+@pytest.mark.parametrize(
+    ("url", "links"),
+    [
+        (
+            "/_connections",
+            [("_connections?format=json", "JSON"), ("_connections?workers=all", "every worker")],
+        ),
+        (
+            "/_connections?workers=all&limit=5&format=html",
+            [
+                ("_connections?limit=5&workers=all&format=json", "JSON"),
+                ("_connections?limit=5", "one worker"),
+            ],
+        ),
+    ],
+)
+def test_links_between_the_json_every_worker_and_one(url: str, links: list[tuple[str, str]]) -> None:
+    app = ConnectionsMiddleware(echo_app)
+    dom = Dom(get(app, url, accept=BROWSER_ACCEPT).text)
+    assert dom.links == links
+    for href, _ in links:  # each answers, as what it says
+        response = get(app, f"/{href}", accept=BROWSER_ACCEPT)
+        assert response.status_code == 200
+        assert ("json" in response.headers["content-type"]) == ("format=json" in href)
+
+
+def test_captions_are_aligned_with_their_tables() -> None:
+    # Tables are left-aligned; a caption is centred by default.
+    assert "caption{text-align:left" in page.STYLE
 
 
 # -- in a real browser ---------------------------------------------------------------
@@ -244,6 +294,24 @@ def test_chromium_shows_every_state_and_the_escaped_path(tmp_path: Path) -> None
     assert hostile["state"] == "handling" and hostile["method"] == "GET"
     assert "script" not in dom.tags and "<script" not in markup
     assert console_errors(log) == [], log
+    # Which timeout runs for each, and the time left: the headers timeout
+    # (30 s) while the headers are incomplete; for the body, the minimum
+    # rate's (10 s of grace, and 3 bytes at 500 bytes/s), before the request
+    # timeout's 60 s; none for the others.
+    for row in rows:
+        expected = {
+            "new": ("headers", 30),
+            "reading_headers": ("headers", 30),
+            "reading_body": ("rate", 10),
+        }
+        timeout, limit = expected.get(row["state"], ("\u2013", None))
+        assert row["timeout"] == timeout, row
+        if limit is None:
+            assert row["time left"] == "\u2013", row
+        else:
+            left = float(row["time left"].removesuffix(" s"))
+            assert limit - 10 < left < limit, row
+    assert dom.links == [("_connections?format=json", "JSON"), ("_connections?workers=all", "every worker")]
     # The counts at the top match the rows.
     ((_, names), (_, values)) = dom.rows[:2]
     counts = dict(zip(names, map(int, values), strict=True))
@@ -268,3 +336,43 @@ def test_chromium_shows_every_worker(tmp_path: Path) -> None:
     # The browser's request is in exactly one worker's table.
     assert [row["state"] for row in dom.connection_rows() if row["path"] == "/_connections"] == ["handling"]
     assert console_errors(log) == [], log
+    # The sums, then each worker's counts and totals: one totals row of names per worker, and the sums'.
+    totals = [cells for _, cells in dom.rows if cells[:2] == ["connections", "requests"]]
+    assert len(totals) == len(pids) + 1, dom.rows
+    assert dom.links == [("_connections?workers=all&format=json", "JSON"), ("_connections", "one worker")]
+
+
+def png_text(path: Path) -> dict[str, str]:
+    """The ``tEXt`` chunks of a PNG, by keyword."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    found, at = {}, 8
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        if kind == b"tEXt":
+            key, _, text = body.partition(b"\0")
+            found[key.decode("latin-1")] = text.decode("latin-1")
+        at += 12 + length
+    return found
+
+
+def test_the_docs_screenshot_shows_the_pages_columns() -> None:
+    # scripts/debug-page-screenshot records the headings it photographed:
+    # a change of the columns needs a new screenshot (run that script).
+    shot = Path(__file__).resolve().parent.parent / "docs" / "img" / "debug-page.png"
+    headings = ", ".join(page.LABELS.get(name, name) for name in page.COLUMNS)
+    assert png_text(shot).get("connlist-columns") == headings, "run scripts/debug-page-screenshot"
+
+
+def test_a_truncated_view_says_how_many_it_shows() -> None:
+    data = {
+        "pid": 1,
+        "counts": {"all": 3},
+        "totals": {},
+        "limit": 1,
+        "truncated": True,
+        "all": [connection()],
+    }
+    body = page.render(data).decode()
+    assert "<p>showing at most 1 connections per list (limit): 1 of 3</p>" in body

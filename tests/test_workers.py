@@ -88,6 +88,8 @@ def uvicorn_command(port: int) -> list[str]:
         str(port),
         "--http",
         INTEGRATED["httptools"],
+        "--lifespan",
+        "on",
         "--loop",
         "asyncio",
         "--no-access-log",

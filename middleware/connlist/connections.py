@@ -103,7 +103,9 @@ debug view and the metrics only present them::
 The counts add nginx ``stub_status``-style phases (``PHASES``): ``reading``
 (new + reading_headers), ``writing`` (reading_body + handling), ``waiting``
 (idle) and ``timed_out``; they add up to ``all``.  A stalled connection keeps
-the phase of what it does otherwise.
+the phase of what it does otherwise.  Which timeout runs for a connection,
+and when it is due (``ConnectionsList.deadline``: the view's ``timeout`` and
+``time_left``), is derived here too, by the rules of the checks below.
 ``docs/debug-endpoint.md`` is the reference of both.
 """
 
@@ -970,6 +972,45 @@ class ConnectionsList:
         self._n_active -= len(expired)
         self._n_timed_out += len(expired)
         return expired
+
+    def deadline(
+        self,
+        conn: Connection,
+        headers_timeout: float,
+        request_timeout: float,
+        send_timeout: float = 0.0,
+        body_min_rate: float = 0.0,
+        body_grace: float = 0.0,
+    ) -> tuple[str, float] | None:
+        """The timeout that cuts ``conn`` off first if nothing changes, and when (a clock value); or None.
+
+        The rules are those the checks apply: Node's for an active
+        connection (``expired``: the headers timeout while its headers are
+        incomplete, the request timeout from its message's first byte), the
+        minimum rate for a body in ``body`` (``rate_expired``: ``t + grace +
+        b / min_rate``; it moves on as bytes arrive), and for a stalled
+        response the send timeout from its last progress (the earliest the
+        sampling can cut it; the latest is a quarter of ``send_timeout``
+        later).  The kind is ``"headers"``, ``"request"``, ``"rate"`` or
+        ``"send"``, as the enforcer names its cuts; 0 disables a timeout.
+        An idle, handling or timed-out connection has none.
+        """
+        if conn._active_next is not conn:
+            headers_timeout, request_timeout = self._effective(headers_timeout, request_timeout)
+            start = conn.last_message_start
+            kind, when = "", _INF
+            if request_timeout:
+                kind, when = "request", start + request_timeout
+            if headers_timeout and not conn.headers_completed and start + headers_timeout < when:
+                kind, when = "headers", start + headers_timeout
+            if body_min_rate and conn._body_next is not conn:
+                due = conn.body_started + body_grace + conn.body_received / body_min_rate
+                if due < when:
+                    kind, when = "rate", due
+            return None if when == _INF else (kind, when)
+        if conn.out_state == OUT_STALLED and send_timeout:
+            return "send", conn.out_since + send_timeout
+        return None
 
     def next_deadline(self, headers_timeout: float, request_timeout: float) -> float | None:
         """The earliest clock value at which some active connection can expire, or None.

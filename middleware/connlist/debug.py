@@ -110,13 +110,21 @@ def _short_path(path: str | None) -> str | None:
     return path[: PATH_MAX - 3] + "..."
 
 
-def describe(conn: Connection, now: float, servers: dict[Any, str | None] | None = None) -> dict[str, Any]:
+def describe(
+    conn: Connection,
+    now: float,
+    servers: dict[Any, str | None] | None = None,
+    deadline: Callable[[Connection], tuple[str, float] | None] | None = None,
+) -> dict[str, Any]:
     """One connection as a JSON-ready dict (``now`` is a reading of the list's clock).
 
     ``servers`` caches formatted server addresses across calls (most
-    connections share one).
+    connections share one).  ``deadline`` (``Enforcer.deadline``) gives the
+    timeout that runs for the connection and when: ``timeout`` and
+    ``time_left`` (seconds; null when none runs, or without ``deadline``).
     """
     start = conn.last_message_start
+    due = None if deadline is None else deadline(conn)
     server = conn.server
     if servers is None:
         server_text = format_address(server)
@@ -135,6 +143,8 @@ def describe(conn: Connection, now: float, servers: dict[Any, str | None] | None
         # Milliseconds are plenty, and round(x * 1000) is much cheaper than round(x, 3).
         "age": round((now - conn.connected_at) * 1000) / 1000,
         "duration": None if start == 0 else round((now - start) * 1000) / 1000,
+        "timeout": None if due is None else due[0],
+        "time_left": None if due is None else round((due[1] - now) * 1000) / 1000,
         "headers_completed": conn.headers_completed,
         "requests": conn.requests,
         "method": conn.method,
@@ -180,6 +190,7 @@ def snapshot_steps(
     connections = enforcer.connections
     now = connections.clock()
 
+    deadline = enforcer.deadline
     counts = connections.counts()
     n_all, n_active, n_idle = counts["all"], counts["active"], counts["idle"]
 
@@ -196,7 +207,7 @@ def snapshot_steps(
             if not conn.tracked:
                 continue  # removed while the caller had the loop
         if seen < limit:
-            entry = describe(conn, now, servers)
+            entry = describe(conn, now, servers, deadline)
             described[conn.id] = entry
             all_list.append(entry)
             if conn.last_message_start == 0 and len(idle_list) < want_idle:
@@ -204,7 +215,7 @@ def snapshot_steps(
         elif len(idle_list) >= want_idle or seen >= scan:
             break
         elif conn.last_message_start == 0:
-            idle_list.append(describe(conn, now, servers))
+            idle_list.append(describe(conn, now, servers, deadline))
 
     active_list: list[dict[str, Any]] = []
     if limit:
@@ -214,7 +225,7 @@ def snapshot_steps(
                 if not conn.is_active:
                     continue
             known = described.get(conn.id)
-            active_list.append(describe(conn, now, servers) if known is None else dict(known))
+            active_list.append(describe(conn, now, servers, deadline) if known is None else dict(known))
             if len(active_list) >= limit:
                 break
 
@@ -370,7 +381,12 @@ class DebugEndpoint:
         else:
             data = await self._workers.gather(limit)
         if wants_html(query, scope["headers"]):
-            await _send_page(send, data, method)
+            # The page's links keep the request's own parameters.
+            kept = {"limit": str(limit)} if limit != DEFAULT_LIMIT else {}
+            if query.workers is not None:
+                kept["workers"] = query.workers
+            endpoint = scope["path"].rsplit("/", 1)[-1] or "."
+            await _send_page(send, page.render(data, endpoint=endpoint, query=kept), method)
         else:
             await _send_body(send, 200, await json_cooperatively(data), method)
 
@@ -406,8 +422,7 @@ async def _send_body(
     await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
 
 
-async def _send_page(send: Send, data: dict[str, Any], method: str) -> None:
-    body = page.render(data)
+async def _send_page(send: Send, body: bytes, method: str) -> None:
     headers = [
         (b"content-type", b"text/html; charset=utf-8"),
         (b"content-length", str(len(body)).encode()),

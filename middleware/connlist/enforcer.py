@@ -196,6 +196,16 @@ class Enforcer:
     def request_timeout(self) -> float:
         return self.settings.request_timeout
 
+    def deadline(self, conn: Connection) -> tuple[str, float] | None:
+        """Which timeout cuts ``conn`` off first under this enforcer's settings, and when; or None.
+
+        ``ConnectionsList.deadline`` has the rules; the debug view shows it.
+        """
+        s = self.settings
+        return self.connections.deadline(
+            conn, s.headers_timeout, s.request_timeout, s.send_timeout, s.body_min_rate, s.body_grace
+        )
+
     def configure(self, settings: Settings, *, on_timeout: OnTimeout | None) -> None:
         """Take over another owner's settings (already validated); re-arm the timer."""
         self.settings = settings

@@ -13,9 +13,13 @@ They are the ``uvicorn-worker`` package's workers (uvicorn's own
 ``connlist.uvicorn:H11Protocol``.  ``uvicorn_worker.UvicornWorker`` builds
 its ``uvicorn.Config`` from gunicorn's settings and then applies the class
 attribute ``CONFIG_KWARGS`` over them, so that attribute is the one place to
-choose the protocol.  Everything else (lifespan ``auto``, keep-alive from
-gunicorn's ``--keep-alive``, ``--forwarded-allow-ips``, signals) is
-``uvicorn-worker``'s.
+choose the protocol, and the lifespan: ``on``, not uvicorn's ``auto``, which
+takes any exception raised while Starlette builds its middleware (a bad
+connlist option among them) for an app without a lifespan and serves on,
+with a 500 for every request.  With ``on`` the worker fails to boot, with the
+option named in its log, and gunicorn's master stops.  Everything else
+(keep-alive from gunicorn's ``--keep-alive``, ``--forwarded-allow-ips``,
+signals) is ``uvicorn-worker``'s.
 
 Each worker process has its own ``ConnectionsMiddleware``, list and timer;
 the debug endpoint's ``pid`` says which worker answered, and
@@ -71,6 +75,7 @@ class UvicornWorker(_Sibling, uvicorn_worker.UvicornWorker):  # type: ignore[mis
     CONFIG_KWARGS: ClassVar[dict[str, Any]] = {
         **_base_kwargs(uvicorn_worker.UvicornWorker),
         "http": AUTO_PROTOCOL,
+        "lifespan": "on",
     }
 
 
@@ -80,4 +85,5 @@ class UvicornH11Worker(_Sibling, uvicorn_worker.UvicornH11Worker):  # type: igno
     CONFIG_KWARGS: ClassVar[dict[str, Any]] = {
         **_base_kwargs(uvicorn_worker.UvicornH11Worker),
         "http": H11_PROTOCOL,
+        "lifespan": "on",
     }

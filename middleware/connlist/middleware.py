@@ -22,12 +22,14 @@ middleware is an ``_AsgiOnly``, whose path is that feeder's).  See
 from __future__ import annotations
 
 import asyncio
+import difflib
+import functools
 import inspect
 import logging
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from types import MethodType
-from typing import Any
+from typing import Any, ParamSpec
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -49,6 +51,32 @@ from connlist.workers import WorkerGroup
 __all__ = ["ConnectionsMiddleware"]
 
 logger = logging.getLogger("connlist")
+
+
+_P = ParamSpec("_P")
+
+
+def _named_options(init: Callable[_P, None]) -> Callable[_P, None]:
+    """``__init__``, with a misspelled option answered by the nearest known one.
+
+    Python's own error is a bare "unexpected keyword argument".  A wrapper,
+    not a ``**kwargs`` parameter, so that type checkers and ``inspect`` still
+    see the explicit signature (``functools.wraps``).  It runs once per
+    middleware built, never per request.
+    """
+    options = sorted(name for name in inspect.signature(init).parameters if name not in ("self", "app"))
+
+    @functools.wraps(init)
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        for name in kwargs:
+            if name not in options and name != "app":
+                close = difflib.get_close_matches(name, options, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"the options are {', '.join(options)}"
+                owner = type(args[0]).__name__ if args else "ConnectionsMiddleware"
+                raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}; {hint}")
+        init(*args, **kwargs)
+
+    return checked
 
 
 class ConnectionsMiddleware:
@@ -88,6 +116,7 @@ class ConnectionsMiddleware:
         "debug_path",
     )
 
+    @_named_options
     def __init__(
         self,
         app: ASGIApp,

@@ -1,18 +1,26 @@
 """The debug endpoint's page, for a browser: the snapshot as HTML, self-contained and script-free.
 
 ``render(data)`` takes what the JSON would be (one worker's snapshot, or the
-``workers=all`` answer) and returns the page: the counts and totals at the
-top, then one table of connections per worker (state, client, age, duration,
-method, path, from the worker's ``all`` list).  Counts, totals and their
-names are rendered from the data, key by key, so a new state or total shows
-up without a change here.
+``workers=all`` answer) and returns the page: links to the other views (the
+JSON, every worker, one worker), the counts and totals at the top, then per
+worker its settings line, (with ``workers=all``) its own counts and totals,
+and one table of its connections (``COLUMNS``, from the worker's ``all``
+list).  Counts, totals and their names are rendered from the data, key by
+key, so a new state or total shows up without a change here.  The page only
+presents: what a connection's state is, and which timeout runs for it and
+when, come with the data (``connlist.debug.describe``, from the list and the
+enforcer).  Each part of the page is one function returning its markup
+(``_links``, ``_numbers_table``, ``_settings``, ``_connections_table``), and
+``_summary`` / ``_worker_section`` list the parts in order: a new line goes
+into one of those lists.
 
 * **No script at all.**  The page refreshes itself with ``<meta
   http-equiv="refresh">``, which a browser honours without JavaScript.
 * **Nothing external.**  One ``<style>`` element, allowed by its SHA-256 in
   the ``Content-Security-Policy`` the page is sent with (``HEADERS``);
   everything else (scripts, images, fonts, frames, forms, ``<base>``) is
-  refused by that policy.
+  refused by that policy.  The links are relative (the endpoint's own name
+  and a query), so they work behind a proxy that serves it under a prefix.
 * **Everything escaped.**  Every value goes through ``html.escape``: paths and
   addresses come from clients (``/<script>alert(1)</script>`` shows as text).
 """
@@ -24,20 +32,27 @@ import hashlib
 import html
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlencode
 
-__all__ = ["COLUMNS", "CSP", "HEADERS", "REFRESH", "STYLE", "render"]
+__all__ = ["COLUMNS", "CSP", "HEADERS", "LABELS", "REFRESH", "STYLE", "render"]
 
 # Seconds between two reloads of the page.
 REFRESH = 3
 
 # The columns of a connection row: keys of the JSON's connection objects.
-COLUMNS = ("state", "client", "age", "duration", "method", "path")
+COLUMNS = ("state", "client", "age", "duration", "timeout", "time_left", "method", "path")
+# A column's heading, where it is not the key itself.
+LABELS = {"time_left": "time left"}
+# Columns in seconds: shown with their unit.
+_SECONDS = frozenset({"age", "duration", "time_left"})
 
 STYLE = (
     "body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fff}"
     "h1{font-size:1.3em;margin:0 0 .3em}h2{font-size:1.1em;margin:1.5em 0 .3em}"
     "p{margin:.3em 0;color:#555}"
+    "nav{margin:.3em 0 .8em}nav a{margin-right:1em}"
     "table{border-collapse:collapse;margin:.4em 0}"
+    "caption{text-align:left;font-weight:600;padding:0 0 .2em}"
     "th,td{border:1px solid #ccc;padding:.2em .6em;text-align:left;vertical-align:top}"
     "th{background:#f0f0f0;font-weight:600}"
     "td.n{text-align:right;font-variant-numeric:tabular-nums}"
@@ -61,17 +76,22 @@ HEADERS = [
 
 
 def _text(value: object) -> str:
-    """A value as escaped text: None as a dash, a float with milliseconds."""
+    """A value as escaped text: None as a dash."""
     if value is None:
         return "&ndash;"
-    if isinstance(value, float):
-        return f"{value:.3f}"
     return html.escape(str(value), quote=True)
 
 
 def _seconds(value: object) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{value:g} s" if value else "off"
+    return _text(value)
+
+
+def _duration(value: object) -> str:
+    """Seconds, with their unit (milliseconds shown); a deadline already passed is due."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return "due" if value < 0 else f"{value:.3f} s"
     return _text(value)
 
 
@@ -83,45 +103,99 @@ def _numbers_table(caption: str, numbers: dict[str, Any]) -> str:
 
 
 def _connections_table(connections: Iterable[dict[str, Any]]) -> str:
-    head = "".join(f"<th>{name}</th>" for name in COLUMNS)
+    head = "".join(f"<th>{LABELS.get(name, name)}</th>" for name in COLUMNS)
     rows = []
     for conn in connections:
         cells = []
         for name in COLUMNS:
             value = conn.get(name)
-            kind = "n" if isinstance(value, (int, float)) and not isinstance(value, bool) else name
-            cells.append(f'<td class="{kind}">{_text(value)}</td>')
+            if name in _SECONDS:
+                cells.append(f'<td class="n">{_duration(value)}</td>')
+            else:
+                cells.append(f'<td class="{name}">{_text(value)}</td>')
         rows.append(f"<tr>{''.join(cells)}</tr>")
     if not rows:
         rows.append(f'<tr><td colspan="{len(COLUMNS)}">no connections</td></tr>')
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
+def _settings(worker: dict[str, Any]) -> str:
+    return (
+        f"<p>mode {_text(worker.get('mode'))}, headers timeout {_seconds(worker.get('headers_timeout'))}, "
+        f"request timeout {_seconds(worker.get('request_timeout'))}, "
+        f"send timeout {_seconds(worker.get('send_timeout'))}, "
+        f"minimum body rate {_rate(worker.get('body_min_rate'))}</p>"
+    )
+
+
+def _rate(value: object) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:g} bytes/s" if value else "off"
+    return _text(value)
+
+
+def _truncated(worker: dict[str, Any]) -> str:
+    if not worker.get("truncated"):
+        return ""
+    return (
+        f"<p>showing at most {_text(worker.get('limit'))} connections per list (limit): "
+        f"{len(worker.get('all', []))} of {_text(worker.get('counts', {}).get('all'))}</p>"
+    )
+
+
 def _worker_section(worker: dict[str, Any], *, heading: bool) -> str:
-    parts = []
     pid = _text(worker.get("pid"))
     if worker.get("unreachable"):
         return f'<h2 class="unreachable">worker {pid}: unreachable ({_text(worker.get("error"))})</h2>'
+    parts = []
     if heading:
-        parts.append(f"<h2>worker {pid}</h2>")
-        parts.append(_numbers_table("counts", worker.get("counts", {})))
-    settings = (
-        f"mode {_text(worker.get('mode'))}, headers timeout {_seconds(worker.get('headers_timeout'))}, "
-        f"request timeout {_seconds(worker.get('request_timeout'))}"
-    )
-    parts.append(f"<p>{settings}</p>")
-    connections = worker.get("all", [])
-    if worker.get("truncated"):
-        parts.append(
-            f"<p>showing at most {_text(worker.get('limit'))} connections per list (limit): "
-            f"{len(connections)} of {_text(worker.get('counts', {}).get('all'))}</p>"
-        )
-    parts.append(_connections_table(connections))
+        parts += [
+            f"<h2>worker {pid}</h2>",
+            _numbers_table("counts", worker.get("counts", {})),
+            _numbers_table("totals", worker.get("totals", {})),
+        ]
+    parts += [_settings(worker), _truncated(worker), _connections_table(worker.get("all", []))]
     return "".join(parts)
 
 
-def render(data: dict[str, Any], *, refresh: int = REFRESH) -> bytes:
-    """The page for one worker's snapshot, or for a ``workers=all`` answer (it has ``workers``)."""
+def _links(endpoint: str, query: dict[str, str], every_worker: bool) -> str:
+    """Links to this view's JSON and to the other view (every worker, or one)."""
+
+    def href(**changes: str | None) -> str:
+        params = {**query, **changes}
+        encoded = urlencode({name: value for name, value in params.items() if value is not None})
+        return html.escape(f"{endpoint}?{encoded}" if encoded else endpoint, quote=True)
+
+    other = (
+        f'<a href="{href(workers=None)}">one worker</a>'
+        if every_worker
+        else f'<a href="{href(workers="all")}">every worker</a>'
+    )
+    return f'<nav><a href="{href(format="json")}">JSON</a>{other}</nav>'
+
+
+def _summary(data: dict[str, Any], endpoint: str, query: dict[str, str], every_worker: bool) -> list[str]:
+    """What the page shows above the workers' sections, in order."""
+    return [
+        _links(endpoint, query, every_worker),
+        _numbers_table("counts", data.get("counts", {})),
+        _numbers_table("totals", data.get("totals", {})),
+    ]
+
+
+def render(
+    data: dict[str, Any],
+    *,
+    refresh: int = REFRESH,
+    endpoint: str = "_connections",
+    query: dict[str, str] | None = None,
+) -> bytes:
+    """The page for one worker's snapshot, or for a ``workers=all`` answer (it has ``workers``).
+
+    ``endpoint`` is the last segment of the endpoint's path and ``query`` the
+    request's own parameters (``limit``, ``workers``): the links keep them.
+    """
+    query = {name: value for name, value in (query or {}).items() if name != "format"}
     workers: list[dict[str, Any]] | None = data.get("workers")
     if workers is None:
         title = f"connections of worker {_text(data.get('pid'))}"
@@ -140,8 +214,7 @@ def render(data: dict[str, Any], *, refresh: int = REFRESH) -> bytes:
         f"<title>{title}</title><style>{STYLE}</style></head><body>"
         f"<h1>{title}</h1>"
         f"<p>refreshes every {int(refresh)} s</p>"
-        f"{_numbers_table('counts', data.get('counts', {}))}"
-        f"{_numbers_table('totals', data.get('totals', {}))}"
+        f"{''.join(_summary(data, endpoint, query, workers is not None))}"
         f"{''.join(sections)}"
         "</body></html>"
     )

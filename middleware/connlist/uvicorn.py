@@ -2,8 +2,8 @@
 
 Use one of them as uvicorn's HTTP implementation::
 
-    uvicorn app:app --http connlist.uvicorn:HttpToolsProtocol
-    uvicorn.run(app, http=connlist.uvicorn.HttpToolsProtocol)
+    uvicorn app:app --lifespan on --http connlist.uvicorn:HttpToolsProtocol
+    uvicorn.run(app, http=connlist.uvicorn.HttpToolsProtocol, lifespan="on")
 
 They subclass uvicorn's own protocols and *observe* them: everything
 (parsing, keep-alive, pipelining, flow control, websockets) stays uvicorn's,
@@ -139,21 +139,91 @@ _COMMON_HOOKS = (
 _COMMON_ATTRIBUTES = ("transport", "client", "server", "cycle", "app_state")
 
 
-def _enforcer_for(app_state: dict[str, Any]) -> Enforcer:
-    """The enforcer the middleware put in the lifespan state, or this worker's fallback."""
+def _enforcer_for(app_state: dict[str, Any], protocol: Any = None) -> Enforcer:
+    """The enforcer the middleware put in the lifespan state, or this worker's fallback.
+
+    Without one the worker's first connection says why, once: uvicorn's
+    default ``--lifespan auto`` takes any exception raised while Starlette
+    builds its middleware (a bad connlist option) for an app without a
+    lifespan, and serves on; that is an ``ERROR``, since every request will
+    fail the same way.  Which case it is comes from uvicorn's config (the
+    lifespan setting) and from the app uvicorn loaded: a Starlette app whose
+    middleware stack was never built, or was built with ConnectionsMiddleware
+    in it, had its lifespan fail; one without ConnectionsMiddleware declared
+    simply has none.
+    """
     enforcer = app_state.get(STATE_KEY)
     if enforcer is None:
         enforcer = Enforcer()
         app_state[STATE_KEY] = enforcer
         route_to_uvicorn()
-        logger.warning(
-            "connlist: no ConnectionsMiddleware in the ASGI lifespan state; the server enforces the "
-            "default timeouts (headers %gs, request %gs). Add ConnectionsMiddleware to the app, with "
-            "the lifespan on, to configure them and serve the debug endpoint.",
-            enforcer.headers_timeout,
-            enforcer.request_timeout,
+        # (Looked up only here, once per worker: this runs for every connection.)
+        config = getattr(protocol, "config", None)
+        lifespan = getattr(config, "lifespan", None)
+        declared = _declares_middleware(getattr(config, "loaded_app", None))
+        defaults = (
+            f"the server enforces the default timeouts (headers {enforcer.headers_timeout:g}s, "
+            f"request {enforcer.request_timeout:g}s)"
         )
+        if lifespan == "off":
+            # The middleware adopts the fallback at its first request (and says so).
+            logger.warning(
+                "connlist: the ASGI lifespan is off, so no ConnectionsMiddleware handed over its settings; "
+                "%s until the first request. Serve with --lifespan on.",
+                defaults,
+            )
+        elif declared is False or lifespan == "on":
+            # (With --lifespan on, a failed lifespan would have stopped the server.)
+            logger.warning(
+                "connlist: no ConnectionsMiddleware in the ASGI lifespan state; %s. Add "
+                "ConnectionsMiddleware to the app, with the lifespan on, to configure them and serve the "
+                "debug endpoint.",
+                defaults,
+            )
+        elif declared:
+            logger.error(
+                "connlist: the app's ASGI lifespan failed, so its ConnectionsMiddleware never started "
+                "(uvicorn's --lifespan auto takes an exception at startup, such as a bad connlist option, "
+                "for a lifespan the app does not support); %s and every request may fail with that "
+                "exception. Serve with --lifespan on to see it and stop at start.",
+                defaults,
+            )
+        else:
+            logger.error(
+                "connlist: no ConnectionsMiddleware in the ASGI lifespan state: the app has none, or its "
+                "lifespan failed (uvicorn's --lifespan auto takes an exception at startup, such as a bad "
+                "connlist option, for a lifespan the app does not support); %s. Serve with --lifespan on "
+                "to see the exception and stop at start.",
+                defaults,
+            )
     return enforcer
+
+
+def _declares_middleware(app: Any) -> bool | None:
+    """Whether the app uvicorn loaded has a ConnectionsMiddleware; None if it cannot be told.
+
+    Follows ``.app`` through uvicorn's own wrappers (proxy headers, the
+    message logger) and other middlewares to a ConnectionsMiddleware or a
+    Starlette app; a Starlette app's declared middleware (``user_middleware``)
+    says.  Once per worker, at its first connection.
+    """
+    from starlette.applications import Starlette
+
+    from connlist.middleware import ConnectionsMiddleware
+
+    for _ in range(32):  # bounded: a cycle of .app attributes must not stop a worker
+        if isinstance(app, ConnectionsMiddleware):
+            return True
+        if isinstance(app, Starlette):
+            # What Starlette builds its stack from, whether or not it was built.
+            return any(
+                isinstance(m.cls, type) and issubclass(m.cls, ConnectionsMiddleware)
+                for m in app.user_middleware
+            )
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
 
 
 class _Tracking:
@@ -187,7 +257,7 @@ class _Tracking:
         if not cls._connlist_attributes_checked:
             _require_attributes(self, _COMMON_ATTRIBUTES)
             cls._connlist_attributes_checked = True
-        enforcer = _enforcer_for(self.app_state)
+        enforcer = _enforcer_for(self.app_state, self)
         enforcer.mode = self.connlist_mode
         self._connlist = enforcer
         self._connlist_record = None
