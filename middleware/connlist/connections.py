@@ -176,8 +176,9 @@ OUT_STALLED = 1
 OUT_CLOSING = 2
 
 _ids = itertools.count(1)
-# The id of a record not given one (ASGI-only mode gives its records their
-# request number: connlist.asgi), unique in the process.
+# Every record's id, unique in the process: a Connection takes one unless it
+# is given one, and ASGI-only mode's requests without a body (``Received``)
+# take theirs from it too (connlist.asgi), so ids never depend on counts.
 next_id = _ids.__next__
 _INF = math.inf
 
@@ -236,7 +237,7 @@ class Connection:
         self._body_next: Connection = self
         self._out_prev: Connection = self
         self._out_next: Connection = self
-        # Given by ASGI-only mode, which numbers its requests as it counts them.
+        # Given only to a ``Received`` record, whose id its table holds.
         self.id: int = next_id() if id is None else id
         self.client = client
         self.server = server
