@@ -28,7 +28,11 @@ each worker serves its snapshot to its siblings, and the worker that receives
   (or at the first request when the lifespan is off), on the worker's own
   event loop: ``loop.create_unix_server`` on ``<pid>.sock``.  It serves in the
   loop like any connection; nothing runs until a sibling connects.
-  ``stop()`` (lifespan shutdown, or at exit) closes and removes it.
+  ``stop()`` (lifespan shutdown, or at exit) closes and removes it.  A
+  worker killed (``kill -9``, or by its master after the graceful timeout)
+  cannot remove its own: every worker removes the sockets of siblings that
+  are gone (the rule below) when it starts and when it stops, so the last
+  one to leave takes them, and the master's directory with them.
 * **Asking.**  ``gather()`` lists the directory, connects to every other
   socket at once, sends one line ``{"limit": N}`` and reads one JSON snapshot
   until the sibling closes, all within ``TIMEOUT`` (0.5 s).  A sibling that
@@ -348,6 +352,7 @@ class WorkerGroup:
             return
         self.directory, self._path, self._server = directory, path, server
         atexit.register(self._remove)
+        self._remove_dead_siblings(directory)
 
     def stop(self) -> None:
         """Stop serving and remove the socket (and the master's directory once it is empty)."""
@@ -364,9 +369,34 @@ class WorkerGroup:
             return
         with contextlib.suppress(OSError):
             path.unlink()
+        # A sibling killed (kill -9, or by the master after its graceful
+        # timeout) could not remove its socket: the last worker to leave
+        # takes it, and then the master's directory.
+        self._remove_dead_siblings(path.parent)
         if self.master is not None:
             with contextlib.suppress(OSError):  # not empty: a sibling still runs
                 path.parent.rmdir()
+
+    def _remove_dead_siblings(self, directory: Path) -> None:
+        """Remove the sockets in ``directory`` of workers that are gone (``_ask``'s rule, without asking).
+
+        A socket goes only if its pid is no live sibling and nothing
+        listens on it: a live worker's socket, or one still being set up,
+        is never touched.  Runs at ``start()`` and ``stop()``, once each.
+        """
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return
+        own = os.getpid()
+        for name in names:
+            pid = _pid_of(name)
+            if pid is None or pid == own or self._is_sibling(pid):
+                continue
+            path = os.path.join(directory, name)
+            if not _listening(path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     # -- asking the siblings ----------------------------------------------------
 
