@@ -115,13 +115,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from connlist.settings import check_timeout
+
 __all__ = [
     "PHASES",
     "STATES",
     "Connection",
     "ConnectionHandle",
     "ConnectionsList",
-    "check_timeout",
     "connection_state",
 ]
 
@@ -373,15 +374,6 @@ class Received(Connection):
     def tracked(self) -> bool:
         """Whether the request is still in the list (the app has not returned)."""
         return self.id in self._table
-
-
-def check_timeout(name: str, value: object) -> float:
-    """Validate one timeout (seconds, 0 disables) and return it as a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number of seconds >= 0 (0 disables it), got {value!r}")
-    return float(value)
 
 
 class ConnectionsList:
@@ -913,8 +905,10 @@ class ConnectionsList:
 
     @staticmethod
     def _effective(headers_timeout: float, request_timeout: float) -> tuple[float, float]:
-        # The enforcer passes validated floats on every sweep: check those
-        # cheaply (NaN and inf fail the comparisons) and anything else fully.
+        # The list's arguments are raw numbers (its methods are public), so
+        # they are checked here, by settings' rule.  The enforcer passes its
+        # validated settings at every sweep: those pass the cheap test
+        # (NaN and inf fail the comparisons), anything else the full one.
         if not (
             type(headers_timeout) is float
             and type(request_timeout) is float
@@ -923,7 +917,12 @@ class ConnectionsList:
         ):
             headers_timeout = check_timeout("headers_timeout", headers_timeout)
             request_timeout = check_timeout("request_timeout", request_timeout)
-        # As Node does: the shorter of two enabled timeouts is the headers timeout.
+        # As Node's list does (``ConnectionsList::Expired`` in
+        # src/node_http_parser.cc swaps them): the shorter of two enabled
+        # timeouts is the headers timeout.  Options are checked before they
+        # get here: ``settings.resolve_timeouts``, like Node's
+        # ``http.createServer``, rejects a headers timeout above the request
+        # timeout, so the enforcer never passes a pair this changes.
         if headers_timeout and request_timeout and headers_timeout > request_timeout:
             headers_timeout, request_timeout = request_timeout, headers_timeout
         return headers_timeout, request_timeout
@@ -932,7 +931,10 @@ class ConnectionsList:
         """Unlink and return the active connections that ran out of time (Node's rule).
 
         0 disables a timeout; if both are set and ``headers_timeout >
-        request_timeout`` they are swapped.  The cost is proportional to the
+        request_timeout`` they are swapped, as Node's list does (the
+        options reject such a pair: ``settings.resolve_timeouts``).
+        ``TypeError``/``ValueError`` for a timeout that is not a finite
+        number >= 0 (``settings.check_timeout``).  The cost is proportional to the
         connections older than the shorter timeout, not to all active ones.
         At most ``limit`` are returned (``-1``: no limit); the rest stay for
         the next call.
@@ -974,6 +976,9 @@ class ConnectionsList:
 
     def next_deadline(self, headers_timeout: float, request_timeout: float) -> float | None:
         """The earliest clock value at which some active connection can expire, or None.
+
+        The timeouts are taken as ``expired`` takes them (checked, and
+        swapped if the headers timeout is the longer).
 
         Walks from the head only as far as a later connection could still
         have an earlier deadline: at most the connections whose headers are

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import sys
 from collections.abc import Awaitable
 from types import MethodType
@@ -35,7 +34,7 @@ from connlist.asgi import AsgiOnly, Feed
 from connlist.connections import ConnectionsList
 from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
 from connlist.enforcer import STATE_KEY, Enforcer, OnTimeout
-from connlist.logs import route_to_uvicorn
+from connlist.logs import logger, route_to_uvicorn
 from connlist.settings import (
     DEFAULT_BODY_GRACE,
     DEFAULT_BODY_MIN_RATE,
@@ -47,8 +46,6 @@ from connlist.settings import (
 from connlist.workers import WorkerGroup
 
 __all__ = ["ConnectionsMiddleware"]
-
-logger = logging.getLogger("connlist")
 
 
 class ConnectionsMiddleware:

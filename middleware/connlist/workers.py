@@ -53,7 +53,6 @@ import asyncio
 import atexit
 import contextlib
 import json
-import logging
 import multiprocessing
 import os
 import socket
@@ -63,6 +62,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
+from connlist.logs import logger
+from connlist.processes import process_info
 from connlist.slices import json_cooperatively
 
 __all__ = [
@@ -74,8 +75,6 @@ __all__ = [
     "supervised_by",
     "supervisor_pid",
 ]
-
-logger = logging.getLogger("connlist")
 
 ENV_DIR = "CONNLIST_WORKERS_DIR"
 # How long the answering worker waits for all its siblings together.
@@ -116,24 +115,9 @@ def supervisor_pid() -> int | None:
     return None
 
 
-def _proc_stat(pid: int) -> tuple[str, int, str] | None:
-    """``(state, ppid, start time)`` from ``/proc/<pid>/stat``; None if unreadable (gone, or no /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            data = file.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    # The command name, in parentheses, may contain spaces: split after it.
-    fields = data[data.rfind(")") + 2 :].split()
-    try:
-        return fields[0], int(fields[1]), fields[19]
-    except (IndexError, ValueError):
-        return None
-
-
 def _master_key(master: int) -> str:
-    found = _proc_stat(master)
-    return str(master) if found is None else f"{master}-{found[2]}"
+    found = process_info(master)
+    return str(master) if found is None or found.start is None else f"{master}-{found.start}"
 
 
 def _private_dir(path: Path, *, strict: bool) -> Path:
@@ -418,20 +402,16 @@ class WorkerGroup:
         return found
 
     def _is_sibling(self, pid: int) -> bool:
-        """Whether ``pid`` is a live process that may be one of this server's workers."""
-        found = _proc_stat(pid)
-        if found is None:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return False
-            except PermissionError:
-                return False  # another user's: not a worker of ours
-            return True
-        state, ppid, _ = found
-        if state in ("Z", "X"):
-            return False  # killed, not yet reaped by the master
-        return self.master is None or ppid == self.master
+        """Whether ``pid`` is a live process that may be one of this server's workers.
+
+        Gone or a zombie (killed, not yet reaped by the master): no.  There
+        but another user's: no, not a worker of ours.  Else, with a master,
+        only its child (where ``/proc`` says who the parent is).
+        """
+        found = process_info(pid)
+        if found is None or not found.mine:
+            return False
+        return self.master is None or found.ppid is None or found.ppid == self.master
 
     async def _ask(self, pid: int, path: Path, limit: int) -> dict[str, Any] | None:
         """A sibling's snapshot, an unreachable entry, or None if it is gone (its stale socket removed)."""
