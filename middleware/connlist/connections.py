@@ -24,7 +24,7 @@ A connection moves through these events (the clock is monotonic)::
                        one instant, on an idle connection: a whole request in
                        one read.  Nothing moves and no clock is read; the
                        connection stays idle, one request more, responding
-    remove             closed or upgraded: leaves both lists
+    remove             closed or upgraded: leaves every list it is in
 
 A connection is *expired* when it is in ``active`` and either its headers are
 incomplete and its message started more than ``headers_timeout`` ago, or its
@@ -36,9 +36,10 @@ ordered by the time that matters to it, so a check stops at the first young
 record, and none is touched by a request without a body::
 
     body      requests receiving a body (``body_begin`` once the headers are
-              in, ``body_bytes`` per read), by the time their body began: the
-              minimum body rate applies once ``body_grace`` has passed
-              (Apache mod_reqtimeout's ``body=10,MinRate=500``)
+              in; each read adds to ``body_received``, through ``body_bytes``
+              or, on a feeder's hot path, directly), by the time their body
+              began: the minimum body rate applies once ``body_grace`` has
+              passed (Apache mod_reqtimeout's ``body=10,MinRate=500``)
     stalled   connections whose response the client stopped taking
               (``stall`` from the transport's ``pause_writing``, ``unstall``
               from ``resume_writing``), by when they were last sampled; the
@@ -377,7 +378,11 @@ class Received(Connection):
 
 
 class ConnectionsList:
-    """Every connection of one worker, and the ones receiving a request, in two intrusive lists."""
+    """Every connection of one worker, in five intrusive lists (see the module docstring).
+
+    ``all``, ``active`` (receiving a request), ``body``, ``stalled`` and
+    ``closing``; the last two share one link pair.
+    """
 
     __slots__ = (
         "_active_root",
@@ -606,7 +611,7 @@ class ConnectionsList:
             self._n_idle_responding += 1
 
     def remove(self, conn: Connection) -> None:
-        """Closed or upgraded: leaves both lists.  Idempotent, safe in any state."""
+        """Closed or upgraded: leaves every list it is in.  Idempotent, safe in any state."""
         if conn._all_next is not conn:
             # Only a tracked connection can be in ``active``.
             if conn._active_next is not conn:
