@@ -82,37 +82,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from setups import BASELINE, SETUP_BY_KEY, SETUPS, Setup
+
 HERE = Path(__file__).resolve().parent
 HELLO = b"Hello, world!"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 WRK_MISSING = "wrk not found: install it with `apt-get install wrk` (Debian/Ubuntu)"
 
 
-@dataclass(frozen=True)
-class Setup:
-    key: str
-    label: str
-    app: str
-    http: str
-    # The connlist mode the debug endpoint must report, for the setups that have it.
-    mode: str | None = None
-
-
-SETUPS = (
-    Setup("bare", "bare uvicorn", "e2e_apps:bare", "httptools"),
-    Setup(
-        "connlist",
-        "connlist (integration + middleware)",
-        "e2e_apps:with_connlist",
-        "connlist.uvicorn:HttpToolsProtocol",
-        mode="uvicorn-httptools",
-    ),
-    Setup("asgi-only", "connlist, ASGI-only mode", "e2e_apps:with_connlist", "httptools", mode="asgi"),
-    Setup("asyncio.timeout", "asyncio.timeout middleware", "e2e_apps:with_asyncio_timeout", "httptools"),
-    Setup("call_later", "per-connection call_later protocol", "e2e_apps:bare", "e2e_apps:CallLaterProtocol"),
-)
-BASELINE = "bare"
-SETUP_BY_KEY = {setup.key: setup for setup in SETUPS}
 # setup -> the largest allowed median ratio of its CPU per request to bare uvicorn's.
 CEILINGS = {"connlist": 1.03, "asgi-only": 1.05}
 ALTERNATIVES = ("asyncio.timeout", "call_later")

@@ -249,10 +249,11 @@ def table(
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Here, not at the top: a child imports nothing it does not run.
     sys.path.insert(0, str(HERE))
-    import e2e
+    from setups import BASELINE, SETUP_BY_KEY, SETUPS
 
-    keys = [setup.key for setup in e2e.SETUPS]
+    keys = [setup.key for setup in SETUPS]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--setups", nargs="+", choices=keys, default=keys, help="setups to measure")
     parser.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS), help="event loops")
@@ -273,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     if "uvloop" in loops and importlib.util.find_spec("uvloop") is None:
         print("uvloop not found: pip install 'connlist[bench]' (or pass --loops asyncio)", file=sys.stderr)
         return 2
-    setups = [setup for setup in e2e.SETUPS if setup.key in args.setups]
-    if e2e.BASELINE not in args.setups:
-        setups.insert(0, e2e.SETUP_BY_KEY[e2e.BASELINE])
+    setups = [setup for setup in SETUPS if setup.key in args.setups]
+    if BASELINE not in args.setups:
+        setups.insert(0, SETUP_BY_KEY[BASELINE])
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         futures = {
             (setup.key, loop, layout): pool.submit(per_request, setup.app, setup.http, loop, layout)
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[tuple[str, str], list[int]] = {}
         for (key, loop, _), future in futures.items():
             results.setdefault((key, loop), []).append(future.result())
-    print("\n".join(table(setups, loops, results, e2e.BASELINE)))
+    print("\n".join(table(setups, loops, results, BASELINE)))
     return 0
 
 

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from connlist import ConnectionsMiddleware
 from connlist.connections import Connection
-from connlist.enforcer import format_address
+from connlist.logs import format_address
 
 logger = logging.getLogger("example")
 

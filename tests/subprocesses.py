@@ -135,13 +135,60 @@ def run_server(
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGINT to the process group (quick shutdown for gunicorn and uvicorn), then SIGKILL."""
+    """SIGINT to the process group (quick shutdown for gunicorn and uvicorn), then SIGKILL what stays.
+
+    The leader's exit is not the group's: ``uvicorn --workers`` leaves
+    multiprocessing's resource tracker, which exits once the master has
+    (its pipe closes), and under coverage writes its data file then.
+    Killed at once, it left that file half written (coverage's "isn't a
+    coverage data file" at ``combine``).  So the group gets time to go.
+    """
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10)
+    wait_for_group(proc.pid, GROUP_LIMIT)
     # Whatever is left of the group (workers of a master that died), then reap.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
+
+
+# How long the rest of a group may take to exit once its leader has.
+GROUP_LIMIT = 5.0
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie does not: nothing may reap it soon)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            data = (entry / "stat").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        fields = data[data.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def wait_for_group(pgid: int, limit: float) -> bool:
+    """Wait until no process of group ``pgid`` runs, at most ``limit`` seconds; whether none does."""
+    deadline = time.monotonic() + limit
+    while group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

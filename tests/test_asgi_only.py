@@ -16,13 +16,16 @@ from typing import Any
 import pytest
 
 from connlist import ConnectionsMiddleware
+from connlist.connections import Connection
 from tests.servers import (
     EARLY,
+    INTEGRATED,
     LATE,
     PLAIN,
     connect,
     echo_app,
     is_408,
+    middleware,
     read_response,
     read_until_closed,
     serve,
@@ -372,8 +375,9 @@ def test_close_idle_leaves_a_request_whose_body_is_in_alone() -> None:
 
 def test_unit_requests_in_flight_are_numbered_counted_and_listed() -> None:
     # In-process: a request without a body is listed as handling while the
-    # app runs, with its own number (a request with a body takes one too),
-    # and counted once as a connection and once as a request; the
+    # app runs, with an id of its own (a request with a body takes one too,
+    # from the same counter), and counted once as a connection and once as
+    # a request; the
     # middleware has its own class in this mode until the next lifespan startup.
     import inspect
 
@@ -425,9 +429,9 @@ def test_unit_requests_in_flight_are_numbered_counted_and_listed() -> None:
         await started.wait()
         await mw(scope("/upload", [(b"content-length", b"5")]), receive, send)
         data = mw.snapshot()
-        assert [(e["id"], e["state"], e["method"], e["path"]) for e in data["all"]] == [
-            (2, "handling", "GET", "/hold")
-        ]
+        assert [(e["state"], e["method"], e["path"]) for e in data["all"]] == [("handling", "GET", "/hold")]
+        hold_id = data["all"][0]["id"]
+        assert hold_id in mw.connections.received
         assert data["all"][0]["age"] >= 0 and data["all"][0]["client"] == "127.0.0.1:1"
         assert data["counts"]["all"] == data["counts"]["writing"] == 1
         assert data["totals"]["connections"] == data["totals"]["requests"] == 3
@@ -437,12 +441,14 @@ def test_unit_requests_in_flight_are_numbered_counted_and_listed() -> None:
         assert data["all"] == [] and data["counts"]["all"] == 0
         assert data["totals"]["connections"] == data["totals"]["requests"] == 3
         assert mw.connections.received == {}
-        # A record with a body is numbered like the others: each id once.
+        # A record with a body is numbered like the others: each id once,
+        # from the counter every record's id comes from.
         ids: list[int] = []
         app_sees.append(lambda: ids.extend(conn.id for conn in mw.connections.iter_all()))
         await mw(scope("/upload", [(b"content-length", b"5")]), receive, send)
         await mw(scope("/", []), receive, send)
-        assert ids == [4, 5]
+        assert len(ids) == 2 and hold_id < ids[0] < ids[1]
+        assert Connection().id > ids[1]
         app_sees.clear()
         # The first framing header decides whether a body follows (a timed record, active).
         active: list[int] = []
@@ -470,3 +476,45 @@ def test_unit_requests_in_flight_are_numbered_counted_and_listed() -> None:
         assert mw.snapshot()["totals"]["requests"] == 10
 
     asyncio.run(scenario())
+
+
+def test_totals_stay_exact_when_the_integration_takes_over(parser: str) -> None:
+    # One middleware served in ASGI-only mode, then, at the next lifespan,
+    # by the integration's protocols, with the same enforcer: each feeder
+    # counts its own connections and requests, and neither doubles the
+    # other's (ASGI-only mode once aliased requests to connections, so that
+    # the integration's two increments moved one count by 2).
+    mw = middleware()
+
+    def serve_requests(port: int) -> None:
+        # Two connections: three requests (one with a body), then one.
+        sock = connect(port)
+        for request in (
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        ):
+            sock.sendall(request)
+            assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+        sock.close()
+        sock = connect(port)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert read_until_closed(sock)[0].startswith(b"HTTP/1.1 200 ")
+
+    def totals() -> dict[str, int]:
+        counted: dict[str, int] = mw.snapshot()["totals"]
+        return counted
+
+    with serve(mw, PLAIN[parser]) as running:
+        serve_requests(running.port)
+        assert mw.mode == "asgi"
+    # Each request is a connection of its own in this mode.
+    assert totals() == {**totals(), "connections": 4, "requests": 4}
+    with serve(mw, INTEGRATED[parser]) as running:
+        serve_requests(running.port)
+        assert mw.mode == f"uvicorn-{parser}"
+        assert running.server.lifespan.state["connlist.enforcer"] is mw.enforcer
+    # The server stopped: every connection was counted, and is gone.
+    assert totals() == {**totals(), "connections": 4 + 2, "requests": 4 + 4}
+    assert sum(value for name, value in totals().items() if name.endswith("_timeouts")) == 0
+    assert len(mw.connections) == 0 and mw.connections.received == {}

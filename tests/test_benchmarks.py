@@ -25,11 +25,12 @@ import e2e  # noqa: E402
 import e2e_apps  # noqa: E402
 import list_micro  # noqa: E402
 import per_request  # noqa: E402
+import setups  # noqa: E402
 import workloads  # noqa: E402
 
 
-@pytest.mark.parametrize("setup", e2e.SETUPS, ids=lambda setup: setup.key)
-def test_each_setup_serves_keep_alive_requests_in_process(setup: e2e.Setup) -> None:
+@pytest.mark.parametrize("setup", setups.SETUPS, ids=lambda setup: setup.key)
+def test_each_setup_serves_keep_alive_requests_in_process(setup: setups.Setup) -> None:
     # Each benchmark server is a process of its own: give each setup fresh apps
     # (a middleware keeps the mode it last saw).
     importlib.reload(e2e_apps)
@@ -153,7 +154,7 @@ def test_per_request_reports_each_setups_median_over_the_layouts(
 ) -> None:
     # Made-up counts: per request, by setup and layout (start-up adds the same to both N).
     per_layout = {"bare": [100, 130, 110], "connlist": [113, 150, 114]}
-    by_app = {(setup.app, setup.http): setup.key for setup in e2e.SETUPS}
+    by_app = {(setup.app, setup.http): setup.key for setup in setups.SETUPS}
     seen: list[int] = []
 
     def fake(app_spec: str, http: str, requests: int, loop: str, layout: int) -> int:

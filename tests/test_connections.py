@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 import pytest
 
-from connlist.connections import Connection, ConnectionsList, check_timeout
+from connlist.connections import Connection, ConnectionsList
+from connlist.settings import check_timeout
 from tests.fakes import T0, FakeClock
 
 

@@ -145,7 +145,13 @@ def hold_on_every_worker(port: int) -> tuple[dict[int, dict[str, Any]], dict[str
 
 
 def check_stop_and_kill(server: Process, directory: Path, pids: list[int]) -> None:
-    """SIGSTOP one worker: listed unreachable, on time.  SIGKILL it: gone, its socket removed."""
+    """SIGSTOP one worker: listed unreachable, on time.  SIGKILL it: gone, its socket removed.
+
+    Returns once the master's replacement for it serves, with its socket: a
+    master stopped while a worker boots can miss it (a signal that reaches
+    the worker before its own handlers is lost, and the master kills it
+    after the graceful timeout, socket and all).
+    """
     port = server.port
     victim = pids[0]
     os.kill(victim, signal.SIGSTOP)
@@ -164,8 +170,9 @@ def check_stop_and_kill(server: Process, directory: Path, pids: list[int]) -> No
         os.kill(victim, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGCONT)
+    # kill -9: the worker could not remove its socket; a sibling that finds
+    # it refusing connections does (asking, or starting: the replacement).
     socket_path = directory / f"{victim}.sock"
-    assert socket_path.exists()  # kill -9: nobody removed it
     deadline = time.monotonic() + 10
     while True:
         answer = all_workers(port, "&limit=0")
@@ -177,6 +184,15 @@ def check_stop_and_kill(server: Process, directory: Path, pids: list[int]) -> No
         assert time.monotonic() < deadline, answer
         time.sleep(0.1)
     assert len(reachable(answer)) >= 1
+    # The master replaces it: every worker serves again, each with its socket.
+    deadline = time.monotonic() + 20
+    while True:
+        alive = reachable(all_workers(port, "&limit=0"))
+        if len(alive) == WORKERS and socket_files(directory) == dict.fromkeys(alive, 0o600):
+            break
+        assert time.monotonic() < deadline, (alive, socket_files(directory))
+        time.sleep(0.1)
+    assert victim not in alive
 
 
 def stop_master(server: Process) -> None:
@@ -492,6 +508,48 @@ def test_a_worker_removes_what_dead_masters_left_and_its_own_at_stop(
     assert not gone.exists()
     assert (elsewhere / "4243.sock").exists()
     assert directory is not None and not directory.exists()  # the last worker removed the group's directory
+
+
+def test_the_last_worker_to_leave_removes_its_killed_siblings_sockets_and_the_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_dir: Path
+) -> None:
+    # A sibling killed before this worker started, and one killed while it
+    # ran (kill -9, or by the master after its graceful timeout): their
+    # sockets refuse connections and their pids are gone.  Nobody asks for
+    # workers=all in between, yet start() removes the first, stop() the
+    # second and then the master's directory.
+    if os.getppid() <= 1:
+        pytest.skip("this process has no parent to play the master")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_dir))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv(workers.ENV_DIR, raising=False)
+    monkeypatch.setattr(workers, "_master_pid", os.getppid())
+    directory = workers.default_directory(os.getppid())
+    directory.parent.mkdir(mode=0o700)
+    directory.mkdir(mode=0o700)
+
+    def killed_sibling() -> Path:
+        path = directory / f"{dead_pid()}.sock"
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(path))  # bound, closed, not removed
+        return path
+
+    before = killed_sibling()
+
+    async def run() -> Path:
+        group = WorkerGroup(answering({"pid": os.getpid()}))
+        await group.start()
+        try:
+            assert group.directory == directory
+            assert not before.exists()
+            assert socket_files(directory) == {os.getpid(): 0o600}
+            return killed_sibling()
+        finally:
+            group.stop()
+
+    during = asyncio.run(run())
+    assert not during.exists()
+    assert not directory.exists()
 
 
 @pytest.mark.parametrize(

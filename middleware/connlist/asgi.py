@@ -29,19 +29,17 @@ says what each mode can enforce.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from connlist.connections import Connection
-from connlist.enforcer import Enforcer, OneRequestPerConnection, Totals
+from connlist.connections import Connection, next_id
+from connlist.enforcer import Enforcer
+from connlist.logs import logger
 
 __all__ = ["AsgiOnly", "AsgiRequest", "Feed", "serve_with_body"]
-
-logger = logging.getLogger("connlist")
 
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _408_START: Message = {
@@ -81,8 +79,6 @@ class Feed:
         self.enforcer = enforcer
         # The middleware's general path: lifespan, websockets, the endpoint.
         self.route = route
-        if type(enforcer.totals) is Totals:
-            enforcer.totals = OneRequestPerConnection.of(enforcer.totals)
         self.totals = enforcer.totals
         self.received = enforcer.connections.received
         self.clock = enforcer.clock
@@ -97,12 +93,16 @@ class AsgiOnly:
     path is one function with no test of the mode; ``_feed`` is what it
     reads.
 
-    A request is numbered as it is counted: in this mode each request is a
-    connection of its own, so ``Totals.requests`` is ``Totals.connections``
-    (``OneRequestPerConnection``), and the request's number is its id in the
-    view (unique in the worker; a record made by ``serve_with_body`` takes
-    one too).  So a request without a body costs one increment, a clock
-    reading and an entry in and out of a dict.
+    In this mode each request is a connection of its own, so it is counted
+    once in ``Totals.connections`` and once in ``Totals.requests``, and
+    takes an id from the one counter every record's id comes from
+    (``connections.next_id``: unique in the process, whichever mode or
+    server made the record; a record made by ``serve_with_body`` takes one
+    too).  The counts are the same fields the server integration counts, so
+    the totals stay exact when the integration takes over at the next
+    lifespan, with the same enforcer.  So a request without a body costs
+    two increments, an id, a clock reading and an entry in and out of a
+    dict.
     """
 
     # No instance layout of its own: the middleware's class switches to one
@@ -127,7 +127,9 @@ class AsgiOnly:
                 break
         # No body: counted, numbered, and an entry in the list while the app runs.
         totals = feed.totals
-        key = totals.connections = totals.connections + 1
+        totals.connections += 1
+        totals.requests += 1
+        key = next_id()
         received = feed.received
         # The clock and the app are loaded before they are called: called
         # as ``feed.clock()``, a callable held in a slot is a method call
@@ -146,10 +148,11 @@ async def serve_with_body(
 ) -> None:
     """A request with a body: a record, timed until its last chunk arrives, while ``app`` runs."""
     connections = enforcer.connections
-    # Counted and numbered (see AsgiOnly): requests are connections here.
+    # Counted (see AsgiOnly): requests are connections here; the record takes the next id.
     totals = enforcer.totals
-    key = totals.connections = totals.connections + 1
-    conn = connections.connect(client=scope.get("client"), server=scope.get("server"), id=key)
+    totals.connections += 1
+    totals.requests += 1
+    conn = connections.connect(client=scope.get("client"), server=scope.get("server"))
     connections.headers_complete(conn, scope["method"], scope["path"])
     if enforcer.settings.body_min_rate:
         connections.body_begin(conn)

@@ -24,7 +24,7 @@ A connection moves through these events (the clock is monotonic)::
                        one instant, on an idle connection: a whole request in
                        one read.  Nothing moves and no clock is read; the
                        connection stays idle, one request more, responding
-    remove             closed or upgraded: leaves both lists
+    remove             closed or upgraded: leaves every list it is in
 
 A connection is *expired* when it is in ``active`` and either its headers are
 incomplete and its message started more than ``headers_timeout`` ago, or its
@@ -36,9 +36,10 @@ ordered by the time that matters to it, so a check stops at the first young
 record, and none is touched by a request without a body::
 
     body      requests receiving a body (``body_begin`` once the headers are
-              in, ``body_bytes`` per read), by the time their body began: the
-              minimum body rate applies once ``body_grace`` has passed
-              (Apache mod_reqtimeout's ``body=10,MinRate=500``)
+              in; each read adds to ``body_received``, through ``body_bytes``
+              or, on a feeder's hot path, directly), by the time their body
+              began: the minimum body rate applies once ``body_grace`` has
+              passed (Apache mod_reqtimeout's ``body=10,MinRate=500``)
     stalled   connections whose response the client stopped taking
               (``stall`` from the transport's ``pause_writing``, ``unstall``
               from ``resume_writing``), by when they were last sampled; the
@@ -117,13 +118,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from connlist.settings import check_timeout
+
 __all__ = [
     "PHASES",
     "STATES",
     "Connection",
     "ConnectionHandle",
     "ConnectionsList",
-    "check_timeout",
     "connection_state",
 ]
 
@@ -178,8 +180,9 @@ OUT_STALLED = 1
 OUT_CLOSING = 2
 
 _ids = itertools.count(1)
-# The id of a record not given one (ASGI-only mode gives its records their
-# request number: connlist.asgi), unique in the process.
+# Every record's id, unique in the process: a Connection takes one unless it
+# is given one, and ASGI-only mode's requests without a body (``Received``)
+# take theirs from it too (connlist.asgi), so ids never depend on counts.
 next_id = _ids.__next__
 _INF = math.inf
 
@@ -238,7 +241,7 @@ class Connection:
         self._body_next: Connection = self
         self._out_prev: Connection = self
         self._out_next: Connection = self
-        # Given by ASGI-only mode, which numbers its requests as it counts them.
+        # Given only to a ``Received`` record, whose id its table holds.
         self.id: int = next_id() if id is None else id
         self.client = client
         self.server = server
@@ -376,17 +379,12 @@ class Received(Connection):
         return self.id in self._table
 
 
-def check_timeout(name: str, value: object) -> float:
-    """Validate one timeout (seconds, 0 disables) and return it as a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number of seconds >= 0 (0 disables it), got {value!r}")
-    return float(value)
-
-
 class ConnectionsList:
-    """Every connection of one worker, and the ones receiving a request, in two intrusive lists."""
+    """Every connection of one worker, in five intrusive lists (see the module docstring).
+
+    ``all``, ``active`` (receiving a request), ``body``, ``stalled`` and
+    ``closing``; the last two share one link pair.
+    """
 
     __slots__ = (
         "_active_root",
@@ -615,7 +613,7 @@ class ConnectionsList:
             self._n_idle_responding += 1
 
     def remove(self, conn: Connection) -> None:
-        """Closed or upgraded: leaves both lists.  Idempotent, safe in any state."""
+        """Closed or upgraded: leaves every list it is in.  Idempotent, safe in any state."""
         if conn._all_next is not conn:
             # Only a tracked connection can be in ``active``.
             if conn._active_next is not conn:
@@ -914,8 +912,10 @@ class ConnectionsList:
 
     @staticmethod
     def _effective(headers_timeout: float, request_timeout: float) -> tuple[float, float]:
-        # The enforcer passes validated floats on every sweep: check those
-        # cheaply (NaN and inf fail the comparisons) and anything else fully.
+        # The list's arguments are raw numbers (its methods are public), so
+        # they are checked here, by settings' rule.  The enforcer passes its
+        # validated settings at every sweep: those pass the cheap test
+        # (NaN and inf fail the comparisons), anything else the full one.
         if not (
             type(headers_timeout) is float
             and type(request_timeout) is float
@@ -924,7 +924,12 @@ class ConnectionsList:
         ):
             headers_timeout = check_timeout("headers_timeout", headers_timeout)
             request_timeout = check_timeout("request_timeout", request_timeout)
-        # As Node does: the shorter of two enabled timeouts is the headers timeout.
+        # As Node's list does (``ConnectionsList::Expired`` in
+        # src/node_http_parser.cc swaps them): the shorter of two enabled
+        # timeouts is the headers timeout.  Options are checked before they
+        # get here: ``settings.resolve_timeouts``, like Node's
+        # ``http.createServer``, rejects a headers timeout above the request
+        # timeout, so the enforcer never passes a pair this changes.
         if headers_timeout and request_timeout and headers_timeout > request_timeout:
             headers_timeout, request_timeout = request_timeout, headers_timeout
         return headers_timeout, request_timeout
@@ -933,7 +938,10 @@ class ConnectionsList:
         """Unlink and return the active connections that ran out of time (Node's rule).
 
         0 disables a timeout; if both are set and ``headers_timeout >
-        request_timeout`` they are swapped.  The cost is proportional to the
+        request_timeout`` they are swapped, as Node's list does (the
+        options reject such a pair: ``settings.resolve_timeouts``).
+        ``TypeError``/``ValueError`` for a timeout that is not a finite
+        number >= 0 (``settings.check_timeout``).  The cost is proportional to the
         connections older than the shorter timeout, not to all active ones.
         At most ``limit`` are returned (``-1``: no limit); the rest stay for
         the next call.
@@ -1014,6 +1022,9 @@ class ConnectionsList:
 
     def next_deadline(self, headers_timeout: float, request_timeout: float) -> float | None:
         """The earliest clock value at which some active connection can expire, or None.
+
+        The timeouts are taken as ``expired`` takes them (checked, and
+        swapped if the headers timeout is the longer).
 
         Walks from the head only as far as a later connection could still
         have an earlier deadline: at most the connections whose headers are

@@ -64,6 +64,7 @@ from connlist import page
 from connlist.connections import Connection, connection_state
 from connlist.enforcer import Enforcer
 from connlist.logs import format_address
+from connlist.settings import check_whole
 from connlist.slices import STEP, cooperatively, json_cooperatively
 from connlist.workers import WorkerGroup, combine
 
@@ -152,12 +153,6 @@ def describe(
     }
 
 
-def _check_limit(limit: object) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
-        raise ValueError(f"limit must be an integer from 0 to {MAX_LIMIT}, got {limit!r}")
-    return limit
-
-
 def snapshot(enforcer: Enforcer, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
     """Everything the debug endpoint shows, as plain JSON-ready data.
 
@@ -186,7 +181,7 @@ def snapshot_steps(
     connection was removed too ends early, with ``truncated`` true); the
     counts are those of the start.
     """
-    limit = _check_limit(limit)
+    limit = check_whole("limit", limit, MAX_LIMIT)
     connections = enforcer.connections
     now = connections.clock()
 

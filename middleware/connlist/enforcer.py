@@ -46,14 +46,13 @@ is due is closed through the connection's handle.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from connlist.connections import Connection, ConnectionsList
-from connlist.logs import Summary, format_address, logger
+from connlist.logs import Summary, logger
 from connlist.settings import Settings
 
 __all__ = [
@@ -61,10 +60,8 @@ __all__ = [
     "LINGER",
     "STATE_KEY",
     "Enforcer",
-    "OneRequestPerConnection",
     "TimeoutKind",
     "Totals",
-    "format_address",
 ]
 
 # The key under which the middleware hands its enforcer to the server's
@@ -102,7 +99,15 @@ OnTimeout = Callable[[Connection, TimeoutKind], object]
 
 @dataclass
 class Totals:
-    """Counters since the worker started: one ``<kind>_timeouts`` per ``TimeoutKind``."""
+    """Counters since the worker started: one ``<kind>_timeouts`` per ``TimeoutKind``.
+
+    Every count is an explicit increment by the one feeder that sees the
+    event: ``connections`` and ``requests`` by the server integration's
+    protocols (``connlist.uvicorn``), or by ASGI-only mode (``connlist.asgi``),
+    which counts each request once in each (a request is a connection of its
+    own there); the timeouts by the enforcer.  So the counts stay exact when
+    one feeder takes over from the other at a lifespan restart.
+    """
 
     connections: int = 0
     requests: int = 0
@@ -110,26 +115,6 @@ class Totals:
     request_timeouts: int = 0
     rate_timeouts: int = 0
     send_timeouts: int = 0
-
-
-class OneRequestPerConnection(Totals):
-    """Totals where each request is a connection of its own (ASGI-only mode): ``requests`` is ``connections``.
-
-    So a request is counted with one increment (``connlist.asgi``).
-    """
-
-    @property
-    def requests(self) -> int:
-        return self.connections
-
-    @requests.setter
-    def requests(self, value: int) -> None:
-        self.connections = value
-
-    @classmethod
-    def of(cls, totals: Totals) -> OneRequestPerConnection:
-        """The same counts (``requests`` taken for ``connections``: they are equal where this is used)."""
-        return cls(**dataclasses.asdict(totals))
 
 
 class Enforcer:

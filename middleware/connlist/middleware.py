@@ -25,7 +25,6 @@ import asyncio
 import difflib
 import functools
 import inspect
-import logging
 import sys
 from collections.abc import Awaitable, Callable
 from types import MethodType
@@ -37,7 +36,7 @@ from connlist.asgi import AsgiOnly, Feed
 from connlist.connections import ConnectionsList
 from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
 from connlist.enforcer import STATE_KEY, Enforcer, OnTimeout
-from connlist.logs import route_to_uvicorn
+from connlist.logs import logger, route_to_uvicorn
 from connlist.settings import (
     DEFAULT_BODY_GRACE,
     DEFAULT_BODY_MIN_RATE,
@@ -49,8 +48,6 @@ from connlist.settings import (
 from connlist.workers import WorkerGroup
 
 __all__ = ["ConnectionsMiddleware"]
-
-logger = logging.getLogger("connlist")
 
 
 _P = ParamSpec("_P")

@@ -29,8 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
-import math
 import os
 import re
 import threading
@@ -41,6 +39,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from connlist.connections import PHASES
 from connlist.enforcer import STATE_KEY, Enforcer, Totals
+from connlist.logs import logger
+from connlist.processes import process_info
+from connlist.settings import check_number
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, make_asgi_app
@@ -63,8 +64,6 @@ __all__ = [
     "metrics_for",
     "multiprocess_mode",
 ]
-
-logger = logging.getLogger("connlist")
 
 # The timeout kinds, from the totals' names: a kind added to Totals is counted here too.
 _TOTALS = tuple(field.name for field in dataclasses.fields(Totals))
@@ -199,20 +198,8 @@ _LIVE_GAUGE_FILE = re.compile(r"gauge_live[a-z]*_(\d+)\.db")
 
 
 def _exists(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host and is not a zombie (killed, not yet reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's: alive
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            # "pid (comm) state ...": comm may hold spaces and parentheses.
-            state = stat.read().rpartition(b")")[2].split()[0]
-    except (OSError, IndexError):
-        return True  # no /proc (not Linux): os.kill said it exists
-    return state != b"Z"
+    """Whether process ``pid`` is there (not gone, not a zombie; another user's too): connlist.processes."""
+    return process_info(pid) is not None
 
 
 def mark_dead_processes(path: str | None = None) -> list[int]:
@@ -270,18 +257,6 @@ def make_metrics_app(registry: CollectorRegistry = REGISTRY) -> ASGIApp:
     return app
 
 
-def _check_interval(interval: float | None) -> float:
-    if interval is None:
-        return 0.0
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)):
-        raise TypeError(f"interval must be a number of seconds or None, got {type(interval).__name__}")
-    if not math.isfinite(interval) or interval < 0:
-        raise ValueError(
-            f"interval must be a finite number of seconds >= 0 (0 disables it), got {interval!r}"
-        )
-    return float(interval)
-
-
 class MetricsMiddleware:
     """Exports this worker's connections to Prometheus and serves ``/metrics``.
 
@@ -309,7 +284,7 @@ class MetricsMiddleware:
             raise ValueError(f"path must be None or a path starting with '/', got {path!r}")
         self.app = app
         self.path = path
-        self.interval = _check_interval(interval)
+        self.interval = check_number("interval", interval, "seconds", none_disables=True)
         self.metrics = metrics_for(registry)
         self.exporter = Exporter(self.metrics)
         self._endpoint = make_metrics_app(registry) if path is not None else None

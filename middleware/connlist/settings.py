@@ -2,15 +2,16 @@
 
 Every option is checked here, once, when a middleware (or a fallback
 enforcer) is built, so that a bad value fails at start-up with an error that
-names the option and the rule; docs/settings.md is the reference.
+names the option and the rule; docs/settings.md is the reference.  The rules
+for numbers are here too, for every option of the package (the list's own
+arguments, the metrics' interval, the view's limit): ``check_number`` and
+``check_whole``, each error naming its option.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-from connlist.connections import check_timeout
 
 __all__ = [
     "DEFAULT_BODY_GRACE",
@@ -19,9 +20,48 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_SEND_TIMEOUT",
     "Settings",
+    "check_number",
+    "check_rate",
+    "check_timeout",
+    "check_whole",
     "resolve",
     "resolve_timeouts",
 ]
+
+
+def check_number(name: str, value: object, unit: str, *, none_disables: bool = False) -> float:
+    """Validate a finite number of ``unit`` >= 0 (0 disables it) and return it as a float.
+
+    ``TypeError`` for anything but an int or a float (a bool is not a
+    number here), ``ValueError`` for a negative, infinite or NaN value; both
+    name the option.  With ``none_disables``, None is accepted, as 0.
+    """
+    if value is None and none_disables:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = f"a number of {unit} or None" if none_disables else f"a number of {unit}"
+        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number of {unit} >= 0 (0 disables it), got {value!r}")
+    return float(value)
+
+
+def check_timeout(name: str, value: object) -> float:
+    """Validate one timeout (seconds, 0 disables) and return it as a float."""
+    return check_number(name, value, "seconds")
+
+
+def check_rate(name: str, value: object) -> float:
+    """Validate one rate (bytes per second, 0 disables) and return it as a float."""
+    return check_number(name, value, "bytes per second")
+
+
+def check_whole(name: str, value: object, maximum: int) -> int:
+    """Validate a whole number from 0 to ``maximum``: ``ValueError`` naming the option otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise ValueError(f"{name} must be an integer from 0 to {maximum}, got {value!r}")
+    return value
+
 
 # Node.js's requestTimeout and headersTimeout.
 DEFAULT_REQUEST_TIMEOUT = 300.0
@@ -76,16 +116,6 @@ def resolve_timeouts(headers_timeout: float | None, request_timeout: float) -> t
     return headers_timeout, request_timeout
 
 
-def _check_rate(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of bytes per second, got {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(
-            f"{name} must be a finite number of bytes per second >= 0 (0 disables it), got {value!r}"
-        )
-    return float(value)
-
-
 def resolve(
     *,
     headers_timeout: float | None = None,
@@ -97,7 +127,7 @@ def resolve(
     """Validate every option (``ValueError``/``TypeError`` naming it) and return the effective settings."""
     headers_timeout, request_timeout = resolve_timeouts(headers_timeout, request_timeout)
     send_timeout = check_timeout("send_timeout", send_timeout)
-    body_min_rate = _check_rate("body_min_rate", body_min_rate)
+    body_min_rate = check_rate("body_min_rate", body_min_rate)
     body_grace = check_timeout("body_grace", body_grace)
     if body_min_rate and not body_grace:
         # With no grace a body would be behind the moment its headers are in.

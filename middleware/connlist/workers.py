@@ -28,7 +28,11 @@ each worker serves its snapshot to its siblings, and the worker that receives
   (or at the first request when the lifespan is off), on the worker's own
   event loop: ``loop.create_unix_server`` on ``<pid>.sock``.  It serves in the
   loop like any connection; nothing runs until a sibling connects.
-  ``stop()`` (lifespan shutdown, or at exit) closes and removes it.
+  ``stop()`` (lifespan shutdown, or at exit) closes and removes it.  A
+  worker killed (``kill -9``, or by its master after the graceful timeout)
+  cannot remove its own: every worker removes the sockets of siblings that
+  are gone (the rule below) when it starts and when it stops, so the last
+  one to leave takes them, and the master's directory with them.
 * **Asking.**  ``gather()`` lists the directory, connects to every other
   socket at once, sends one line ``{"limit": N}`` and reads one JSON snapshot
   until the sibling closes, all within ``TIMEOUT`` (0.5 s).  A sibling that
@@ -49,7 +53,6 @@ import asyncio
 import atexit
 import contextlib
 import json
-import logging
 import multiprocessing
 import os
 import socket
@@ -59,6 +62,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
+from connlist.logs import logger
+from connlist.processes import process_info
 from connlist.slices import json_cooperatively
 
 __all__ = [
@@ -70,8 +75,6 @@ __all__ = [
     "supervised_by",
     "supervisor_pid",
 ]
-
-logger = logging.getLogger("connlist")
 
 ENV_DIR = "CONNLIST_WORKERS_DIR"
 # How long the answering worker waits for all its siblings together.
@@ -112,24 +115,9 @@ def supervisor_pid() -> int | None:
     return None
 
 
-def _proc_stat(pid: int) -> tuple[str, int, str] | None:
-    """``(state, ppid, start time)`` from ``/proc/<pid>/stat``; None if unreadable (gone, or no /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            data = file.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    # The command name, in parentheses, may contain spaces: split after it.
-    fields = data[data.rfind(")") + 2 :].split()
-    try:
-        return fields[0], int(fields[1]), fields[19]
-    except (IndexError, ValueError):
-        return None
-
-
 def _master_key(master: int) -> str:
-    found = _proc_stat(master)
-    return str(master) if found is None else f"{master}-{found[2]}"
+    found = process_info(master)
+    return str(master) if found is None or found.start is None else f"{master}-{found.start}"
 
 
 def _private_dir(path: Path, *, strict: bool) -> Path:
@@ -348,6 +336,7 @@ class WorkerGroup:
             return
         self.directory, self._path, self._server = directory, path, server
         atexit.register(self._remove)
+        self._remove_dead_siblings(directory)
 
     def stop(self) -> None:
         """Stop serving and remove the socket (and the master's directory once it is empty)."""
@@ -364,9 +353,34 @@ class WorkerGroup:
             return
         with contextlib.suppress(OSError):
             path.unlink()
+        # A sibling killed (kill -9, or by the master after its graceful
+        # timeout) could not remove its socket: the last worker to leave
+        # takes it, and then the master's directory.
+        self._remove_dead_siblings(path.parent)
         if self.master is not None:
             with contextlib.suppress(OSError):  # not empty: a sibling still runs
                 path.parent.rmdir()
+
+    def _remove_dead_siblings(self, directory: Path) -> None:
+        """Remove the sockets in ``directory`` of workers that are gone (``_ask``'s rule, without asking).
+
+        A socket goes only if its pid is no live sibling and nothing
+        listens on it: a live worker's socket, or one still being set up,
+        is never touched.  Runs at ``start()`` and ``stop()``, once each.
+        """
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return
+        own = os.getpid()
+        for name in names:
+            pid = _pid_of(name)
+            if pid is None or pid == own or self._is_sibling(pid):
+                continue
+            path = os.path.join(directory, name)
+            if not _listening(path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     # -- asking the siblings ----------------------------------------------------
 
@@ -388,20 +402,16 @@ class WorkerGroup:
         return found
 
     def _is_sibling(self, pid: int) -> bool:
-        """Whether ``pid`` is a live process that may be one of this server's workers."""
-        found = _proc_stat(pid)
-        if found is None:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return False
-            except PermissionError:
-                return False  # another user's: not a worker of ours
-            return True
-        state, ppid, _ = found
-        if state in ("Z", "X"):
-            return False  # killed, not yet reaped by the master
-        return self.master is None or ppid == self.master
+        """Whether ``pid`` is a live process that may be one of this server's workers.
+
+        Gone or a zombie (killed, not yet reaped by the master): no.  There
+        but another user's: no, not a worker of ours.  Else, with a master,
+        only its child (where ``/proc`` says who the parent is).
+        """
+        found = process_info(pid)
+        if found is None or not found.mine:
+            return False
+        return self.master is None or found.ppid is None or found.ppid == self.master
 
     async def _ask(self, pid: int, path: Path, limit: int) -> dict[str, Any] | None:
         """A sibling's snapshot, an unreachable entry, or None if it is gone (its stale socket removed)."""
