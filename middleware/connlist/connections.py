@@ -180,9 +180,8 @@ OUT_STALLED = 1
 OUT_CLOSING = 2
 
 _ids = itertools.count(1)
-# Every record's id, unique in the process: a Connection takes one unless it
-# is given one, and ASGI-only mode's requests without a body (``Received``)
-# take theirs from it too (connlist.asgi), so ids never depend on counts.
+# The id of a record not given one, unique in the process.  ASGI-only mode
+# gives its records their request number instead (connlist.asgi says why).
 next_id = _ids.__next__
 _INF = math.inf
 
