@@ -70,19 +70,24 @@ timeouts on a list of its own and logs once that it does so.
 
 from __future__ import annotations
 
+import importlib
+import re
 import struct
 import sys
+import threading
 from collections import deque
-from typing import Any, ClassVar
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import h11
 import uvicorn
 from starlette.requests import ClientDisconnect
-from uvicorn.protocols.http import h11_impl
 
+from connlist import integration, selfcheck
 from connlist.connections import Connection
 from connlist.enforcer import STATE_KEY, Enforcer
-from connlist.logs import logger, route_to_uvicorn
+from connlist.integration import TESTED_RANGE, TESTED_UVICORN
+from connlist.logs import follow_uvicorn_logger, logger, route_to_uvicorn
 
 try:  # Linux: the bytes in a socket's send queue that the peer has not acknowledged
     import fcntl
@@ -93,50 +98,31 @@ except (ImportError, AttributeError):  # pragma: no cover - not Linux
     _OUTQ = None
 
 try:
+    from uvicorn.protocols.http import h11_impl
+except ImportError:  # pragma: no cover - a uvicorn that moved it: the self-check reports it
+    h11_impl = None  # type: ignore[assignment]
+try:
     from uvicorn.protocols.http import httptools_impl
 except ImportError:  # httptools is not installed
     httptools_impl = None  # type: ignore[assignment]
 
 __all__ = ["AutoProtocol", "H11Protocol", "HttpToolsProtocol"]
 
-# The uvicorn releases CI runs the integration's tests on: the oldest
-# supported one (0.36.0, the first whose --http takes an import string) and
-# the newest at the time.  pyproject.toml has no upper bound; this check is
-# what stops a future uvicorn whose hook points moved.
-TESTED_UVICORN = "0.36.0 to 0.54.0"
-
 RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
-
-def _require(cls: type, names: tuple[str, ...]) -> None:
-    """Fail at import, loudly, when a uvicorn release moved a method connlist hooks."""
-    missing = [name for name in names if not callable(getattr(cls, name, None))]
-    if missing:
-        raise ImportError(
-            f"connlist cannot hook uvicorn {uvicorn.__version__}: {cls.__module__}.{cls.__qualname__} "
-            f"has no {', '.join(missing)}. connlist is tested with uvicorn {TESTED_UVICORN}; "
-            "install one of those or serve without --http connlist.uvicorn:... (ASGI-only mode)."
-        )
-
-
-def _require_attributes(protocol: object, names: tuple[str, ...]) -> None:
-    missing = [name for name in names if not hasattr(protocol, name)]
-    if missing:
-        raise RuntimeError(
-            f"connlist cannot hook uvicorn {uvicorn.__version__}: {type(protocol).__qualname__} "
-            f"instances (uvicorn's protocol underneath) have no {', '.join(missing)}"
-        )
-
-
+# The methods of uvicorn's protocols that connlist overrides (the self-check
+# looks for them before it builds a class on them).
 _COMMON_HOOKS = (
     "connection_made",
     "connection_lost",
+    "data_received",
     "handle_websocket_upgrade",
     "on_response_complete",
     "pause_writing",
     "resume_writing",
 )
-_COMMON_ATTRIBUTES = ("transport", "client", "server", "cycle", "app_state")
+# The slots connlist adds to uvicorn's protocol (see _Tracking).
+_SLOTS = ("_connlist", "_connlist_phase", "_connlist_record")
 
 
 def _enforcer_for(app_state: dict[str, Any]) -> Enforcer:
@@ -163,11 +149,16 @@ class _Tracking:
     # of an instance dict only up to 30 of them, and uvicorn's httptools
     # protocol has 28 by its first request.  Two more in the dict unshared it
     # and slow down every attribute access of uvicorn's own code, by about
-    # 1% of a request.
-    __slots__ = ("_connlist", "_connlist_phase", "_connlist_record")
+    # 1% of a request.  They are declared on the class built on uvicorn's
+    # (``_subclass``: ``_SLOTS``), not here: a mixin with slots of its own
+    # cannot be combined with a uvicorn protocol that has ``__slots__`` too
+    # ("multiple bases have instance lay-out conflict").
+    if TYPE_CHECKING:
+        __slots__ = _SLOTS
+    else:
+        __slots__ = ()
 
     connlist_mode: ClassVar[str]
-    _connlist_attributes_checked: ClassVar[bool] = False
 
     # Provided by uvicorn's protocol.
     transport: Any
@@ -183,10 +174,8 @@ class _Tracking:
     _connlist_phase: int
 
     def _connlist_setup(self) -> None:
-        cls = type(self)
-        if not cls._connlist_attributes_checked:
-            _require_attributes(self, _COMMON_ATTRIBUTES)
-            cls._connlist_attributes_checked = True
+        # (What connlist reads of uvicorn's protocol was checked once, before
+        # the class was handed to uvicorn: connlist.selfcheck.)
         enforcer = _enforcer_for(self.app_state)
         enforcer.mode = self.connlist_mode
         self._connlist = enforcer
@@ -498,191 +487,190 @@ class _Pipeline(deque[Any]):
         return item
 
 
-if httptools_impl is not None:
-    _require(httptools_impl.HttpToolsProtocol, (*_COMMON_HOOKS, "data_received"))
+# uvicorn's protocols and their methods, called directly: a module global is
+# found faster than a class attribute, and these run for every read and
+# response.  (A release that lacks one fails the self-check before any is called.)
+_HttpTools: Any = None if httptools_impl is None else httptools_impl.HttpToolsProtocol
+_httptools_data_received: Any = getattr(_HttpTools, "data_received", None)
+_httptools_on_response_complete: Any = getattr(_HttpTools, "on_response_complete", None)
+_H11: Any = None if h11_impl is None else h11_impl.H11Protocol
 
-    _HttpTools = httptools_impl.HttpToolsProtocol
-    # uvicorn's methods, called directly: a module global is found faster
-    # than a class attribute, and these run for every read and response.
-    _httptools_data_received = _HttpTools.data_received
-    _httptools_on_response_complete = _HttpTools.on_response_complete
+# What mypy checks the mixins against: uvicorn's classes.  At run time the
+# mixins derive from object, and ``_subclass`` puts uvicorn's class after them.
+if TYPE_CHECKING:
+    _HttpToolsBase = httptools_impl.HttpToolsProtocol
+    _H11Base = h11_impl.H11Protocol
+else:
+    _HttpToolsBase = _H11Base = object
 
-    class HttpToolsProtocol(_Tracking, httptools_impl.HttpToolsProtocol):
-        """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""
 
-        connlist_mode = "uvicorn-httptools"
+class _HttpToolsTracking(_Tracking, _HttpToolsBase):
+    """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._connlist_setup()
-            self._connlist_phase = _BETWEEN
-            self.pipeline = _Pipeline()
+    __slots__ = ()
 
-        def _connlist_cycles(self) -> list[Any]:
-            # The queued ones, the one running ahead of them, the newest.
-            pipeline = self.pipeline
-            cycles = [cycle for cycle, _ in pipeline]
-            running = getattr(pipeline, "running", None)
-            for cycle in (running, self.cycle):
-                if cycle is not None:
-                    cycles.append(cycle)
-            return cycles
+    connlist_mode = "uvicorn-httptools"
 
-        def data_received(self, data: bytes) -> None:
-            cycle = self.cycle
-            if self._connlist_phase:
-                self._connlist_read(data, self.scope, cycle)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._connlist_setup()
+        self._connlist_phase = _BETWEEN
+        self.pipeline = _Pipeline()
+
+    def _connlist_cycles(self) -> list[Any]:
+        # The queued ones, the one running ahead of them, the newest.
+        pipeline = self.pipeline
+        cycles = [cycle for cycle, _ in pipeline]
+        running = getattr(pipeline, "running", None)
+        for cycle in (running, self.cycle):
+            if cycle is not None:
+                cycles.append(cycle)
+        return cycles
+
+    def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
+        if self._connlist_phase:
+            self._connlist_read(data, self.scope, cycle)
+            return
+        _httptools_data_received(self, data)
+        # The common case: no message was open, and one request began,
+        # got its headers and completed in this read, with none queued.
+        new = self.cycle
+        if new is not cycle and not new.more_body and new.scope is self.scope and not self.pipeline:
+            # Set by connection_made, before any read; a read never comes
+            # after connection_lost or an upgrade, so the record is tracked.
+            record: Connection = self._connlist_record  # type: ignore[assignment]
+            if record.last_message_start == 0.0:
+                # ConnectionsList.message on an idle connection, written
+                # out: in Python a call costs as much as all of this.
+                # (headers_completed is True already: a record becomes
+                # idle only through message_complete, which these
+                # protocols send only after headers_complete.)
+                record.requests += 1
+                enforcer = self._connlist
+                if not record._responding:
+                    record._responding = True
+                    enforcer.connections._n_idle_responding += 1
+                enforcer.totals.requests += 1
                 return
-            _httptools_data_received(self, data)
-            # The common case: no message was open, and one request began,
-            # got its headers and completed in this read, with none queued.
-            new = self.cycle
-            if new is not cycle and not new.more_body and new.scope is self.scope and not self.pipeline:
-                # Set by connection_made, before any read; a read never comes
-                # after connection_lost or an upgrade, so the record is tracked.
-                record: Connection = self._connlist_record  # type: ignore[assignment]
-                if record.last_message_start == 0.0:
-                    # ConnectionsList.message on an idle connection, written
-                    # out: in Python a call costs as much as all of this.
-                    # (headers_completed is True already: a record becomes
-                    # idle only through message_complete, which these
-                    # protocols send only after headers_complete.)
-                    record.requests += 1
-                    enforcer = self._connlist
-                    if not record._responding:
-                        record._responding = True
-                        enforcer.connections._n_idle_responding += 1
-                    enforcer.totals.requests += 1
-                    return
-            # Between messages, the last scope is the last cycle's.
-            self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle)
+        # Between messages, the last scope is the last cycle's.
+        self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle)
 
-        def _connlist_read(self, data: bytes, scope: Any, cycle: Any) -> None:
-            """A read while a message is open (or after an upgrade)."""
-            phase = self._connlist_phase
-            if phase == _BODY:
-                record = self._connlist_record
-                if record is not None:
-                    self._connlist_body_bytes(record, len(data))
-                if cycle.response_complete and cycle.more_body:
-                    # The app responded before the body was in: see _BodyTail.
-                    tail: Any = _BodyTail()
-                    self.cycle = tail
-                    try:
-                        _HttpTools.data_received(self, data)
-                    finally:
-                        if self.cycle is tail:
-                            self.cycle = cycle
-                    if not tail.more_body:
-                        cycle.more_body = False
-                    self._connlist_events(phase, scope, cycle)
-                    return
-            _HttpTools.data_received(self, data)
-            if phase != _UPGRADED:
-                self._connlist_events(phase, scope, cycle)
-
-        def _connlist_events(self, phase0: int, scope0: Any, cycle0: Any) -> None:
-            """Replay the list events of the read that just ended, from uvicorn's state before and after."""
+    def _connlist_read(self, data: bytes, scope: Any, cycle: Any) -> None:
+        """A read while a message is open (or after an upgrade)."""
+        phase = self._connlist_phase
+        if phase == _BODY:
             record = self._connlist_record
-            if record is None:
+            if record is not None:
+                self._connlist_body_bytes(record, len(data))
+            if cycle.response_complete and cycle.more_body:
+                # The app responded before the body was in: see _BodyTail.
+                tail: Any = _BodyTail()
+                self.cycle = tail
+                try:
+                    _HttpTools.data_received(self, data)
+                finally:
+                    if self.cycle is tail:
+                        self.cycle = cycle
+                if not tail.more_body:
+                    cycle.more_body = False
+                self._connlist_events(phase, scope, cycle)
                 return
-            enforcer = self._connlist
-            connections = enforcer.connections
-            upgraded = self._connlist_phase == _UPGRADED
-            scope = self.scope
-            cycle = self.cycle
-            # Cycles made in this read: the queued ones newer than cycle0,
-            # and the one started directly if cycle0 was complete (then
-            # nothing was queued before the read).
-            new_cycles = 0
-            if cycle is not cycle0:
-                for queued, _app in self.pipeline:  # newest first
-                    if queued is cycle0:
-                        break
+        _HttpTools.data_received(self, data)
+        if phase != _UPGRADED:
+            self._connlist_events(phase, scope, cycle)
+
+    def _connlist_events(self, phase0: int, scope0: Any, cycle0: Any) -> None:
+        """Replay the list events of the read that just ended, from uvicorn's state before and after."""
+        record = self._connlist_record
+        if record is None:
+            return
+        enforcer = self._connlist
+        connections = enforcer.connections
+        upgraded = self._connlist_phase == _UPGRADED
+        scope = self.scope
+        cycle = self.cycle
+        # Cycles made in this read: the queued ones newer than cycle0,
+        # and the one started directly if cycle0 was complete (then
+        # nothing was queued before the read).
+        new_cycles = 0
+        if cycle is not cycle0:
+            for queued, _app in self.pipeline:  # newest first
+                if queued is cycle0:
+                    break
+                new_cycles += 1
+            else:
+                if cycle0 is None or cycle0.response_complete:
                     new_cycles += 1
-                else:
-                    if cycle0 is None or cycle0.response_complete:
-                        new_cycles += 1
-            # The open message's headers came in: the first new cycle is its.
-            open_got_headers = phase0 == _HEADERS and new_cycles > 0
-            begun_with_headers = new_cycles - open_got_headers
-            # A message begun here and still reading its headers (or upgraded: no cycle).
-            partial = scope is not scope0 and (cycle is None or cycle.scope is not scope)
-            begun = begun_with_headers + partial
-            if phase0 != _BETWEEN:
-                if open_got_headers or (upgraded and not begun and phase0 == _HEADERS):
-                    _headers_received(record, enforcer)
-                    phase0 = _BODY
-                # It ended if a later message began, or (as the last) if its body is in.
-                if begun or (phase0 == _BODY and (upgraded or not cycle.more_body)):
+        # The open message's headers came in: the first new cycle is its.
+        open_got_headers = phase0 == _HEADERS and new_cycles > 0
+        begun_with_headers = new_cycles - open_got_headers
+        # A message begun here and still reading its headers (or upgraded: no cycle).
+        partial = scope is not scope0 and (cycle is None or cycle.scope is not scope)
+        begun = begun_with_headers + partial
+        if phase0 != _BETWEEN:
+            if open_got_headers or (upgraded and not begun and phase0 == _HEADERS):
+                _headers_received(record, enforcer)
+                phase0 = _BODY
+            # It ended if a later message began, or (as the last) if its body is in.
+            if begun or (phase0 == _BODY and (upgraded or not cycle.more_body)):
+                connections.message_complete(record)
+                last = _BETWEEN
+            else:
+                last = phase0
+        else:
+            last = _BETWEEN
+        for i in range(begun):
+            connections.message_begin(record)
+            if i < begun_with_headers:
+                _headers_received(record, enforcer)
+                if i < begun - 1 or not cycle.more_body:
                     connections.message_complete(record)
                     last = _BETWEEN
                 else:
-                    last = phase0
+                    last = _BODY
+            elif upgraded:
+                _headers_received(record, enforcer)
+                connections.message_complete(record)
             else:
-                last = _BETWEEN
-            for i in range(begun):
-                connections.message_begin(record)
-                if i < begun_with_headers:
-                    _headers_received(record, enforcer)
-                    if i < begun - 1 or not cycle.more_body:
-                        connections.message_complete(record)
-                        last = _BETWEEN
-                    else:
-                        last = _BODY
-                elif upgraded:
-                    _headers_received(record, enforcer)
-                    connections.message_complete(record)
-                else:
-                    last = _HEADERS
-            if upgraded:
-                self._connlist_remove()
-                return
-            body_begins = last == _BODY and bool(begun or phase0 != _BODY or open_got_headers)
-            self._connlist_settle(record, last, body_begins)
+                last = _HEADERS
+        if upgraded:
+            self._connlist_remove()
+            return
+        body_begins = last == _BODY and bool(begun or phase0 != _BODY or open_got_headers)
+        self._connlist_settle(record, last, body_begins)
 
-        def on_response_complete(self) -> None:
-            _httptools_on_response_complete(self)
-            record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
-            # ConnectionsList.response_complete, written out (once per request).
-            # self.cycle is the newest request's: if uvicorn has just started
-            # a pipelined one, or any is still queued, it is not complete.
-            # (A removed record is not responding: see _connlist_remove.)
-            if record._responding and self.cycle.response_complete:
-                record._responding = False
-                if record.last_message_start == 0.0:
-                    self._connlist.connections._n_idle_responding -= 1
+    def on_response_complete(self) -> None:
+        _httptools_on_response_complete(self)
+        record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
+        # ConnectionsList.response_complete, written out (once per request).
+        # self.cycle is the newest request's: if uvicorn has just started
+        # a pipelined one, or any is still queued, it is not complete.
+        # (A removed record is not responding: see _connlist_remove.)
+        if record._responding and self.cycle.response_complete:
+            record._responding = False
+            if record.last_message_start == 0.0:
+                self._connlist.connections._n_idle_responding -= 1
 
-        def handle_websocket_upgrade(self) -> None:
-            # Upgraded connections are never timed out (Node: parser freed);
-            # the record leaves the list once the read's events are replayed.
-            self._connlist_phase = _UPGRADED
-            super().handle_websocket_upgrade()
+    def handle_websocket_upgrade(self) -> None:
+        # Upgraded connections are never timed out (Node: parser freed);
+        # the record leaves the list once the read's events are replayed.
+        self._connlist_phase = _UPGRADED
+        super().handle_websocket_upgrade()
 
-        def _connlist_response_written(self, record: Connection) -> bool:
-            # With requests queued behind it, the running request is an
-            # earlier one, whose response may be on the wire: never a 408.
-            return bool(self.pipeline) or _Tracking._connlist_response_written(self, record)
+    def _connlist_response_written(self, record: Connection) -> bool:
+        # With requests queued behind it, the running request is an
+        # earlier one, whose response may be on the wire: never a 408.
+        return bool(self.pipeline) or _Tracking._connlist_response_written(self, record)
 
-        def _connlist_responding(self) -> bool:
-            return bool(self.pipeline) or _Tracking._connlist_responding(self)
-
-else:  # pragma: no cover - httptools missing
-
-    def HttpToolsProtocol(*args: Any, **kwargs: Any) -> Any:  # type: ignore[no-redef]
-        raise RuntimeError(
-            "connlist.uvicorn:HttpToolsProtocol needs httptools: pip install 'connlist[httptools]', "
-            "or use connlist.uvicorn:H11Protocol"
-        )
+    def _connlist_responding(self) -> bool:
+        return bool(self.pipeline) or _Tracking._connlist_responding(self)
 
 
-_require(h11_impl.H11Protocol, (*_COMMON_HOOKS, "data_received"))
-
-_H11 = h11_impl.H11Protocol
-
-
-class H11Protocol(_Tracking, h11_impl.H11Protocol):
+class _H11Tracking(_Tracking, _H11Base):
     """uvicorn's h11 protocol, feeding connlist by observing h11's state machine (see above)."""
+
+    __slots__ = ()
 
     connlist_mode = "uvicorn-h11"
 
@@ -764,5 +752,158 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
         super().handle_websocket_upgrade(event)
 
 
-AutoProtocol: type[Any] = H11Protocol if httptools_impl is None else HttpToolsProtocol
-"""httptools when it is installed, else h11, as uvicorn's ``--http auto``."""
+# -- the classes handed to uvicorn: built, checked, or uvicorn's own ----------
+#
+# ``connlist.uvicorn:HttpToolsProtocol`` and the others are looked up by
+# uvicorn (``Config.load``) before the server starts.  The first lookup of
+# each builds connlist's class on uvicorn's and checks it
+# (``connlist.selfcheck``); if anything fails, the name gives uvicorn's own
+# class instead, and one ERROR line says what failed and what is lost.  So
+# each class is checked once per process, when it is first used, and only
+# the ones used are checked.
+
+_PARSERS = {
+    # parser -> (the module of uvicorn's class, the class's name, connlist's mixin)
+    "httptools": ("uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol", _HttpToolsTracking),
+    "h11": ("uvicorn.protocols.http.h11_impl", "H11Protocol", _H11Tracking),
+}
+_resolved: dict[str, type[Any]] = {}
+_lock = threading.RLock()
+_newer_warned = False
+
+# The outcome of each parser's check, once it ran (connlist.selfcheck.Result).
+CHECKS: dict[str, selfcheck.Result] = {}
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """The leading numbers of a version: "0.55.0rc1" -> (0, 55, 0)."""
+    return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def _connlist_version() -> str:
+    try:
+        return metadata.version("connlist")
+    except metadata.PackageNotFoundError:  # pragma: no cover - not installed (a source tree)
+        from connlist import __version__
+
+        return __version__
+
+
+def _subclass(name: str, mixin: type, base: type) -> type[Any]:
+    """connlist's protocol: the mixin's methods over uvicorn's class, with connlist's slots.
+
+    The slots are declared here, on the one class that has uvicorn's as a
+    base, so that a uvicorn protocol with ``__slots__`` of its own is no
+    layout conflict (see _Tracking).
+    """
+    namespace = {"__slots__": _SLOTS, "__module__": __name__, "__qualname__": name, "__doc__": mixin.__doc__}
+    return type(name, (mixin, base), namespace)
+
+
+def _integrate(parser: str) -> type[Any]:
+    module_name, name, mixin = _PARSERS[parser]
+    base: type | None = None
+    try:
+        module = importlib.import_module(module_name)
+        base = getattr(module, name, None)
+        if not isinstance(base, type):
+            raise selfcheck.CheckFailed(f"{module_name} has no class {name}")
+        selfcheck.check_static(base, _COMMON_HOOKS, parser)
+        try:
+            cls = _subclass(name, mixin, base)
+        except TypeError as exc:
+            raise selfcheck.CheckFailed(
+                f"connlist's class cannot be built on uvicorn's {name}: {exc}"
+            ) from None
+    except selfcheck.CheckFailed as failed:
+        result = selfcheck.Result(str(failed))
+    except ImportError as exc:
+        result = selfcheck.Result(f"uvicorn has no {module_name} ({exc})")
+    else:
+        result = selfcheck.run_in_thread(cls, parser)
+    CHECKS[parser] = result
+    if result.logger_name:
+        # connlist's lines go wherever uvicorn's protocols write theirs.
+        follow_uvicorn_logger(result.logger_name)
+    if result.passed:
+        integration.record_pass(cls)
+        _warn_if_newer()
+        return cls
+    return _fall_back(parser, name, base, result.failure or "")
+
+
+def _warn_if_newer() -> None:
+    global _newer_warned
+    if _newer_warned or _version(uvicorn.__version__) <= _version(TESTED_UVICORN[1]):
+        return
+    _newer_warned = True
+    route_to_uvicorn()
+    logger.warning(
+        "connlist %s is tested with uvicorn %s; this is %s; the self-check passed",
+        _connlist_version(),
+        TESTED_RANGE,
+        uvicorn.__version__,
+    )
+
+
+def _fall_back(parser: str, name: str, base: type | None, failure: str) -> type[Any]:
+    """uvicorn's own class instead of connlist's, and the one ERROR line (or the refusal to start)."""
+    message = (
+        f"connlist: the server integration is off: connlist {_connlist_version()} does not work with "
+        f"uvicorn {uvicorn.__version__} ({name}: {failure}). The server runs uvicorn's own {parser} protocol "
+        "and connlist runs in ASGI-only mode: request bodies are still timed (request timeout, minimum "
+        "body rate), but the headers timeout and the send timeout are not enforced. connlist is tested "
+        f"with uvicorn {TESTED_RANGE}: pin uvicorn to that range (pip install "
+        f"'uvicorn>={TESTED_UVICORN[0]},<={TESTED_UVICORN[1]}'), or upgrade connlist."
+    )
+    if integration.require_integration():
+        raise ImportError(f"{message} {integration.REQUIRE_ENV}=1: refusing to start.")
+    if base is None:
+        # uvicorn moved its protocol: its own name for it is the stand-in.
+        from uvicorn.config import HTTP_PROTOCOLS
+        from uvicorn.importer import import_from_string
+
+        base = import_from_string(HTTP_PROTOCOLS[parser])
+    assert base is not None
+    integration.record_failure(base, f"uvicorn {uvicorn.__version__}: {name}: {failure}")
+    route_to_uvicorn()
+    logger.error("%s Set %s=1 to refuse to start instead.", message, integration.REQUIRE_ENV)
+    return base
+
+
+def _resolve(parser: str) -> type[Any]:
+    with _lock:
+        cls = _resolved.get(parser)
+        if cls is None:
+            cls = _resolved[parser] = _integrate(parser)
+        return cls
+
+
+def _needs_httptools(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - httptools missing
+    raise RuntimeError(
+        "connlist.uvicorn:HttpToolsProtocol needs httptools: pip install 'connlist[httptools]', "
+        "or use connlist.uvicorn:H11Protocol"
+    )
+
+
+if TYPE_CHECKING:
+    # What the names give when the check passes (mypy's view).
+    class HttpToolsProtocol(_HttpToolsTracking, httptools_impl.HttpToolsProtocol):
+        pass
+
+    class H11Protocol(_H11Tracking, h11_impl.H11Protocol):
+        pass
+
+    AutoProtocol: type[Any]
+else:
+
+    def __getattr__(name: str) -> Any:
+        """``HttpToolsProtocol``, ``H11Protocol``, ``AutoProtocol``: checked when first looked up."""
+        if name == "HttpToolsProtocol":
+            return _needs_httptools if httptools_impl is None else _resolve("httptools")
+        if name == "H11Protocol":
+            return _resolve("h11")
+        if name == "AutoProtocol":
+            # httptools when it is installed, else h11, as uvicorn's ``--http auto``.
+            return _resolve("h11" if httptools_impl is None else "httptools")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
