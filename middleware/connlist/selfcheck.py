@@ -194,8 +194,9 @@ def check_static(base: type, hooks: tuple[str, ...], parser: str) -> None:
 class _Script:
     """One protocol class's conversation, on the running loop."""
 
-    def __init__(self, cls: type, parser: str) -> None:
+    def __init__(self, cls: type, base: type, parser: str) -> None:
         self.cls = cls
+        self.base = base
         self.parser = parser
         self.now = 1000.0
         self.enforcer = Enforcer(
@@ -213,8 +214,8 @@ class _Script:
         self.logger_name: str | None = None
         self.steps: list[str] = []
 
-    def connect(self) -> tuple[Any, MemoryTransport]:
-        protocol = self.cls(config=self.config, server_state=self.server_state, app_state=self.state)
+    def connect(self, cls: type | None = None) -> tuple[Any, MemoryTransport]:
+        protocol = (cls or self.cls)(config=self.config, server_state=self.server_state, app_state=self.state)
         if self.logger_name is None:
             self.logger_name = getattr(getattr(protocol, "logger", None), "name", None)
         # Nothing of the check reaches the server's logs.
@@ -257,9 +258,14 @@ class _Script:
     def responses(transport: MemoryTransport) -> int:
         return bytes(transport.written).count(b"HTTP/1.1 200 ")
 
+    def connection_attributes(self, protocol: Any) -> None:
+        """What connlist reads of a connection before any request: there (uvicorn sets them up front)."""
+        names: tuple[str, ...] = ("transport", "client", "server", "app_state", "cycle", "flow")
+        names += ("scope", "pipeline") if self.parser == "httptools" else ("conn",)
+        _has(protocol, names, "uvicorn's protocol")
+
     def attributes(self, protocol: Any) -> None:
         """Every attribute connlist reads, after a request: there, and what connlist takes them for."""
-        _has(protocol, ("transport", "client", "server", "app_state", "cycle"), "uvicorn's protocol")
         cycle = protocol.cycle
         if cycle is None:
             raise CheckFailed("uvicorn's protocol has no `cycle` after a request")
@@ -270,25 +276,31 @@ class _Script:
             _has(protocol, ("scope", "pipeline"), "uvicorn's protocol")
             if cycle.scope is not protocol.scope:
                 raise CheckFailed("`cycle.scope` is not the protocol's scope")
-            if type(protocol.pipeline).__name__ != "_Pipeline":
-                raise CheckFailed("uvicorn's protocol replaced connlist's `pipeline`")
         else:
             _has(protocol, ("conn",), "uvicorn's protocol")
             _has(protocol.conn, ("their_state", "trailing_data"), "h11's connection (`conn`)")
         flow = getattr(protocol, "flow", None)
         if flow is None or not isinstance(getattr(flow, "read_paused", None), bool):
             raise CheckFailed("uvicorn's protocol has no `flow` with a `read_paused` flag (its flow control)")
-        if protocol.connlist_request() != ("GET", "/a"):
-            raise CheckFailed(f"the request's method and path read {protocol.connlist_request()!r}")
+        method, path = cycle.scope.get("method"), cycle.scope.get("path")
+        if (method, path) != ("GET", "/a"):
+            raise CheckFailed(f"the request's method and path read {(method, path)!r} from `cycle.scope`")
 
     async def run(self) -> None:
+        # What connlist reads, on uvicorn's own protocol (so that a missing
+        # attribute is named, not met as an exception of connlist's code).
+        plain, _ = self.connect(self.base)
+        self.connection_attributes(plain)
+        await self.feed(plain, GET)
+        self.attributes(plain)
+        plain.connection_lost(None)
+        self.steps.append("uvicorn's own protocol, and what connlist reads of it")
         # A whole request, then one split over reads, then a body in two reads.
         protocol, transport = self.connect()
         record = self.record(protocol)
         self.expect("a connection", record, "new", 0)
         await self.feed(protocol, GET)
         self.expect("a whole request in one read", record, "idle", 1)
-        self.attributes(protocol)
         await self.feed(protocol, GET[:10])
         self.expect("the first bytes of a request", record, "reading_headers", 1)
         await self.feed(protocol, GET[10:])
@@ -359,12 +371,12 @@ class _Script:
         self.enforcer.cancel()
 
 
-async def check_protocol(cls: type, parser: str) -> Result:
-    """Drive ``cls`` (a protocol class of connlist's, on the running loop) through the conversation."""
+async def check_protocol(cls: type, base: type, parser: str) -> Result:
+    """Drive ``cls`` (connlist's class on uvicorn's ``base``) through the conversation, on this loop."""
     started = time.perf_counter()
     script: _Script | None = None
     try:
-        script = _Script(cls, parser)
+        script = _Script(cls, base, parser)
         await script.run()
     except CheckFailed as failed:
         result = Result(str(failed))
@@ -384,14 +396,15 @@ async def check_protocol(cls: type, parser: str) -> Result:
     return result
 
 
-def run_in_thread(cls: type, parser: str) -> Result:
+def run_in_thread(cls: type, base: type, parser: str) -> Result:
     """``check_protocol`` on a new event loop in a short-lived thread (the caller's loop may be running)."""
     results: list[Result] = []
 
     def run() -> None:
         loop = asyncio.new_event_loop()
         try:
-            results.append(loop.run_until_complete(asyncio.wait_for(check_protocol(cls, parser), LIMIT)))
+            checked = loop.run_until_complete(asyncio.wait_for(check_protocol(cls, base, parser), LIMIT))
+            results.append(checked)
         except BaseException as exc:  # a timeout, or worse: the check failed
             results.append(Result(f"the scripted conversation did not finish: {type(exc).__name__} {exc}"))
         finally:

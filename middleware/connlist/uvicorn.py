@@ -820,7 +820,7 @@ def _integrate(parser: str) -> type[Any]:
     except ImportError as exc:
         result = selfcheck.Result(f"uvicorn has no {module_name} ({exc})")
     else:
-        result = selfcheck.run_in_thread(cls, parser)
+        result = selfcheck.run_in_thread(cls, base, parser)
     CHECKS[parser] = result
     if result.logger_name:
         # connlist's lines go wherever uvicorn's protocols write theirs.
