@@ -28,6 +28,7 @@ import re
 import select
 import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +41,17 @@ import uvicorn
 from connlist.integration import TESTED_UVICORN
 from tests.drift_app import HEADERS_TIMEOUT, REQUEST_TIMEOUT
 from tests.servers import EARLY, LATE, is_408, read_response
-from tests.subprocesses import PYTHON, get, get_json, run_server, server_env
+from tests.subprocesses import (
+    PYTHON,
+    ROOT,
+    START_LIMIT,
+    get,
+    get_json,
+    gunicorn_command,
+    run_server,
+    server_env,
+    stop,
+)
 
 pytest.importorskip("httptools")
 
@@ -365,3 +376,107 @@ def test_connlist_follows_a_renamed_uvicorn_logger(outcomes: dict[tuple[str, str
     for parser in PROTOCOLS:
         log = outcomes[("logger renamed", parser)].log
         assert re.search(r"^DEBUG: +127\.0\.0\.1:\d+ - headers timeout: ", log, re.M), log
+
+
+# -- the refusal to start (CONNLIST_REQUIRE_INTEGRATION=1) ----------------------------
+
+
+def start_and_exit(root: Path | None, http: str, log: Path, **env: str) -> tuple[int | None, str]:
+    """Start a server that must refuse to start: its exit code (None: still running at the limit), its log."""
+    path = server_env().get("PYTHONPATH", "")
+    pythonpath = f"{root}:{path}" if root is not None else path
+    command = [PYTHON, "-m", "uvicorn", "tests.drift_app:app", "--http", http, "--ws", "none", "--port", "0"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=server_env(PYTHONPATH=pythonpath, **env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        code: int | None = proc.wait(START_LIMIT)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        stop(proc)
+    return code, log.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("parser", list(PROTOCOLS))
+def test_refuses_to_start_when_the_check_fails(copies: dict[str, Path], tmp_path: Path, parser: str) -> None:
+    http = f"connlist.uvicorn:{'HttpToolsProtocol' if parser == 'httptools' else 'H11Protocol'}"
+    code, log = start_and_exit(
+        copies["cycle renamed"], http, tmp_path / "log", CONNLIST_REQUIRE_INTEGRATION="1"
+    )
+    assert code not in (None, 0), log
+    assert (
+        "uvicorn's protocol has no `cycle`" in log
+        and "CONNLIST_REQUIRE_INTEGRATION=1: refusing to start" in log
+    )
+    assert "Uvicorn running on" not in log
+
+
+def test_refuses_to_start_without_connlists_protocol(tmp_path: Path) -> None:
+    # uvicorn's own --http: the lifespan startup fails (uvicorn exits 3), with why.
+    code, log = start_and_exit(None, "h11", tmp_path / "log", CONNLIST_REQUIRE_INTEGRATION="1")
+    assert code == 3, log
+    assert "CONNLIST_REQUIRE_INTEGRATION=1 and the server integration is off" in log
+    assert "uvicorn.protocols.http.h11_impl.H11Protocol, not one of connlist.uvicorn's" in log
+    assert "Application startup failed" in log and "Uvicorn running on" not in log
+
+
+def test_a_bad_require_value_refuses_to_start(tmp_path: Path) -> None:
+    code, log = start_and_exit(None, "h11", tmp_path / "log", CONNLIST_REQUIRE_INTEGRATION="yes")
+    assert code == 3, log
+    assert (
+        "CONNLIST_REQUIRE_INTEGRATION must be 1 (refuse to start without the integration) or 0, got 'yes'"
+        in log
+    )
+
+
+def test_the_integration_on_satisfies_the_requirement(tmp_path: Path) -> None:
+    with run_server(
+        lambda port: [
+            PYTHON,
+            "-m",
+            "uvicorn",
+            "tests.drift_app:app",
+            "--http",
+            "connlist.uvicorn:H11Protocol",
+            "--ws",
+            "none",
+            "--port",
+            str(port),
+        ],
+        tmp_path / "log",
+        env=server_env(CONNLIST_REQUIRE_INTEGRATION="1"),
+    ) as server:
+        view = get_json(server.port, "/_connections")
+    assert view["mode"] == "uvicorn-h11" and view["integration_off"] is None
+
+
+# -- gunicorn's uvicorn worker ---------------------------------------------------------
+
+
+def test_gunicorn_workers_fall_back_too(copies: dict[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("gunicorn")
+    pytest.importorskip("uvicorn_worker")
+    path = server_env().get("PYTHONPATH", "")
+    env = server_env(PYTHONPATH=f"{copies['cycle renamed']}:{path}")
+    with run_server(
+        lambda port: gunicorn_command(
+            port, "tests.drift_app:app", "-k", "connlist.gunicorn.UvicornWorker", workers=1
+        ),
+        tmp_path / "log",
+        env=env,
+    ) as server:
+        view = get_json(server.port, "/_connections")
+        assert get(server.port, "/")[0] == 200
+        log = server.log()
+    assert view["mode"] == "asgi" and "uvicorn's protocol has no `cycle`" in view["integration_off"]
+    errors = [line for line in log.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1 and "the server integration is off" in errors[0], log
+    assert "Traceback" not in log, log

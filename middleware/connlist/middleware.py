@@ -254,6 +254,10 @@ class ConnectionsMiddleware:
         connection tells, as without the lifespan).
         """
         enforcer = self._enforcer
+        try:
+            require = integration.require_integration()
+        except ValueError as exc:
+            return f"connlist: {exc}"  # (an exception here would only turn the lifespan off)
         mode, reason = integration.startup_status(receive)
         # What an earlier server of this app had does not hold for this one.
         enforcer.mode = "asgi" if mode is None else mode
@@ -261,7 +265,7 @@ class ConnectionsMiddleware:
         enforcer.asgi_told = False
         if reason is None:
             return None
-        if integration.require_integration():
+        if require:
             return (
                 f"connlist: {integration.REQUIRE_ENV}=1 and the server integration is off ({reason}): "
                 "refusing to start"

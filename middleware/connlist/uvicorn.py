@@ -801,6 +801,7 @@ def _subclass(name: str, mixin: type, base: type) -> type[Any]:
 
 
 def _integrate(parser: str) -> type[Any]:
+    integration.require_integration()  # a bad value stops the start here, naming the variable
     module_name, name, mixin = _PARSERS[parser]
     base: type | None = None
     try:
