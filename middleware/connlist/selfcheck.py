@@ -354,7 +354,8 @@ class _Script:
             raise CheckFailed(
                 f"a headers timeout found {len(expired)} connections expired, where only the silent one is"
             )
-        self.enforcer._cut(silent_record, "headers")
+        # What the enforcer's cut does, without its count and its log line.
+        silent.connlist_close_expired()
         await self.settle()
         if not bytes(silent_transport.written).startswith(b"HTTP/1.1 408 ") or not silent_transport.closing:
             raise CheckFailed("a connection past the headers timeout was not answered 408 and closed")

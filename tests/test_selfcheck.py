@@ -1,0 +1,134 @@
+"""connlist.selfcheck in process: the conversation passes on the installed uvicorn, fails on a change.
+
+The changes on real servers are tests/test_uvicorn_drift.py's; here the
+check itself: what it passes, what it reports, that it writes nothing to
+uvicorn's logs and leaves nothing behind, what it costs, and how the start
+is told (connlist.integration).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from uvicorn.protocols.http import h11_impl, httptools_impl
+
+from connlist import integration, selfcheck
+from connlist import uvicorn as connlist_uvicorn
+
+BASES = {"httptools": httptools_impl.HttpToolsProtocol, "h11": h11_impl.H11Protocol}
+MIXINS = {"httptools": connlist_uvicorn._HttpToolsTracking, "h11": connlist_uvicorn._H11Tracking}
+
+
+def built(parser: str, base: type) -> type:
+    name = "HttpToolsProtocol" if parser == "httptools" else "H11Protocol"
+    return connlist_uvicorn._subclass(name, MIXINS[parser], base)
+
+
+def test_the_installed_uvicorn_passes_quietly(parser: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    started = time.perf_counter()
+    result = selfcheck.run_in_thread(built(parser, BASES[parser]), BASES[parser], parser)
+    elapsed = time.perf_counter() - started
+    assert result.passed, result
+    assert result.logger_name == "uvicorn.error"
+    assert result.steps[0] == "uvicorn's own protocol, and what connlist reads of it"
+    assert result.steps[-1] == "a headers timeout" and len(result.steps) == 13
+    # Nothing reached uvicorn's loggers (its error log, its access log) or connlist's.
+    assert [r for r in caplog.records if r.name.startswith(("uvicorn", "connlist"))] == []
+    # Milliseconds, once per process (docs/deployment.md states the cost).
+    assert elapsed < 1.0
+
+
+def test_the_names_give_checked_classes() -> None:
+    for parser, name in (("httptools", "HttpToolsProtocol"), ("h11", "H11Protocol")):
+        cls = getattr(connlist_uvicorn, name)
+        assert cls.connlist_mode == f"uvicorn-{parser}" and cls.__module__ == "connlist.uvicorn"
+        assert connlist_uvicorn.CHECKS[parser].passed
+        # Looked up again: the same class, no second check.
+        assert getattr(connlist_uvicorn, name) is cls
+    assert connlist_uvicorn.AutoProtocol is connlist_uvicorn.HttpToolsProtocol
+    with pytest.raises(AttributeError):
+        connlist_uvicorn.NoSuchProtocol  # noqa: B018
+
+
+class _CopiesTheScope(httptools_impl.HttpToolsProtocol):
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        if self.cycle is not None:
+            self.cycle.scope = dict(self.cycle.scope)
+
+
+class _NoFlow(h11_impl.H11Protocol):
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        del self.flow
+
+
+@pytest.mark.parametrize(
+    ("parser", "base", "words"),
+    [
+        ("httptools", _CopiesTheScope, "`cycle.scope` is not the protocol's scope"),
+        ("h11", _NoFlow, "uvicorn's protocol has no `flow`"),
+    ],
+)
+def test_a_change_is_named(parser: str, base: type, words: str) -> None:
+    result = selfcheck.run_in_thread(built(parser, base), base, parser)
+    assert result.failure == words
+
+
+def test_the_frame_local_is_read_from_the_code() -> None:
+    class Renamed(httptools_impl.HttpToolsProtocol):
+        def on_headers_complete(self) -> None:
+            previous_cycle = self.cycle
+            del previous_cycle
+
+    with pytest.raises(selfcheck.CheckFailed, match="has no local `existing_cycle`"):
+        selfcheck.check_static(Renamed, connlist_uvicorn._COMMON_HOOKS, "httptools")
+    selfcheck.check_static(BASES["httptools"], connlist_uvicorn._COMMON_HOOKS, "httptools")
+
+
+def test_an_exception_is_a_failure_too() -> None:
+    class Raises(h11_impl.H11Protocol):
+        def data_received(self, data: bytes) -> None:
+            raise KeyError("moved")
+
+    result = selfcheck.run_in_thread(built("h11", Raises), Raises, "h11")
+    assert result.failure == "the scripted conversation raised KeyError: 'moved'"
+
+
+def _receive_of(cls: Any) -> Any:
+    """A lifespan receive as uvicorn's: a method of an object holding the Config."""
+    owner = SimpleNamespace(config=SimpleNamespace(http_protocol_class=cls))
+    owner.receive = lambda: None
+    return SimpleNamespace(__self__=owner)
+
+
+def test_the_start_is_told_from_the_servers_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
+    connlist_cls = connlist_uvicorn.H11Protocol
+    assert integration.startup_status(_receive_of(connlist_cls)) == ("uvicorn-h11", None)
+    mode, reason = integration.startup_status(_receive_of(h11_impl.H11Protocol))
+    assert mode is None and reason is not None and reason.endswith("not one of connlist.uvicorn's")
+    # A stand-in for a class whose check failed: the failure.
+    monkeypatch.setitem(integration._failures, httptools_impl.HttpToolsProtocol, "uvicorn 9: it moved")
+    assert integration.startup_status(_receive_of(httptools_impl.HttpToolsProtocol)) == (
+        None,
+        "uvicorn 9: it moved",
+    )
+    # A server that does not say: a passed check waits for the first connection.
+    assert integration.startup_status(object()) == (None, None)
+
+
+@pytest.mark.parametrize(("value", "required"), [("", False), ("0", False), ("1", True), (" 1 ", True)])
+def test_require_integration_values(monkeypatch: pytest.MonkeyPatch, value: str, required: bool) -> None:
+    monkeypatch.setenv("CONNLIST_REQUIRE_INTEGRATION", value)
+    assert integration.require_integration() is required
+
+
+def test_require_integration_rejects_other_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONNLIST_REQUIRE_INTEGRATION", "true")
+    with pytest.raises(ValueError, match=r"CONNLIST_REQUIRE_INTEGRATION must be 1 .* or 0, got 'true'"):
+        integration.require_integration()
