@@ -263,13 +263,13 @@ def exercise(port: int, outcome: Outcome) -> None:
             each.close()
 
 
-def run_variant(root: Path, parser: str, log_dir: Path, **env: str) -> Outcome:
+def run_variant(root: Path, parser: str, loop: str, log_dir: Path) -> Outcome:
     path = server_env().get("PYTHONPATH", "")
-    extra = {"PYTHONPATH": f"{root}:{path}" if path else str(root), **env}
+    extra = {"PYTHONPATH": f"{root}:{path}" if path else str(root)}
     http = {"httptools": "connlist.uvicorn:HttpToolsProtocol", "h11": "connlist.uvicorn:H11Protocol"}[parser]
     outcome = Outcome()
-    log = log_dir / f"{root.name}-{parser}.log"
-    command = [PYTHON, "-m", "uvicorn", "tests.drift_app:app", "--http", http, "--ws", "none"]
+    log = log_dir / f"{root.name}-{parser}-{loop}.log"
+    command = [PYTHON, "-m", "uvicorn", "tests.drift_app:app", "--http", http, "--ws", "none", "--loop", loop]
     try:
         with run_server(
             lambda port: [*command, "--port", str(port), "--log-level", "debug"],
@@ -283,7 +283,11 @@ def run_variant(root: Path, parser: str, log_dir: Path, **env: str) -> Outcome:
     return outcome
 
 
-CASES = [(variant, parser) for variant in VARIANTS for parser in PROTOCOLS]
+# uvicorn's default loop (uvloop, installed by the test extra, as uvicorn[standard]
+# does) for every variant; asyncio's too for the change whose breakage differed
+# between the two (the issue: resets on asyncio, a dead listener on uvloop).
+CASES = [(variant, parser, "auto") for variant in VARIANTS for parser in PROTOCOLS]
+CASES += [(variant, parser, "asyncio") for variant in ("unchanged", "cycle renamed") for parser in PROTOCOLS]
 # CONNLIST_DRIFT=name,name runs those variants only (while working on one).
 ONLY = [name for name in os.environ.get("CONNLIST_DRIFT", "").split(",") if name]
 if ONLY:
@@ -293,10 +297,12 @@ if ONLY:
 @pytest.fixture(scope="session")
 def outcomes(
     copies: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> dict[tuple[str, str], Outcome]:
+) -> dict[tuple[str, str, str], Outcome]:
     log_dir = tmp_path_factory.mktemp("drift-logs")
     with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
-        futures = {case: pool.submit(run_variant, copies[case[0]], case[1], log_dir) for case in CASES}
+        futures = {
+            case: pool.submit(run_variant, copies[case[0]], case[1], case[2], log_dir) for case in CASES
+        }
         return {case: future.result() for case, future in futures.items()}
 
 
@@ -304,11 +310,11 @@ def error_lines(log: str) -> list[str]:
     return [line for line in log.splitlines() if line.startswith("ERROR:")]
 
 
-@pytest.mark.parametrize(("variant", "parser"), CASES)
+@pytest.mark.parametrize(("variant", "parser", "loop"), CASES)
 def test_serves_exact_or_in_asgi_only_mode(
-    outcomes: dict[tuple[str, str], Outcome], variant: str, parser: str
+    outcomes: dict[tuple[str, str, str], Outcome], variant: str, parser: str, loop: str
 ) -> None:
-    outcome = outcomes[(variant, parser)]
+    outcome = outcomes[(variant, parser, loop)]
     log = outcome.log
     assert not outcome.error, f"{outcome.error}\n{log}"
     # The changed copy is the uvicorn the server runs.
@@ -348,6 +354,7 @@ def test_serves_exact_or_in_asgi_only_mode(
         assert f"pin uvicorn to that range (pip install '{PIN}'), or upgrade connlist" in line
         # Told at the start too: ASGI-only mode, once.
         assert log.count("connlist: ASGI-only mode:") == 1, log
+        assert "connlist's protocol fell back to uvicorn's (see connlist's ERROR line)" in log
     # Bodies are timed in either mode: the trickled body's 408 at the request timeout.
     assert outcome.trickled is not None
     data, elapsed = outcome.trickled
@@ -355,9 +362,9 @@ def test_serves_exact_or_in_asgi_only_mode(
     assert REQUEST_TIMEOUT - EARLY <= elapsed <= REQUEST_TIMEOUT + LATE + 0.1, elapsed
 
 
-def test_a_newer_uvicorn_is_warned_about_once(outcomes: dict[tuple[str, str], Outcome]) -> None:
+def test_a_newer_uvicorn_is_warned_about_once(outcomes: dict[tuple[str, str, str], Outcome]) -> None:
     for parser in PROTOCOLS:
-        log = outcomes[("newer version", parser)].log
+        log = outcomes[("newer version", parser, "auto")].log
         warnings = [line for line in log.splitlines() if "is tested with uvicorn" in line]
         assert len(warnings) == 1, log
         assert warnings[0].startswith("WARNING:")
@@ -368,15 +375,15 @@ def test_a_newer_uvicorn_is_warned_about_once(outcomes: dict[tuple[str, str], Ou
         ), warnings[0]
     # Within the tested range: no such line.
     if connlist_uvicorn._version(uvicorn.__version__) <= connlist_uvicorn._version(TESTED_UVICORN[1]):
-        assert "is tested with uvicorn" not in outcomes[("unchanged", "httptools")].log
+        assert "is tested with uvicorn" not in outcomes[("unchanged", "httptools", "auto")].log
 
 
-def test_connlist_follows_a_renamed_uvicorn_logger(outcomes: dict[tuple[str, str], Outcome]) -> None:
+def test_connlist_follows_a_renamed_uvicorn_logger(outcomes: dict[tuple[str, str, str], Outcome]) -> None:
     # --log-level debug: uvicorn's renamed logger is at DEBUG, and connlist's
     # DEBUG line for the silent client's timeout reaches uvicorn's handler,
     # in uvicorn's format (the old name would be at uvicorn's default, INFO).
     for parser in PROTOCOLS:
-        log = outcomes[("logger renamed", parser)].log
+        log = outcomes[("logger renamed", parser, "auto")].log
         assert re.search(r"^DEBUG: +127\.0\.0\.1:\d+ - headers timeout: ", log, re.M), log
 
 

@@ -33,6 +33,7 @@ from typing import Any
 __all__ = [
     "REQUIRE_ENV",
     "TESTED_UVICORN",
+    "is_check_failure",
     "record_failure",
     "record_pass",
     "require_integration",
@@ -71,6 +72,11 @@ def record_failure(stand_in: type, reason: str) -> None:
 
 def record_pass(cls: type) -> None:
     _passed.add(cls)
+
+
+def is_check_failure(reason: str | None) -> bool:
+    """Whether ``reason`` is a failed self-check's: connlist's protocol was asked for, uvicorn's given."""
+    return reason is not None and reason in _failures.values()
 
 
 def server_protocol(receive: Any) -> type | None:

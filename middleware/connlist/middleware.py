@@ -283,12 +283,20 @@ class ConnectionsMiddleware:
         """The one WARNING of ASGI-only mode: what is enforced, what is not, and why."""
         enforcer = self._enforcer
         enforcer.asgi_told = True
+        if integration.is_check_failure(enforcer.integration_off):
+            # The server asked for connlist's protocol: its ERROR line said what to do.
+            advice = "connlist's protocol fell back to uvicorn's (see connlist's ERROR line)"
+        else:
+            advice = (
+                "serve with `uvicorn ... --http connlist.uvicorn:HttpToolsProtocol` "
+                "(or connlist.uvicorn:H11Protocol)"
+            )
         logger.warning(
             "connlist: ASGI-only mode: the request timeout (%gs) and the minimum body rate apply to "
             "request bodies, but the headers timeout and the send timeout need the server integration: "
-            "serve with `uvicorn ... --http connlist.uvicorn:HttpToolsProtocol` "
-            "(or connlist.uvicorn:H11Protocol). Why it is off: %s",
+            "%s. Why it is off: %s",
             enforcer.request_timeout,
+            advice,
             enforcer.integration_off,
         )
 
