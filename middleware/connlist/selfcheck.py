@@ -44,14 +44,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from uvicorn.config import Config
-from uvicorn.server import ServerState
-
 from connlist.connections import Connection, connection_state
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.settings import resolve
 
-__all__ = ["CheckFailed", "MemoryTransport", "Result", "check_protocol", "run_in_thread"]
+__all__ = [
+    "CheckFailed",
+    "MemoryTransport",
+    "Result",
+    "check_protocol",
+    "check_static",
+    "make_config",
+    "run_in_thread",
+]
 
 # The check's own timeouts: long enough that nothing expires unless the
 # script moves the clock past them.
@@ -194,7 +199,10 @@ def check_static(base: type, hooks: tuple[str, ...], parser: str) -> None:
 class _Script:
     """One protocol class's conversation, on the running loop."""
 
-    def __init__(self, cls: type, base: type, parser: str) -> None:
+    def __init__(self, cls: type, base: type, parser: str, config: Any) -> None:
+        # Imported here: a uvicorn that moved them fails the check, not the import.
+        from uvicorn.server import ServerState
+
         self.cls = cls
         self.base = base
         self.parser = parser
@@ -205,10 +213,7 @@ class _Script:
         )
         self.gate = _Gate()
         self.state: dict[str, Any] = {STATE_KEY: self.enforcer, "connlist.selfcheck.gate": self.gate}
-        self.config = Config(
-            _app, http=cls, ws=_StubWebSocket, lifespan="off", log_config=None, log_level=None
-        )
-        self.config.load()
+        self.config = config
         self.server_state = ServerState()
         self.protocols: list[tuple[Any, MemoryTransport]] = []
         self.logger_name: str | None = None
@@ -372,12 +377,25 @@ class _Script:
         self.enforcer.cancel()
 
 
-async def check_protocol(cls: type, base: type, parser: str) -> Result:
+def make_config(cls: type) -> Any:
+    """The check's uvicorn ``Config``, loaded (in the caller's thread: loading may import modules).
+
+    No logging configuration (``log_config=None``, ``log_level=None``): the
+    server's stays as it is.
+    """
+    from uvicorn.config import Config
+
+    config = Config(_app, http=cls, ws=_StubWebSocket, lifespan="off", log_config=None, log_level=None)
+    config.load()
+    return config
+
+
+async def check_protocol(cls: type, base: type, parser: str, config: Any) -> Result:
     """Drive ``cls`` (connlist's class on uvicorn's ``base``) through the conversation, on this loop."""
     started = time.perf_counter()
     script: _Script | None = None
     try:
-        script = _Script(cls, base, parser)
+        script = _Script(cls, base, parser, config)
         await script.run()
     except CheckFailed as failed:
         result = Result(str(failed))
@@ -400,11 +418,18 @@ async def check_protocol(cls: type, base: type, parser: str) -> Result:
 def run_in_thread(cls: type, base: type, parser: str) -> Result:
     """``check_protocol`` on a new event loop in a short-lived thread (the caller's loop may be running)."""
     results: list[Result] = []
+    started = time.perf_counter()
+    try:
+        config = make_config(cls)
+    except Exception as exc:
+        return Result(f"uvicorn's Config could not be loaded for the check: {type(exc).__name__}: {exc}")
 
     def run() -> None:
         loop = asyncio.new_event_loop()
         try:
-            checked = loop.run_until_complete(asyncio.wait_for(check_protocol(cls, base, parser), LIMIT))
+            checked = loop.run_until_complete(
+                asyncio.wait_for(check_protocol(cls, base, parser, config), LIMIT)
+            )
             results.append(checked)
         except BaseException as exc:  # a timeout, or worse: the check failed
             results.append(Result(f"the scripted conversation did not finish: {type(exc).__name__} {exc}"))
@@ -418,7 +443,6 @@ def run_in_thread(cls: type, base: type, parser: str) -> Result:
             finally:
                 loop.close()
 
-    started = time.perf_counter()
     thread = threading.Thread(target=run, name="connlist-selfcheck", daemon=True)
     thread.start()
     thread.join(LIMIT + 5)
