@@ -487,14 +487,6 @@ class _Pipeline(deque[Any]):
         return item
 
 
-# uvicorn's protocols and their methods, called directly: a module global is
-# found faster than a class attribute, and these run for every read and
-# response.  (A release that lacks one fails the self-check before any is called.)
-_HttpTools: Any = None if httptools_impl is None else httptools_impl.HttpToolsProtocol
-_httptools_data_received: Any = getattr(_HttpTools, "data_received", None)
-_httptools_on_response_complete: Any = getattr(_HttpTools, "on_response_complete", None)
-_H11: Any = None if h11_impl is None else h11_impl.H11Protocol
-
 # What mypy checks the mixins against: uvicorn's classes.  At run time the
 # mixins derive from object, and ``_subclass`` puts uvicorn's class after them.
 if TYPE_CHECKING:
@@ -504,167 +496,181 @@ else:
     _HttpToolsBase = _H11Base = object
 
 
-class _HttpToolsTracking(_Tracking, _HttpToolsBase):
-    """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""
+if httptools_impl is not None:
+    _HttpTools = httptools_impl.HttpToolsProtocol
+    # uvicorn's methods, called directly: a module global is found faster
+    # than a class attribute, and these run for every read and response.
+    # (A release that lacks one fails the self-check before any is called.)
+    _httptools_data_received: Any = getattr(_HttpTools, "data_received", None)
+    _httptools_on_response_complete: Any = getattr(_HttpTools, "on_response_complete", None)
 
-    __slots__ = ()
+    class _HttpToolsTracking(_Tracking, _HttpToolsBase):
+        """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""
 
-    connlist_mode = "uvicorn-httptools"
+        __slots__ = ()
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._connlist_setup()
-        self._connlist_phase = _BETWEEN
-        self.pipeline = _Pipeline()
+        connlist_mode = "uvicorn-httptools"
 
-    def _connlist_cycles(self) -> list[Any]:
-        # The queued ones, the one running ahead of them, the newest.
-        pipeline = self.pipeline
-        cycles = [cycle for cycle, _ in pipeline]
-        running = getattr(pipeline, "running", None)
-        for cycle in (running, self.cycle):
-            if cycle is not None:
-                cycles.append(cycle)
-        return cycles
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._connlist_setup()
+            self._connlist_phase = _BETWEEN
+            self.pipeline = _Pipeline()
 
-    def data_received(self, data: bytes) -> None:
-        cycle = self.cycle
-        if self._connlist_phase:
-            self._connlist_read(data, self.scope, cycle)
-            return
-        _httptools_data_received(self, data)
-        # The common case: no message was open, and one request began,
-        # got its headers and completed in this read, with none queued.
-        new = self.cycle
-        if new is not cycle and not new.more_body and new.scope is self.scope and not self.pipeline:
-            # Set by connection_made, before any read; a read never comes
-            # after connection_lost or an upgrade, so the record is tracked.
-            record: Connection = self._connlist_record  # type: ignore[assignment]
-            if record.last_message_start == 0.0:
-                # ConnectionsList.message on an idle connection, written
-                # out: in Python a call costs as much as all of this.
-                # (headers_completed is True already: a record becomes
-                # idle only through message_complete, which these
-                # protocols send only after headers_complete.)
-                record.requests += 1
-                enforcer = self._connlist
-                if not record._responding:
-                    record._responding = True
-                    enforcer.connections._n_idle_responding += 1
-                enforcer.totals.requests += 1
+        def _connlist_cycles(self) -> list[Any]:
+            # The queued ones, the one running ahead of them, the newest.
+            pipeline = self.pipeline
+            cycles = [cycle for cycle, _ in pipeline]
+            running = getattr(pipeline, "running", None)
+            for cycle in (running, self.cycle):
+                if cycle is not None:
+                    cycles.append(cycle)
+            return cycles
+
+        def data_received(self, data: bytes) -> None:
+            cycle = self.cycle
+            if self._connlist_phase:
+                self._connlist_read(data, self.scope, cycle)
                 return
-        # Between messages, the last scope is the last cycle's.
-        self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle)
+            _httptools_data_received(self, data)
+            # The common case: no message was open, and one request began,
+            # got its headers and completed in this read, with none queued.
+            new = self.cycle
+            if new is not cycle and not new.more_body and new.scope is self.scope and not self.pipeline:
+                # Set by connection_made, before any read; a read never comes
+                # after connection_lost or an upgrade, so the record is tracked.
+                record: Connection = self._connlist_record  # type: ignore[assignment]
+                if record.last_message_start == 0.0:
+                    # ConnectionsList.message on an idle connection, written
+                    # out: in Python a call costs as much as all of this.
+                    # (headers_completed is True already: a record becomes
+                    # idle only through message_complete, which these
+                    # protocols send only after headers_complete.)
+                    record.requests += 1
+                    enforcer = self._connlist
+                    if not record._responding:
+                        record._responding = True
+                        enforcer.connections._n_idle_responding += 1
+                    enforcer.totals.requests += 1
+                    return
+            # Between messages, the last scope is the last cycle's.
+            self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle)
 
-    def _connlist_read(self, data: bytes, scope: Any, cycle: Any) -> None:
-        """A read while a message is open (or after an upgrade)."""
-        phase = self._connlist_phase
-        if phase == _BODY:
-            record = self._connlist_record
-            if record is not None:
-                self._connlist_body_bytes(record, len(data))
-            if cycle.response_complete and cycle.more_body:
-                # The app responded before the body was in: see _BodyTail.
-                tail: Any = _BodyTail()
-                self.cycle = tail
-                try:
-                    _HttpTools.data_received(self, data)
-                finally:
-                    if self.cycle is tail:
-                        self.cycle = cycle
-                if not tail.more_body:
-                    cycle.more_body = False
+        def _connlist_read(self, data: bytes, scope: Any, cycle: Any) -> None:
+            """A read while a message is open (or after an upgrade)."""
+            phase = self._connlist_phase
+            if phase == _BODY:
+                record = self._connlist_record
+                if record is not None:
+                    self._connlist_body_bytes(record, len(data))
+                if cycle.response_complete and cycle.more_body:
+                    # The app responded before the body was in: see _BodyTail.
+                    tail: Any = _BodyTail()
+                    self.cycle = tail
+                    try:
+                        _HttpTools.data_received(self, data)
+                    finally:
+                        if self.cycle is tail:
+                            self.cycle = cycle
+                    if not tail.more_body:
+                        cycle.more_body = False
+                    self._connlist_events(phase, scope, cycle)
+                    return
+            _HttpTools.data_received(self, data)
+            if phase != _UPGRADED:
                 self._connlist_events(phase, scope, cycle)
-                return
-        _HttpTools.data_received(self, data)
-        if phase != _UPGRADED:
-            self._connlist_events(phase, scope, cycle)
 
-    def _connlist_events(self, phase0: int, scope0: Any, cycle0: Any) -> None:
-        """Replay the list events of the read that just ended, from uvicorn's state before and after."""
-        record = self._connlist_record
-        if record is None:
-            return
-        enforcer = self._connlist
-        connections = enforcer.connections
-        upgraded = self._connlist_phase == _UPGRADED
-        scope = self.scope
-        cycle = self.cycle
-        # Cycles made in this read: the queued ones newer than cycle0,
-        # and the one started directly if cycle0 was complete (then
-        # nothing was queued before the read).
-        new_cycles = 0
-        if cycle is not cycle0:
-            for queued, _app in self.pipeline:  # newest first
-                if queued is cycle0:
-                    break
-                new_cycles += 1
-            else:
-                if cycle0 is None or cycle0.response_complete:
+        def _connlist_events(self, phase0: int, scope0: Any, cycle0: Any) -> None:
+            """Replay the list events of the read that just ended, from uvicorn's state before and after."""
+            record = self._connlist_record
+            if record is None:
+                return
+            enforcer = self._connlist
+            connections = enforcer.connections
+            upgraded = self._connlist_phase == _UPGRADED
+            scope = self.scope
+            cycle = self.cycle
+            # Cycles made in this read: the queued ones newer than cycle0,
+            # and the one started directly if cycle0 was complete (then
+            # nothing was queued before the read).
+            new_cycles = 0
+            if cycle is not cycle0:
+                for queued, _app in self.pipeline:  # newest first
+                    if queued is cycle0:
+                        break
                     new_cycles += 1
-        # The open message's headers came in: the first new cycle is its.
-        open_got_headers = phase0 == _HEADERS and new_cycles > 0
-        begun_with_headers = new_cycles - open_got_headers
-        # A message begun here and still reading its headers (or upgraded: no cycle).
-        partial = scope is not scope0 and (cycle is None or cycle.scope is not scope)
-        begun = begun_with_headers + partial
-        if phase0 != _BETWEEN:
-            if open_got_headers or (upgraded and not begun and phase0 == _HEADERS):
-                _headers_received(record, enforcer)
-                phase0 = _BODY
-            # It ended if a later message began, or (as the last) if its body is in.
-            if begun or (phase0 == _BODY and (upgraded or not cycle.more_body)):
-                connections.message_complete(record)
-                last = _BETWEEN
-            else:
-                last = phase0
-        else:
-            last = _BETWEEN
-        for i in range(begun):
-            connections.message_begin(record)
-            if i < begun_with_headers:
-                _headers_received(record, enforcer)
-                if i < begun - 1 or not cycle.more_body:
+                else:
+                    if cycle0 is None or cycle0.response_complete:
+                        new_cycles += 1
+            # The open message's headers came in: the first new cycle is its.
+            open_got_headers = phase0 == _HEADERS and new_cycles > 0
+            begun_with_headers = new_cycles - open_got_headers
+            # A message begun here and still reading its headers (or upgraded: no cycle).
+            partial = scope is not scope0 and (cycle is None or cycle.scope is not scope)
+            begun = begun_with_headers + partial
+            if phase0 != _BETWEEN:
+                if open_got_headers or (upgraded and not begun and phase0 == _HEADERS):
+                    _headers_received(record, enforcer)
+                    phase0 = _BODY
+                # It ended if a later message began, or (as the last) if its body is in.
+                if begun or (phase0 == _BODY and (upgraded or not cycle.more_body)):
                     connections.message_complete(record)
                     last = _BETWEEN
                 else:
-                    last = _BODY
-            elif upgraded:
-                _headers_received(record, enforcer)
-                connections.message_complete(record)
+                    last = phase0
             else:
-                last = _HEADERS
-        if upgraded:
-            self._connlist_remove()
-            return
-        body_begins = last == _BODY and bool(begun or phase0 != _BODY or open_got_headers)
-        self._connlist_settle(record, last, body_begins)
+                last = _BETWEEN
+            for i in range(begun):
+                connections.message_begin(record)
+                if i < begun_with_headers:
+                    _headers_received(record, enforcer)
+                    if i < begun - 1 or not cycle.more_body:
+                        connections.message_complete(record)
+                        last = _BETWEEN
+                    else:
+                        last = _BODY
+                elif upgraded:
+                    _headers_received(record, enforcer)
+                    connections.message_complete(record)
+                else:
+                    last = _HEADERS
+            if upgraded:
+                self._connlist_remove()
+                return
+            body_begins = last == _BODY and bool(begun or phase0 != _BODY or open_got_headers)
+            self._connlist_settle(record, last, body_begins)
 
-    def on_response_complete(self) -> None:
-        _httptools_on_response_complete(self)
-        record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
-        # ConnectionsList.response_complete, written out (once per request).
-        # self.cycle is the newest request's: if uvicorn has just started
-        # a pipelined one, or any is still queued, it is not complete.
-        # (A removed record is not responding: see _connlist_remove.)
-        if record._responding and self.cycle.response_complete:
-            record._responding = False
-            if record.last_message_start == 0.0:
-                self._connlist.connections._n_idle_responding -= 1
+        def on_response_complete(self) -> None:
+            _httptools_on_response_complete(self)
+            record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
+            # ConnectionsList.response_complete, written out (once per request).
+            # self.cycle is the newest request's: if uvicorn has just started
+            # a pipelined one, or any is still queued, it is not complete.
+            # (A removed record is not responding: see _connlist_remove.)
+            if record._responding and self.cycle.response_complete:
+                record._responding = False
+                if record.last_message_start == 0.0:
+                    self._connlist.connections._n_idle_responding -= 1
 
-    def handle_websocket_upgrade(self) -> None:
-        # Upgraded connections are never timed out (Node: parser freed);
-        # the record leaves the list once the read's events are replayed.
-        self._connlist_phase = _UPGRADED
-        super().handle_websocket_upgrade()
+        def handle_websocket_upgrade(self) -> None:
+            # Upgraded connections are never timed out (Node: parser freed);
+            # the record leaves the list once the read's events are replayed.
+            self._connlist_phase = _UPGRADED
+            super().handle_websocket_upgrade()
 
-    def _connlist_response_written(self, record: Connection) -> bool:
-        # With requests queued behind it, the running request is an
-        # earlier one, whose response may be on the wire: never a 408.
-        return bool(self.pipeline) or _Tracking._connlist_response_written(self, record)
+        def _connlist_response_written(self, record: Connection) -> bool:
+            # With requests queued behind it, the running request is an
+            # earlier one, whose response may be on the wire: never a 408.
+            return bool(self.pipeline) or _Tracking._connlist_response_written(self, record)
 
-    def _connlist_responding(self) -> bool:
-        return bool(self.pipeline) or _Tracking._connlist_responding(self)
+        def _connlist_responding(self) -> bool:
+            return bool(self.pipeline) or _Tracking._connlist_responding(self)
+
+else:  # pragma: no cover - httptools missing
+    _HttpToolsTracking = None  # type: ignore[misc]
+
+
+_H11: Any = None if h11_impl is None else h11_impl.H11Protocol
 
 
 class _H11Tracking(_Tracking, _H11Base):
