@@ -66,6 +66,19 @@ The ``ConnectionsMiddleware`` owns the list and hands it over in the ASGI
 lifespan state, which uvicorn gives every protocol it creates.  With no
 middleware (or with the lifespan off) the protocol still enforces the default
 timeouts on a list of its own and logs once that it does so.
+
+When uvicorn changes
+--------------------
+
+All of the above reads parts of uvicorn that are not public API.  So the
+names ``HttpToolsProtocol``, ``H11Protocol`` and ``AutoProtocol`` are not
+plain classes: the first lookup of each (uvicorn's ``Config.load``, before
+the server starts) builds connlist's class on uvicorn's and checks it in
+memory (``connlist.selfcheck``).  If the check fails, the name is uvicorn's
+own class: the server serves as with ``--http httptools`` (ASGI-only mode),
+and one ERROR line says what failed, what is lost and what to do
+(``CONNLIST_REQUIRE_INTEGRATION=1``: the import fails instead).  The classes
+that pass are exactly the code above; nothing of the check runs per request.
 """
 
 from __future__ import annotations
