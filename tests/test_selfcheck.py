@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import uvicorn
 from uvicorn.protocols.http import h11_impl, httptools_impl
 
 from connlist import integration, selfcheck
@@ -132,3 +133,89 @@ def test_require_integration_rejects_other_values(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CONNLIST_REQUIRE_INTEGRATION", "true")
     with pytest.raises(ValueError, match=r"CONNLIST_REQUIRE_INTEGRATION must be 1 .* or 0, got 'true'"):
         integration.require_integration()
+
+
+# -- connlist.uvicorn's fallback, in process ---------------------------------------------
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """connlist.uvicorn's records of checks and failures, emptied for the test (and restored after)."""
+    monkeypatch.setattr(connlist_uvicorn, "CHECKS", {})
+    monkeypatch.setattr(integration, "_failures", {})
+    monkeypatch.setattr(integration, "_passed", set())
+
+
+@pytest.mark.usefixtures("fresh")
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        (("uvicorn.protocols.http.moved", "H11Protocol"), "uvicorn has no uvicorn.protocols.http.moved"),
+        (
+            ("uvicorn.protocols.http.h11_impl", "Renamed"),
+            "uvicorn.protocols.http.h11_impl has no class Renamed",
+        ),
+    ],
+)
+def test_a_moved_protocol_falls_back_to_uvicorns_own_name_for_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, entry: tuple[str, str], words: str
+) -> None:
+    caplog.set_level(logging.ERROR, logger="connlist")
+    monkeypatch.setitem(connlist_uvicorn._PARSERS, "h11", (*entry, connlist_uvicorn._H11Tracking))
+    # uvicorn's own "--http h11" class stands in.
+    assert connlist_uvicorn._integrate("h11") is h11_impl.H11Protocol
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(
+        f"connlist: the server integration is off: connlist {connlist_uvicorn._connlist_version()}"
+    )
+    assert words in line and "Set CONNLIST_REQUIRE_INTEGRATION=1 to refuse to start instead." in line
+    (reason,) = integration._failures.values()
+    assert list(integration._failures) == [h11_impl.H11Protocol]
+    assert reason.startswith(f"uvicorn {uvicorn.__version__}: H11Protocol: {words}")
+
+
+@pytest.mark.usefixtures("fresh")
+def test_a_layout_conflict_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A base connlist's slots cannot be added to (here: int) is the same as a __slots__ conflict.
+    with pytest.raises(TypeError):
+        connlist_uvicorn._subclass("H11Protocol", connlist_uvicorn._H11Tracking, int)
+
+    def conflict(name: str, mixin: type, base: type) -> type:
+        raise TypeError("multiple bases have instance lay-out conflict")
+
+    monkeypatch.setattr(connlist_uvicorn, "_subclass", conflict)
+    assert connlist_uvicorn._integrate("h11") is h11_impl.H11Protocol
+    expected = "connlist's class cannot be built on uvicorn's H11Protocol: "
+    assert (
+        connlist_uvicorn.CHECKS["h11"].failure == expected + "multiple bases have instance lay-out conflict"
+    )
+
+
+@pytest.mark.usefixtures("fresh")
+def test_the_refusal_is_an_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONNLIST_REQUIRE_INTEGRATION", "1")
+    monkeypatch.setitem(
+        connlist_uvicorn._PARSERS,
+        "h11",
+        ("uvicorn.protocols.http.moved", "H11Protocol", connlist_uvicorn._H11Tracking),
+    )
+    with pytest.raises(ImportError, match=r"CONNLIST_REQUIRE_INTEGRATION=1: refusing to start\.$"):
+        connlist_uvicorn._integrate("h11")
+    assert integration._failures == {}
+
+
+@pytest.mark.usefixtures("fresh")
+def test_a_newer_uvicorn_that_passes_is_warned_about_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="connlist")
+    monkeypatch.setattr(connlist_uvicorn, "_newer_warned", False)
+    monkeypatch.setattr(connlist_uvicorn.uvicorn, "__version__", "0.55.0rc1")
+    for parser in ("h11", "httptools"):
+        cls = connlist_uvicorn._integrate(parser)
+        assert cls.connlist_mode == f"uvicorn-{parser}"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"connlist {connlist_uvicorn._connlist_version()} is tested with uvicorn 0.36.0 to 0.54.0; "
+        "this is 0.55.0rc1; the self-check passed"
+    ]
+    assert connlist_uvicorn._version("0.55.0rc1") == (0, 55, 0) > connlist_uvicorn._version("0.54.0")

@@ -821,13 +821,14 @@ def _subclass(name: str, mixin: type, base: type) -> type[Any]:
 
 def _integrate(parser: str) -> type[Any]:
     integration.require_integration()  # a bad value stops the start here, naming the variable
-    module_name, name, mixin = _PARSERS[parser]
+    module_name, base_name, mixin = _PARSERS[parser]
+    name = "HttpToolsProtocol" if parser == "httptools" else "H11Protocol"  # connlist's name for it
     base: type | None = None
     try:
         module = importlib.import_module(module_name)
-        base = getattr(module, name, None)
+        base = getattr(module, base_name, None)
         if not isinstance(base, type):
-            raise selfcheck.CheckFailed(f"{module_name} has no class {name}")
+            raise selfcheck.CheckFailed(f"{module_name} has no class {base_name}")
         selfcheck.check_static(base, _COMMON_HOOKS, parser)
         try:
             cls = _subclass(name, mixin, base)
