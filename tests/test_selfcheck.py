@@ -8,8 +8,10 @@ is told (connlist.integration).
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -219,3 +221,107 @@ def test_a_newer_uvicorn_that_passes_is_warned_about_once(
         "this is 0.55.0rc1; the self-check passed"
     ]
     assert connlist_uvicorn._version("0.55.0rc1") == (0, 55, 0) > connlist_uvicorn._version("0.54.0")
+
+
+# -- every step of the conversation can fail: connlist's class broken one way at a time ------
+
+
+def _untracked(cls: type) -> type:
+    return type("Broken", (cls,), {"_connlist_recordect": lambda self: None})
+
+
+def _events_skipped(cls: type) -> type:
+    base = cls.__mro__[-4]  # uvicorn's class (then asyncio.Protocol, BaseProtocol, object)
+    return type("Broken", (cls,), {"data_received": lambda self, data: base.data_received(self, data)})
+
+
+def _counted_twice(cls: type) -> type:
+    def data_received(self: Any, data: bytes) -> None:
+        cls.data_received(self, data)
+        if self._connlist_record.requests:
+            self._connlist_record.requests += 1
+
+    return type("Broken", (cls,), {"data_received": data_received})
+
+
+def _upgrade_kept(cls: type) -> type:
+    base = cls.__mro__[-4]
+    return type(
+        "Broken",
+        (cls,),
+        {"handle_websocket_upgrade": lambda self, *event: base.handle_websocket_upgrade(self, *event)},
+    )
+
+
+def _loss_ignored(cls: type) -> type:
+    base = cls.__mro__[-4]
+    return type("Broken", (cls,), {"connection_lost": lambda self, exc: base.connection_lost(self, exc)})
+
+
+def _no_408(cls: type) -> type:
+    return type("Broken", (cls,), {"connlist_close_expired": lambda self: None})
+
+
+def _own_pipeline(cls: type) -> type:
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        cls.__init__(self, *args, **kwargs)
+        self.pipeline = collections.deque()  # uvicorn's plain one, not connlist's
+
+    return type("Broken", (cls,), {"__init__": init})
+
+
+@pytest.mark.parametrize(
+    ("parser", "breakage", "words"),
+    [
+        ("h11", _untracked, "a connection made was not tracked"),
+        (
+            "h11",
+            _events_skipped,
+            "after a whole request in one read, the connection is new, where it must be idle",
+        ),
+        (
+            "httptools",
+            _counted_twice,
+            "after a whole request in one read, the connection counts 2 requests, not 1",
+        ),
+        ("httptools", _upgrade_kept, "a websocket upgrade did not take the connection out of the list"),
+        ("h11", _loss_ignored, "a connection lost mid-request stayed in the list"),
+        ("h11", _no_408, "a connection past the headers timeout was not answered 408 and closed"),
+        (
+            "httptools",
+            _own_pipeline,
+            "a pipelined request was not queued behind the running one (`pipeline`)",
+        ),
+    ],
+)
+def test_each_step_can_fail(parser: str, breakage: Callable[[type], type], words: str) -> None:
+    broken = breakage(built(parser, BASES[parser]))
+    result = selfcheck.run_in_thread(broken, BASES[parser], parser)
+    assert result.failure == words
+
+
+class _LosesItsCycle(h11_impl.H11Protocol):
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self.cycle = None  # type: ignore[assignment]
+
+
+class _RewritesThePath(httptools_impl.HttpToolsProtocol):
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self.scope["path"] = "/elsewhere"
+
+
+@pytest.mark.parametrize(
+    ("parser", "base", "words"),
+    [
+        ("h11", _LosesItsCycle, "uvicorn's protocol has no `cycle` after a request"),
+        (
+            "httptools",
+            _RewritesThePath,
+            "the request's method and path read ('GET', '/elsewhere') from `cycle.scope`",
+        ),
+    ],
+)
+def test_what_uvicorns_protocol_must_hold(parser: str, base: type, words: str) -> None:
+    assert selfcheck.run_in_thread(built(parser, base), base, parser).failure == words

@@ -326,9 +326,7 @@ class _Script:
             pipeline = protocol.pipeline
             running = getattr(pipeline, "running", None)
             if len(pipeline) != 1 or running is None or running.scope.get("path") != "/hold":
-                raise CheckFailed(
-                    "a pipelined request was not queued behind the running one as connlist expects"
-                )
+                raise CheckFailed("a pipelined request was not queued behind the running one (`pipeline`)")
         self.gate.event.set()
         await self.settle()
         self.expect("both pipelined responses", record, "idle", 6)
