@@ -325,3 +325,28 @@ class _RewritesThePath(httptools_impl.HttpToolsProtocol):
 )
 def test_what_uvicorns_protocol_must_hold(parser: str, base: type, words: str) -> None:
     assert selfcheck.run_in_thread(built(parser, base), base, parser).failure == words
+
+
+def test_a_check_that_hangs_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Slow(h11_impl.H11Protocol):
+        def data_received(self, data: bytes) -> None:
+            time.sleep(0.05)  # the loop's timeout comes at the next await
+            super().data_received(data)
+
+    monkeypatch.setattr(selfcheck, "LIMIT", 0.01)
+    result = selfcheck.run_in_thread(built("h11", Slow), Slow, "h11")
+    assert result.failure is not None and result.failure.startswith(
+        "the scripted conversation did not finish"
+    )
+
+
+def test_a_config_uvicorn_cannot_load_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    def moved(cls: type) -> Any:
+        raise AttributeError("Config has no load")
+
+    monkeypatch.setattr(selfcheck, "make_config", moved)
+    result = selfcheck.run_in_thread(built("h11", BASES["h11"]), BASES["h11"], "h11")
+    assert (
+        result.failure
+        == "uvicorn's Config could not be loaded for the check: AttributeError: Config has no load"
+    )
