@@ -350,3 +350,17 @@ def test_a_config_uvicorn_cannot_load_is_a_failure(monkeypatch: pytest.MonkeyPat
         result.failure
         == "uvicorn's Config could not be loaded for the check: AttributeError: Config has no load"
     )
+
+
+@pytest.mark.usefixtures("fresh")
+def test_a_server_that_does_not_say_is_told_from_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Nothing checked: ASGI-only mode from the start.
+    assert integration.startup_status(object()) == (
+        None,
+        "the server does not serve through connlist.uvicorn's protocols",
+    )
+    # Only failures: the first one.
+    monkeypatch.setitem(integration._failures, h11_impl.H11Protocol, "uvicorn 9: H11Protocol: it moved")
+    assert integration.startup_status(object()) == (None, "uvicorn 9: H11Protocol: it moved")
+    assert integration.is_check_failure("uvicorn 9: H11Protocol: it moved")
+    assert not integration.is_check_failure(None) and not integration.is_check_failure("something else")
