@@ -194,15 +194,22 @@ def test_a_layout_conflict_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("fresh")
-def test_the_refusal_is_an_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_refusal_is_one_error_line_and_the_start_failure_status(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="connlist")
     monkeypatch.setenv("CONNLIST_REQUIRE_INTEGRATION", "1")
-    monkeypatch.setitem(
-        connlist_uvicorn._PARSERS,
-        "h11",
-        ("uvicorn.protocols.http.moved", "H11Protocol", connlist_uvicorn._H11Tracking),
-    )
-    with pytest.raises(ImportError, match=r"CONNLIST_REQUIRE_INTEGRATION=1: refusing to start\.$"):
+    moved = ("uvicorn.protocols.http.moved", "H11Protocol", connlist_uvicorn._H11Tracking)
+    monkeypatch.setitem(connlist_uvicorn._PARSERS, "h11", moved)
+    with pytest.raises(SystemExit) as info:
         connlist_uvicorn._integrate("h11")
+    # uvicorn's status for a failed startup, gunicorn's for a worker that failed to boot.
+    assert info.value.code == 3
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(
+        "connlist: refusing to start (CONNLIST_REQUIRE_INTEGRATION=1): the server integration "
+    )
+    assert "uvicorn has no uvicorn.protocols.http.moved" in line and line.endswith("or upgrade connlist.")
     assert integration._failures == {}
 
 

@@ -46,6 +46,7 @@ from tests.subprocesses import (
     PYTHON,
     ROOT,
     START_LIMIT,
+    free_port,
     get,
     get_json,
     gunicorn_command,
@@ -427,12 +428,12 @@ def test_refuses_to_start_when_the_check_fails(copies: dict[str, Path], tmp_path
     code, log = start_and_exit(
         copies["cycle renamed"], http, tmp_path / "log", CONNLIST_REQUIRE_INTEGRATION="1"
     )
-    assert code not in (None, 0), log
-    assert (
-        "uvicorn's protocol has no `cycle`" in log
-        and "CONNLIST_REQUIRE_INTEGRATION=1: refusing to start" in log
-    )
-    assert "Uvicorn running on" not in log
+    # uvicorn's status for a failed start, one ERROR line, no traceback.
+    assert code == 3, log
+    errors = error_lines(log)
+    assert len(errors) == 1 and "uvicorn's protocol has no `cycle`" in errors[0], log
+    assert errors[0].startswith("ERROR:    connlist: refusing to start (CONNLIST_REQUIRE_INTEGRATION=1)")
+    assert "Traceback" not in log and "Uvicorn running on" not in log
 
 
 def test_refuses_to_start_without_connlists_protocol(tmp_path: Path) -> None:
@@ -496,3 +497,26 @@ def test_gunicorn_workers_fall_back_too(copies: dict[str, Path], tmp_path: Path)
     errors = [line for line in log.splitlines() if "[ERROR]" in line]
     assert len(errors) == 1 and "the server integration is off" in errors[0], log
     assert "Traceback" not in log, log
+
+
+def test_gunicorn_refuses_to_start_too(copies: dict[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("gunicorn")
+    pytest.importorskip("uvicorn_worker")
+    path = server_env().get("PYTHONPATH", "")
+    env = server_env(PYTHONPATH=f"{copies['cycle renamed']}:{path}", CONNLIST_REQUIRE_INTEGRATION="1")
+    command = gunicorn_command(
+        free_port(), "tests.drift_app:app", "-k", "connlist.gunicorn.UvicornWorker", workers=1
+    )
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=START_LIMIT)
+    finally:
+        stop(proc)
+    log = out.decode(errors="replace")
+    # The worker's one line, then gunicorn's master stops: the worker failed to boot.
+    assert proc.returncode == 3, log
+    (refusal,) = [line for line in log.splitlines() if "refusing to start" in line]
+    assert refusal.endswith("or upgrade connlist."), log
+    assert "Reason: Worker failed to boot." in log and "Traceback" not in log

@@ -867,18 +867,30 @@ def _warn_if_newer() -> None:
     )
 
 
+# The exit status of a refusal to start: uvicorn's own for a failed startup,
+# and gunicorn's for a worker that failed to boot (its master then stops).
+REFUSAL_STATUS = 3
+
+
 def _fall_back(parser: str, name: str, base: type | None, failure: str) -> type[Any]:
     """uvicorn's own class instead of connlist's, and the one ERROR line (or the refusal to start)."""
-    message = (
-        f"connlist: the server integration is off: connlist {_connlist_version()} does not work with "
-        f"uvicorn {uvicorn.__version__} ({name}: {failure}). The server runs uvicorn's own {parser} protocol "
-        "and connlist runs in ASGI-only mode: request bodies are still timed (request timeout, minimum "
-        "body rate), but the headers timeout and the send timeout are not enforced. connlist is tested "
-        f"with uvicorn {TESTED_RANGE}: pin uvicorn to that range (pip install "
+    what = (
+        f"connlist {_connlist_version()} does not work with uvicorn {uvicorn.__version__} ({name}: {failure})"
+    )
+    advice = (
+        f"connlist is tested with uvicorn {TESTED_RANGE}: pin uvicorn to that range (pip install "
         f"'uvicorn>={TESTED_UVICORN[0]},<={TESTED_UVICORN[1]}'), or upgrade connlist."
     )
+    route_to_uvicorn()
     if integration.require_integration():
-        raise ImportError(f"{message} {integration.REQUIRE_ENV}=1: refusing to start.")
+        # One line, the server's own exit status for a failed start, no traceback.
+        logger.error(
+            "connlist: refusing to start (%s=1): the server integration would be off: %s. %s",
+            integration.REQUIRE_ENV,
+            what,
+            advice,
+        )
+        raise SystemExit(REFUSAL_STATUS)
     if base is None:
         # uvicorn moved its protocol: its own name for it is the stand-in.
         from uvicorn.config import HTTP_PROTOCOLS
@@ -887,8 +899,15 @@ def _fall_back(parser: str, name: str, base: type | None, failure: str) -> type[
         base = import_from_string(HTTP_PROTOCOLS[parser])
     assert base is not None
     integration.record_failure(base, f"uvicorn {uvicorn.__version__}: {name}: {failure}")
-    route_to_uvicorn()
-    logger.error("%s Set %s=1 to refuse to start instead.", message, integration.REQUIRE_ENV)
+    logger.error(
+        "connlist: the server integration is off: %s. The server runs uvicorn's own %s protocol and connlist "
+        "runs in ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but "
+        "the headers timeout and the send timeout are not enforced. %s Set %s=1 to refuse to start instead.",
+        what,
+        parser,
+        advice,
+        integration.REQUIRE_ENV,
+    )
     return base
 
 
