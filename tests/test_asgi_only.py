@@ -70,16 +70,31 @@ def asgi_server(parser: str):  # type: ignore[no-untyped-def]
     assert mw.connections.received == {}
 
 
-def test_mode_is_asgi_and_logged_once(asgi_server, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+PROTOCOL_CLASSES = {
+    "httptools": "uvicorn.protocols.http.httptools_impl.HttpToolsProtocol",
+    "h11": "uvicorn.protocols.http.h11_impl.H11Protocol",
+}
+
+
+def test_mode_is_asgi_and_logged_once(asgi_server, parser: str, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
     caplog.set_level(logging.WARNING, logger="connlist")
     sock = connect(asgi_server.port)
     for _ in range(3):
         sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock).endswith(b"ok 0")
     assert asgi_server.mw.mode == "asgi"
-    messages = [r.getMessage() for r in caplog.records if "ASGI-only mode" in r.getMessage()]
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    messages = [r.getMessage() for r in records if "ASGI-only mode" in r.getMessage()]
     assert len(messages) == 1
     assert "--http connlist.uvicorn:HttpToolsProtocol" in messages[0]
+    # Told at the server's start (the fixture), not at the first request, with why.
+    assert [r.getMessage() for r in caplog.get_records("setup")] == messages
+    assert messages[0].endswith(
+        " Why it is off: the server's HTTP protocol is "
+        + PROTOCOL_CLASSES[parser]
+        + ", not one of connlist.uvicorn's"
+    )
+    assert asgi_server.mw.enforcer.integration_off.endswith("not one of connlist.uvicorn's")
     # Requests without a body left nothing behind.
     assert asgi_server.call(lambda: len(asgi_server.mw.connections)) == 0
 

@@ -273,6 +273,7 @@ def test_snapshot_method_is_what_the_endpoint_serves() -> None:
     assert list(served) == [
         "pid",
         "mode",
+        "integration_off",
         "headers_timeout",
         "request_timeout",
         "send_timeout",
@@ -282,6 +283,7 @@ def test_snapshot_method_is_what_the_endpoint_serves() -> None:
         "totals",
         "limit",
         "truncated",
+        "enforced",
         "all",
         "idle",
         "active",

@@ -7,6 +7,7 @@ example app reads (headers 0.5 s, request 1 s).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,13 +95,24 @@ def test_slow_clients_get_408_on_time(gunicorn_server: Process) -> None:
     assert sum(a["totals"]["headers_timeouts"] for a in answers.values()) == before + 1
 
 
-def test_a_uvicorn_worker_without_config_kwargs_is_refused_at_import() -> None:
+def test_a_uvicorn_worker_without_config_kwargs_falls_back(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from connlist import gunicorn
 
     class Bare:
         pass
 
-    # The worker classes extend the base class's CONFIG_KWARGS: without them, fail loudly.
-    with pytest.raises(ImportError, match=r"Bare has no CONFIG_KWARGS dict; connlist is tested with"):
-        gunicorn._base_kwargs(Bare)
-    assert gunicorn._base_kwargs(type("Old", (), {"CONFIG_KWARGS": {"loop": "auto"}})) == {"loop": "auto"}
+    # Without CONFIG_KWARGS the protocol cannot be chosen: uvicorn-worker's own class, one ERROR line.
+    caplog.set_level(logging.ERROR, logger="connlist")
+    worker = gunicorn._worker("W", Bare, gunicorn.AUTO_PROTOCOL, "doc")
+    assert issubclass(worker, Bare) and not hasattr(worker, "CONFIG_KWARGS")
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "Bare has no CONFIG_KWARGS dict (connlist is tested with uvicorn-worker 0.4)" in line
+    assert "the headers timeout and the send timeout are not enforced" in line
+    # Asked to refuse instead: the import fails, as gunicorn then reports.
+    monkeypatch.setenv("CONNLIST_REQUIRE_INTEGRATION", "1")
+    with pytest.raises(ImportError, match=r"Bare has no CONFIG_KWARGS dict.*refusing to start"):
+        gunicorn._worker("W", Bare, gunicorn.AUTO_PROTOCOL, "doc")
+    old = type("Old", (), {"CONFIG_KWARGS": {"loop": "auto"}})
+    assert gunicorn._base_kwargs(old, "p") == {"loop": "auto", "http": "p"}

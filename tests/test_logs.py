@@ -117,3 +117,32 @@ def test_route_to_uvicorn_leaves_configured_logging_alone(
     monkeypatch.setattr(plain_logging, "propagate", False)
     route_to_uvicorn()
     assert logger.handlers == []
+
+
+def test_connlist_follows_uvicorns_logger_when_it_is_renamed(
+    plain_logging: logging.Logger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from connlist import logs
+
+    no_root_handlers(monkeypatch)
+    monkeypatch.setattr(logs, "_uvicorn_logger_name", "uvicorn.error")
+    route_to_uvicorn()
+    assert logger.level == logging.INFO
+    # uvicorn's protocols write to another logger (connlist.uvicorn's self-check tells):
+    renamed = logging.getLogger("uvicorn.renamed.error")
+    saved = (renamed.handlers, renamed.level)
+    handled: list[str] = []
+    try:
+        renamed.handlers = [logging.NullHandler()]
+        renamed.setLevel(logging.DEBUG)
+        monkeypatch.setattr(renamed, "handle", lambda record: handled.append(record.getMessage()))
+        logs.follow_uvicorn_logger("uvicorn.renamed.error")
+        # Its level is taken over (it was uvicorn.error's), and the records go to it.
+        assert logs.uvicorn_logger() is renamed and logger.level == logging.DEBUG
+        logger.debug("to the renamed logger")
+        assert handled == ["to the renamed logger"]
+        logs.follow_uvicorn_logger("uvicorn.renamed.error")  # the same name again: nothing changes
+        assert logger.level == logging.DEBUG
+    finally:
+        renamed.handlers, level = saved
+        renamed.setLevel(level)

@@ -43,6 +43,7 @@ from connlist.prometheus import (
 )
 from tests.servers import (
     INTEGRATED,
+    PLAIN,
     connect,
     is_408,
     read_response,
@@ -323,6 +324,16 @@ def test_background_refresh_without_scrapes() -> None:
         assert is_408(data), data
         assert wait_for(lambda: value("connlist_timeouts_total", kind="headers") == 1, limit=1.0)
         assert value("connlist_connections", state="reading") == 0
+
+
+@pytest.mark.parametrize("integrated", [True, False])
+def test_the_integration_gauge_says_asgi_only_mode(parser: str, integrated: bool) -> None:
+    registry = CollectorRegistry()
+    http = INTEGRATED[parser] if integrated else PLAIN[parser]
+    with serve(make_app(registry, interval=None), http) as server:
+        # Known from the start: the first scrape tells, before any other request.
+        values = scrape(server.port)
+    assert values[("connlist_server_integration", ())] == (1.0 if integrated else 0.0)
 
 
 def test_no_background_refresh_when_interval_is_off() -> None:

@@ -29,40 +29,12 @@ from uvicorn.server import ServerState
 
 from connlist.connections import Connection, connection_state
 from connlist.enforcer import STATE_KEY, Enforcer
+from connlist.selfcheck import MemoryTransport
 from connlist.settings import resolve
 from connlist.uvicorn import H11Protocol, HttpToolsProtocol, _Tracking
 from tests.fakes import FakeClock
 
 HEADERS_TIMEOUT, REQUEST_TIMEOUT = 10.0, 30.0
-
-
-class MemoryTransport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.closing = False
-        self.protocol: Any = None
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self.protocol = protocol
 
 
 # -- the app: behaviour by path ------------------------------------------------

@@ -77,6 +77,7 @@ __all__ = [
     "DebugEndpoint",
     "Query",
     "describe",
+    "enforced",
     "is_loopback",
     "not_found",
     "parse_limit",
@@ -153,6 +154,24 @@ def describe(
     }
 
 
+# The timeouts ASGI-only mode can enforce: it sees a request once its headers
+# are in, and never sees the response stall (docs/how-it-works.md).
+_ASGI_ENFORCES = frozenset({"request", "rate"})
+
+
+def enforced(enforcer: Enforcer) -> list[str]:
+    """The timeouts this worker enforces (on, and possible in its mode): of headers, request, rate, send."""
+    settings = enforcer.settings
+    on = {
+        "headers": settings.headers_timeout,
+        "request": settings.request_timeout,
+        "rate": settings.body_min_rate,
+        "send": settings.send_timeout,
+    }
+    asgi = enforcer.mode == "asgi"
+    return [kind for kind, value in on.items() if value and not (asgi and kind not in _ASGI_ENFORCES)]
+
+
 def snapshot(enforcer: Enforcer, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
     """Everything the debug endpoint shows, as plain JSON-ready data.
 
@@ -227,11 +246,14 @@ def snapshot_steps(
     return {
         "pid": os.getpid(),
         "mode": enforcer.mode,
+        "integration_off": enforcer.integration_off,
         **dataclasses.asdict(enforcer.settings),
         "counts": counts,
         "totals": dataclasses.asdict(enforcer.totals),
         "limit": limit,
         "truncated": len(all_list) < n_all or len(idle_list) < n_idle or len(active_list) < n_active,
+        # A list, so the endpoint's encoder (connlist.slices) writes it with the others, after the rest.
+        "enforced": enforced(enforcer),
         "all": all_list,
         "idle": idle_list,
         "active": active_list,

@@ -139,8 +139,13 @@ class Enforcer:
         self.on_timeout = on_timeout
         self.totals = Totals()
         self.summary = Summary()
-        # "asgi" until a connlist protocol of the server announces itself.
+        # "asgi" until a connlist protocol of the server announces itself
+        # (or the server's start tells which is in use: connlist.integration).
         self.mode = "asgi"
+        # Why the server integration is off, once that is known (None: it is
+        # on, or not known yet); and whether ASGI-only mode was logged.
+        self.integration_off: str | None = None
+        self.asgi_told = False
         # The list's clock.
         self.clock = clock
         self.linger = linger

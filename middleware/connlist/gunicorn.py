@@ -21,6 +21,15 @@ option named in its log, and gunicorn's master stops.  Everything else
 (keep-alive from gunicorn's ``--keep-alive``, ``--forwarded-allow-ips``,
 signals) is ``uvicorn-worker``'s.
 
+The same rule as ``connlist.uvicorn``'s holds when ``uvicorn-worker``
+changes: a base class without its ``CONFIG_KWARGS`` dict cannot be told
+which protocol to use, so the worker class is then ``uvicorn-worker``'s own
+(uvicorn's protocol, ASGI-only mode), with one ERROR line saying so, instead
+of an import error that stops gunicorn; ``CONNLIST_REQUIRE_INTEGRATION=1``
+makes it the import error again.  A protocol class whose self-check fails is
+replaced by uvicorn's in each worker (``connlist.uvicorn``), and the ERROR
+line and the view say so per worker.
+
 Each worker process has its own ``ConnectionsMiddleware``, list and timer;
 the debug endpoint's ``pid`` says which worker answered, and
 ``?workers=all`` shows them all: these classes tell ``connlist.workers``
@@ -29,9 +38,11 @@ that the process is a worker of gunicorn's master (``init_process``).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import logging
+from typing import Any
 
-from connlist import workers
+from connlist import integration, workers
+from connlist.logs import logger
 
 try:
     import uvicorn_worker  # type: ignore[import-untyped, import-not-found, unused-ignore]
@@ -46,15 +57,37 @@ AUTO_PROTOCOL = "connlist.uvicorn:AutoProtocol"
 H11_PROTOCOL = "connlist.uvicorn:H11Protocol"
 
 
-def _base_kwargs(cls: Any) -> dict[str, Any]:
-    """The base class's CONFIG_KWARGS; fail at import, loudly, if uvicorn-worker dropped them."""
+def _base_kwargs(cls: Any, http: str) -> dict[str, Any] | None:
+    """The base class's CONFIG_KWARGS with connlist's protocol; None (and the ERROR line) without them."""
     kwargs = getattr(cls, "CONFIG_KWARGS", None)
-    if not isinstance(kwargs, dict):
-        raise ImportError(
-            f"connlist cannot configure uvicorn-worker {getattr(uvicorn_worker, '__version__', '?')}: "
-            f"{cls.__qualname__} has no CONFIG_KWARGS dict; connlist is tested with uvicorn-worker 0.4"
-        )
-    return dict(kwargs)
+    if isinstance(kwargs, dict):
+        # The lifespan on: see above.
+        return {**kwargs, "http": http, "lifespan": "on"}
+    version = getattr(uvicorn_worker, "__version__", "?")
+    message = (
+        f"connlist: the server integration is off: connlist cannot configure uvicorn-worker {version}: "
+        f"{cls.__qualname__} has no CONFIG_KWARGS dict (connlist is tested with uvicorn-worker 0.4). The "
+        "workers run uvicorn-worker's own protocol and connlist runs in ASGI-only mode: request bodies are "
+        "still timed, but the headers timeout and the send timeout are not enforced. Pin uvicorn-worker "
+        "to 0.4, or upgrade connlist."
+    )
+    if integration.require_integration():
+        raise ImportError(f"{message} {integration.REQUIRE_ENV}=1: refusing to start.")
+    # gunicorn's master imports the worker class once its error log is set up:
+    # the line goes there, in gunicorn's format.
+    gunicorn_log = logging.getLogger("gunicorn.error")
+    target = gunicorn_log if gunicorn_log.handlers else logger
+    target.error("%s Set %s=1 to refuse to start instead.", message, integration.REQUIRE_ENV)
+    return None
+
+
+def _worker(name: str, base: Any, http: str, doc: str) -> Any:
+    """``base`` with ``_Sibling``, and ``CONFIG_KWARGS`` choosing connlist's protocol if the base has them."""
+    namespace: dict[str, Any] = {"__module__": __name__, "__qualname__": name, "__doc__": doc}
+    kwargs = _base_kwargs(base, http)
+    if kwargs is not None:
+        namespace["CONFIG_KWARGS"] = kwargs
+    return type(name, (_Sibling, base), namespace)
 
 
 class _Sibling:
@@ -69,21 +102,15 @@ class _Sibling:
         super().init_process()  # type: ignore[misc]
 
 
-class UvicornWorker(_Sibling, uvicorn_worker.UvicornWorker):  # type: ignore[misc]
-    """``uvicorn_worker.UvicornWorker`` serving through ``connlist.uvicorn:AutoProtocol``."""
-
-    CONFIG_KWARGS: ClassVar[dict[str, Any]] = {
-        **_base_kwargs(uvicorn_worker.UvicornWorker),
-        "http": AUTO_PROTOCOL,
-        "lifespan": "on",
-    }
-
-
-class UvicornH11Worker(_Sibling, uvicorn_worker.UvicornH11Worker):  # type: ignore[misc]
-    """``uvicorn_worker.UvicornH11Worker`` (asyncio, h11) serving through ``connlist.uvicorn:H11Protocol``."""
-
-    CONFIG_KWARGS: ClassVar[dict[str, Any]] = {
-        **_base_kwargs(uvicorn_worker.UvicornH11Worker),
-        "http": H11_PROTOCOL,
-        "lifespan": "on",
-    }
+UvicornWorker = _worker(
+    "UvicornWorker",
+    uvicorn_worker.UvicornWorker,
+    AUTO_PROTOCOL,
+    "``uvicorn_worker.UvicornWorker`` serving through ``connlist.uvicorn:AutoProtocol``.",
+)
+UvicornH11Worker = _worker(
+    "UvicornH11Worker",
+    uvicorn_worker.UvicornH11Worker,
+    H11_PROTOCOL,
+    "``uvicorn_worker.UvicornH11Worker`` (asyncio, h11) serving through ``connlist.uvicorn:H11Protocol``.",
+)

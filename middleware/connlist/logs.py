@@ -13,7 +13,10 @@ handler (no level, no time).  ``route_to_uvicorn`` sends them through
 uvicorn's own ``uvicorn.error`` logger instead when the application has
 configured no logging of its own, so they share the format, the handlers and
 the level of uvicorn's lines, also under gunicorn (whose uvicorn worker hands
-``uvicorn.error`` gunicorn's error log).
+``uvicorn.error`` gunicorn's error log).  The name is the one uvicorn's
+protocols write to: ``connlist.uvicorn``'s self-check reads it from the
+protocol it builds (``follow_uvicorn_logger``), so a uvicorn that renames its
+logger keeps connlist's lines beside its own.
 """
 
 from __future__ import annotations
@@ -21,9 +24,40 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-__all__ = ["SUMMARY_INTERVAL", "Summary", "format_address", "logger", "route_to_uvicorn"]
+__all__ = [
+    "SUMMARY_INTERVAL",
+    "Summary",
+    "follow_uvicorn_logger",
+    "format_address",
+    "logger",
+    "route_to_uvicorn",
+    "uvicorn_logger",
+]
 
 logger = logging.getLogger("connlist")
+
+# The logger uvicorn writes its error log to (its protocols' ``logger``).
+_uvicorn_logger_name = "uvicorn.error"
+
+
+def uvicorn_logger() -> logging.Logger:
+    """uvicorn's error logger, under the name uvicorn's protocols use."""
+    return logging.getLogger(_uvicorn_logger_name)
+
+
+def follow_uvicorn_logger(name: str) -> None:
+    """uvicorn's protocols write to ``name``: connlist's routed lines go there too."""
+    global _uvicorn_logger_name
+    if name == _uvicorn_logger_name:
+        return
+    _uvicorn_logger_name = name
+    for handler in logger.handlers:
+        if isinstance(handler, _ToUvicorn) and logger.level == handler.level_taken:
+            # The level taken from the old name; take the new one's.
+            level = uvicorn_logger().getEffectiveLevel()
+            logger.setLevel(level)
+            handler.level_taken = level
+
 
 SUMMARY_INTERVAL = 10.0
 # Example clients named in one summary line.
@@ -43,8 +77,11 @@ def format_address(address: object) -> str | None:
 class _ToUvicorn(logging.Handler):
     """Hands connlist's records to uvicorn's error logger, whose handlers and format apply."""
 
+    # The level route_to_uvicorn gave the connlist logger (from uvicorn's), if it did.
+    level_taken: int | None = None
+
     def emit(self, record: logging.LogRecord) -> None:
-        target = logging.getLogger("uvicorn.error")
+        target = uvicorn_logger()
         if target.isEnabledFor(record.levelno):
             target.handle(record)
 
@@ -59,13 +96,15 @@ def route_to_uvicorn() -> None:
     """
     if logger.handlers or logging.getLogger().handlers:
         return
-    if not logging.getLogger("uvicorn.error").hasHandlers():
+    if not uvicorn_logger().hasHandlers():
         return
-    logger.addHandler(_ToUvicorn())
+    handler = _ToUvicorn()
+    logger.addHandler(handler)
     # uvicorn's --log-level applies; taking it over here means a DEBUG line
     # that uvicorn would drop is never built (a mass timeout makes thousands).
     if logger.level == logging.NOTSET:
-        logger.setLevel(logging.getLogger("uvicorn.error").getEffectiveLevel())
+        logger.setLevel(uvicorn_logger().getEffectiveLevel())
+        handler.level_taken = logger.level
     logger.propagate = False
 
 

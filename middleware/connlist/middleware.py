@@ -32,6 +32,7 @@ from typing import Any, ParamSpec
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from connlist import integration
 from connlist.asgi import AsgiOnly, Feed
 from connlist.connections import ConnectionsList
 from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
@@ -254,6 +255,10 @@ class ConnectionsMiddleware:
             if state is not None:
                 state[STATE_KEY] = self._enforcer
             route_to_uvicorn()
+            refusal = self._integration_at_start(receive)
+            if refusal is not None:
+                await self._refuse_start(refusal, receive, send)
+                return
             receive = self._lifespan_receive(receive)
             workers = self._workers
             if workers is not None:
@@ -265,6 +270,61 @@ class ConnectionsMiddleware:
                     workers.stop()
                 return
         await self.app(scope, receive, send)
+
+    def _integration_at_start(self, receive: Receive) -> str | None:
+        """Tell the mode at the server's start (connlist.integration); the refusal to start, if one is due.
+
+        uvicorn imported its ``--http`` class, and ``connlist.uvicorn``
+        checked it, before the lifespan began: the mode is known now, unless
+        the server does not say which class it uses (then its first
+        connection tells, as without the lifespan).
+        """
+        enforcer = self._enforcer
+        try:
+            require = integration.require_integration()
+        except ValueError as exc:
+            return f"connlist: {exc}"  # (an exception here would only turn the lifespan off)
+        mode, reason = integration.startup_status(receive)
+        # What an earlier server of this app had does not hold for this one.
+        enforcer.mode = "asgi" if mode is None else mode
+        enforcer.integration_off = reason
+        enforcer.asgi_told = False
+        if reason is None:
+            return None
+        if require:
+            return (
+                f"connlist: {integration.REQUIRE_ENV}=1 and the server integration is off ({reason}): "
+                "refusing to start"
+            )
+        self._tell_asgi_only()
+        return None
+
+    async def _refuse_start(self, refusal: str, receive: Receive, send: Send) -> None:
+        """The lifespan startup fails: uvicorn (and gunicorn's uvicorn worker) log the message and exit."""
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.failed", "message": refusal})
+
+    def _tell_asgi_only(self) -> None:
+        """The one WARNING of ASGI-only mode: what is enforced, what is not, and why."""
+        enforcer = self._enforcer
+        enforcer.asgi_told = True
+        if integration.is_check_failure(enforcer.integration_off):
+            # The server asked for connlist's protocol: its ERROR line said what to do.
+            advice = "connlist's protocol fell back to uvicorn's (see connlist's ERROR line)"
+        else:
+            advice = (
+                "serve with `uvicorn ... --http connlist.uvicorn:HttpToolsProtocol` "
+                "(or connlist.uvicorn:H11Protocol)"
+            )
+        logger.warning(
+            "connlist: ASGI-only mode: the request timeout (%gs) and the minimum body rate apply to "
+            "request bodies, but the headers timeout and the send timeout need the server integration: "
+            "%s. Why it is off: %s",
+            enforcer.request_timeout,
+            advice,
+            enforcer.integration_off,
+        )
 
     def _lifespan_receive(self, receive: Receive) -> Receive:
         """The app's lifespan receive; at shutdown, what the log summary still holds is written."""
@@ -294,14 +354,16 @@ class ConnectionsMiddleware:
                 "connlist: the ASGI lifespan is off, so the server integration ran with the default "
                 "timeouts until this first request; turn the lifespan on to apply them from the start"
             )
-        if self._enforcer.mode == "asgi":
-            logger.warning(
-                "connlist: ASGI-only mode: the request timeout (%gs) and the minimum body rate apply to "
-                "request bodies, but the headers timeout and the send timeout need the server integration: "
-                "serve with `uvicorn ... --http connlist.uvicorn:HttpToolsProtocol` "
-                "(or connlist.uvicorn:H11Protocol)",
-                self._enforcer.request_timeout,
-            )
+        enforcer = self._enforcer
+        if enforcer.mode == "asgi" and not enforcer.asgi_told:
+            # Not told at the start (the lifespan is off, or the server did
+            # not say which protocol it uses): no connection announced the
+            # integration before this request.
+            if enforcer.integration_off is None:
+                enforcer.integration_off = (
+                    "no connection was served through connlist.uvicorn's protocols before the first request"
+                )
+            self._tell_asgi_only()
 
 
 class _PassThrough(ConnectionsMiddleware):

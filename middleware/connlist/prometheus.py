@@ -13,12 +13,14 @@
 
 The metrics are the debug view's counts and totals, for the tools that
 scrape rather than look: ``connlist_connections{state}`` by phase
-(``connlist.connections.PHASES``), and counters of connections, requests and
-timeouts by kind.  Nothing is added to the hot path: a refresh copies the
-list's O(1) counts and the enforcer's totals into the metric objects, on the
-worker's event loop, every ``interval`` seconds and right before ``/metrics``
-answers.  Why not at each event: in ``prometheus_client``'s multiprocess
-mode every write takes a lock and writes an mmap.  Why not a collector
+(``connlist.connections.PHASES``), counters of connections, requests and
+timeouts by kind, and ``connlist_server_integration``, 0 when a worker runs
+in ASGI-only mode (the debug view's ``mode`` and ``integration_off``).
+Nothing is added to the hot path: a refresh copies the list's O(1) counts
+and the enforcer's totals into the metric objects, on the worker's event
+loop, every ``interval`` seconds and right before ``/metrics`` answers.
+Why not at each event: in ``prometheus_client``'s multiprocess mode every
+write takes a lock and writes an mmap.  Why not a collector
 reading the list at scrape time: it would see only the worker that answers.
 ``docs/metrics.md`` is the reference: the metrics, the options, several
 workers and dead ones.
@@ -112,9 +114,20 @@ class ConnlistMetrics:
             ["kind"],
             registry=registry,
         )
+        # 0 if any worker runs in ASGI-only mode (its headers and send
+        # timeouts are not enforced): what an alert watches.
+        self.integration = Gauge(
+            "connlist_server_integration",
+            "1 if the server integration enforces every timeout, 0 in ASGI-only mode (headers and send "
+            "timeouts not enforced; see the debug view's integration_off).",
+            registry=registry,
+            multiprocess_mode="livemin",
+        )
         self._lock = threading.Lock()
         # Each exporter's last phases; an exporter dropped without close() leaves with it.
         self._phases: weakref.WeakKeyDictionary[Exporter, dict[str, int]] = weakref.WeakKeyDictionary()
+        # Each exporter's last mode: 1 with the server integration, 0 in ASGI-only mode.
+        self._integration: weakref.WeakKeyDictionary[Exporter, int] = weakref.WeakKeyDictionary()
         # Every series exists from the start, at 0 (in multiprocess mode a
         # value appears in the files only once written).
         for phase in PHASES:
@@ -124,13 +137,24 @@ class ConnlistMetrics:
         for kind in KINDS:
             self.timeouts.labels(kind).inc(0)
 
-    def _publish(self, exporter: Exporter, phases: dict[str, int] | None, deltas: dict[str, int]) -> None:
-        """Take one exporter's phases (None: it left) and counter increments; set the gauges to the sums."""
+    def _publish(
+        self,
+        exporter: Exporter,
+        phases: dict[str, int] | None,
+        deltas: dict[str, int],
+        integration: int | None = None,
+    ) -> None:
+        """Take one exporter's phases and mode (None: it left) and counter increments; set the gauges."""
         with self._lock:
             if phases is None:
                 self._phases.pop(exporter, None)
+                self._integration.pop(exporter, None)
             else:
                 self._phases[exporter] = phases
+                if integration is not None:
+                    self._integration[exporter] = integration
+            if self._integration:
+                self.integration.set(min(self._integration.values()))
             sums = dict.fromkeys(PHASES, 0)
             for counts in self._phases.values():
                 for phase, n in counts.items():
@@ -184,7 +208,7 @@ class Exporter:
         totals = _totals(enforcer)
         deltas = {name: value - self._last[name] for name, value in totals.items()}
         self._last = totals
-        self.metrics._publish(self, phases, deltas)
+        self.metrics._publish(self, phases, deltas, int(enforcer.mode != "asgi"))
 
     def close(self, enforcer: Enforcer | None) -> None:
         """Count the last increments and take this worker's connections out of the gauges."""

@@ -66,23 +66,41 @@ The ``ConnectionsMiddleware`` owns the list and hands it over in the ASGI
 lifespan state, which uvicorn gives every protocol it creates.  With no
 middleware (or with the lifespan off) the protocol still enforces the default
 timeouts on a list of its own and logs once that it does so.
+
+When uvicorn changes
+--------------------
+
+All of the above reads parts of uvicorn that are not public API.  So the
+names ``HttpToolsProtocol``, ``H11Protocol`` and ``AutoProtocol`` are not
+plain classes: the first lookup of each (uvicorn's ``Config.load``, before
+the server starts) builds connlist's class on uvicorn's and checks it in
+memory (``connlist.selfcheck``).  If the check fails, the name is uvicorn's
+own class: the server serves as with ``--http httptools`` (ASGI-only mode),
+and one ERROR line says what failed, what is lost and what to do
+(``CONNLIST_REQUIRE_INTEGRATION=1``: the import fails instead).  The classes
+that pass are exactly the code above; nothing of the check runs per request.
 """
 
 from __future__ import annotations
 
+import importlib
+import re
 import struct
 import sys
+import threading
 from collections import deque
-from typing import Any, ClassVar
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import h11
 import uvicorn
 from starlette.requests import ClientDisconnect
-from uvicorn.protocols.http import h11_impl
 
+from connlist import integration, selfcheck
 from connlist.connections import Connection
 from connlist.enforcer import STATE_KEY, Enforcer
-from connlist.logs import logger, route_to_uvicorn
+from connlist.integration import TESTED_RANGE, TESTED_UVICORN
+from connlist.logs import follow_uvicorn_logger, logger, route_to_uvicorn
 
 try:  # Linux: the bytes in a socket's send queue that the peer has not acknowledged
     import fcntl
@@ -93,50 +111,31 @@ except (ImportError, AttributeError):  # pragma: no cover - not Linux
     _OUTQ = None
 
 try:
+    from uvicorn.protocols.http import h11_impl
+except ImportError:  # pragma: no cover - a uvicorn that moved it: the self-check reports it
+    h11_impl = None  # type: ignore[assignment]
+try:
     from uvicorn.protocols.http import httptools_impl
 except ImportError:  # httptools is not installed
     httptools_impl = None  # type: ignore[assignment]
 
 __all__ = ["AutoProtocol", "H11Protocol", "HttpToolsProtocol"]
 
-# The uvicorn releases CI runs the integration's tests on: the oldest
-# supported one (0.36.0, the first whose --http takes an import string) and
-# the newest at the time.  pyproject.toml has no upper bound; this check is
-# what stops a future uvicorn whose hook points moved.
-TESTED_UVICORN = "0.36.0 to 0.54.0"
-
 RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
-
-def _require(cls: type, names: tuple[str, ...]) -> None:
-    """Fail at import, loudly, when a uvicorn release moved a method connlist hooks."""
-    missing = [name for name in names if not callable(getattr(cls, name, None))]
-    if missing:
-        raise ImportError(
-            f"connlist cannot hook uvicorn {uvicorn.__version__}: {cls.__module__}.{cls.__qualname__} "
-            f"has no {', '.join(missing)}. connlist is tested with uvicorn {TESTED_UVICORN}; "
-            "install one of those or serve without --http connlist.uvicorn:... (ASGI-only mode)."
-        )
-
-
-def _require_attributes(protocol: object, names: tuple[str, ...]) -> None:
-    missing = [name for name in names if not hasattr(protocol, name)]
-    if missing:
-        raise RuntimeError(
-            f"connlist cannot hook uvicorn {uvicorn.__version__}: {type(protocol).__qualname__} "
-            f"instances (uvicorn's protocol underneath) have no {', '.join(missing)}"
-        )
-
-
+# The methods of uvicorn's protocols that connlist overrides (the self-check
+# looks for them before it builds a class on them).
 _COMMON_HOOKS = (
     "connection_made",
     "connection_lost",
+    "data_received",
     "handle_websocket_upgrade",
     "on_response_complete",
     "pause_writing",
     "resume_writing",
 )
-_COMMON_ATTRIBUTES = ("transport", "client", "server", "cycle", "app_state")
+# The slots connlist adds to uvicorn's protocol (see _Tracking).
+_SLOTS = ("_connlist", "_connlist_phase", "_connlist_record")
 
 
 def _enforcer_for(app_state: dict[str, Any], protocol: Any = None) -> Enforcer:
@@ -233,11 +232,16 @@ class _Tracking:
     # of an instance dict only up to 30 of them, and uvicorn's httptools
     # protocol has 28 by its first request.  Two more in the dict unshared it
     # and slow down every attribute access of uvicorn's own code, by about
-    # 1% of a request.
-    __slots__ = ("_connlist", "_connlist_phase", "_connlist_record")
+    # 1% of a request.  They are declared on the class built on uvicorn's
+    # (``_subclass``: ``_SLOTS``), not here: a mixin with slots of its own
+    # cannot be combined with a uvicorn protocol that has ``__slots__`` too
+    # ("multiple bases have instance lay-out conflict").
+    if TYPE_CHECKING:
+        __slots__ = _SLOTS
+    else:
+        __slots__ = ()
 
     connlist_mode: ClassVar[str]
-    _connlist_attributes_checked: ClassVar[bool] = False
 
     # Provided by uvicorn's protocol.
     transport: Any
@@ -253,10 +257,8 @@ class _Tracking:
     _connlist_phase: int
 
     def _connlist_setup(self) -> None:
-        cls = type(self)
-        if not cls._connlist_attributes_checked:
-            _require_attributes(self, _COMMON_ATTRIBUTES)
-            cls._connlist_attributes_checked = True
+        # (What connlist reads of uvicorn's protocol was checked once, before
+        # the class was handed to uvicorn: connlist.selfcheck.)
         enforcer = _enforcer_for(self.app_state, self)
         enforcer.mode = self.connlist_mode
         self._connlist = enforcer
@@ -568,17 +570,27 @@ class _Pipeline(deque[Any]):
         return item
 
 
-if httptools_impl is not None:
-    _require(httptools_impl.HttpToolsProtocol, (*_COMMON_HOOKS, "data_received"))
+# What mypy checks the mixins against: uvicorn's classes.  At run time the
+# mixins derive from object, and ``_subclass`` puts uvicorn's class after them.
+if TYPE_CHECKING:
+    _HttpToolsBase = httptools_impl.HttpToolsProtocol
+    _H11Base = h11_impl.H11Protocol
+else:
+    _HttpToolsBase = _H11Base = object
 
+
+if httptools_impl is not None:
     _HttpTools = httptools_impl.HttpToolsProtocol
     # uvicorn's methods, called directly: a module global is found faster
     # than a class attribute, and these run for every read and response.
-    _httptools_data_received = _HttpTools.data_received
-    _httptools_on_response_complete = _HttpTools.on_response_complete
+    # (A release that lacks one fails the self-check before any is called.)
+    _httptools_data_received: Any = getattr(_HttpTools, "data_received", None)
+    _httptools_on_response_complete: Any = getattr(_HttpTools, "on_response_complete", None)
 
-    class HttpToolsProtocol(_Tracking, httptools_impl.HttpToolsProtocol):
+    class _HttpToolsTracking(_Tracking, _HttpToolsBase):
         """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""
+
+        __slots__ = ()
 
         connlist_mode = "uvicorn-httptools"
 
@@ -738,21 +750,16 @@ if httptools_impl is not None:
             return bool(self.pipeline) or _Tracking._connlist_responding(self)
 
 else:  # pragma: no cover - httptools missing
-
-    def HttpToolsProtocol(*args: Any, **kwargs: Any) -> Any:  # type: ignore[no-redef]
-        raise RuntimeError(
-            "connlist.uvicorn:HttpToolsProtocol needs httptools: pip install 'connlist[httptools]', "
-            "or use connlist.uvicorn:H11Protocol"
-        )
+    _HttpToolsTracking = None  # type: ignore[misc]
 
 
-_require(h11_impl.H11Protocol, (*_COMMON_HOOKS, "data_received"))
-
-_H11 = h11_impl.H11Protocol
+_H11: Any = None if h11_impl is None else h11_impl.H11Protocol
 
 
-class H11Protocol(_Tracking, h11_impl.H11Protocol):
+class _H11Tracking(_Tracking, _H11Base):
     """uvicorn's h11 protocol, feeding connlist by observing h11's state machine (see above)."""
+
+    __slots__ = ()
 
     connlist_mode = "uvicorn-h11"
 
@@ -834,5 +841,179 @@ class H11Protocol(_Tracking, h11_impl.H11Protocol):
         super().handle_websocket_upgrade(event)
 
 
-AutoProtocol: type[Any] = H11Protocol if httptools_impl is None else HttpToolsProtocol
-"""httptools when it is installed, else h11, as uvicorn's ``--http auto``."""
+# -- the classes handed to uvicorn: built, checked, or uvicorn's own ----------
+#
+# ``connlist.uvicorn:HttpToolsProtocol`` and the others are looked up by
+# uvicorn (``Config.load``) before the server starts.  The first lookup of
+# each builds connlist's class on uvicorn's and checks it
+# (``connlist.selfcheck``); if anything fails, the name gives uvicorn's own
+# class instead, and one ERROR line says what failed and what is lost.  So
+# each class is checked once per process, when it is first used, and only
+# the ones used are checked.
+
+_PARSERS = {
+    # parser -> (the module of uvicorn's class, the class's name, connlist's mixin)
+    "httptools": ("uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol", _HttpToolsTracking),
+    "h11": ("uvicorn.protocols.http.h11_impl", "H11Protocol", _H11Tracking),
+}
+_resolved: dict[str, type[Any]] = {}
+_lock = threading.RLock()
+_newer_warned = False
+
+# The outcome of each parser's check, once it ran (connlist.selfcheck.Result).
+CHECKS: dict[str, selfcheck.Result] = {}
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """The leading numbers of a version: "0.55.0rc1" -> (0, 55, 0)."""
+    return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def _connlist_version() -> str:
+    try:
+        return metadata.version("connlist")
+    except metadata.PackageNotFoundError:  # pragma: no cover - not installed (a source tree)
+        from connlist import __version__
+
+        return __version__
+
+
+def _subclass(name: str, mixin: type, base: type) -> type[Any]:
+    """connlist's protocol: the mixin's methods over uvicorn's class, with connlist's slots.
+
+    The slots are declared here, on the one class that has uvicorn's as a
+    base, so that a uvicorn protocol with ``__slots__`` of its own is no
+    layout conflict (see _Tracking).
+    """
+    namespace = {"__slots__": _SLOTS, "__module__": __name__, "__qualname__": name, "__doc__": mixin.__doc__}
+    return type(name, (mixin, base), namespace)
+
+
+def _integrate(parser: str) -> type[Any]:
+    integration.require_integration()  # a bad value stops the start here, naming the variable
+    module_name, base_name, mixin = _PARSERS[parser]
+    name = "HttpToolsProtocol" if parser == "httptools" else "H11Protocol"  # connlist's name for it
+    base: type | None = None
+    try:
+        module = importlib.import_module(module_name)
+        base = getattr(module, base_name, None)
+        if not isinstance(base, type):
+            raise selfcheck.CheckFailed(f"{module_name} has no class {base_name}")
+        selfcheck.check_static(base, _COMMON_HOOKS, parser)
+        try:
+            cls = _subclass(name, mixin, base)
+        except TypeError as exc:
+            raise selfcheck.CheckFailed(
+                f"connlist's class cannot be built on uvicorn's {name}: {exc}"
+            ) from None
+    except selfcheck.CheckFailed as failed:
+        result = selfcheck.Result(str(failed))
+    except ImportError as exc:
+        result = selfcheck.Result(f"uvicorn has no {module_name} ({exc})")
+    else:
+        result = selfcheck.run_in_thread(cls, base, parser)
+    CHECKS[parser] = result
+    if result.logger_name:
+        # connlist's lines go wherever uvicorn's protocols write theirs.
+        follow_uvicorn_logger(result.logger_name)
+    if result.passed:
+        integration.record_pass(cls)
+        _warn_if_newer()
+        return cls
+    return _fall_back(parser, name, base, result.failure or "")
+
+
+def _warn_if_newer() -> None:
+    global _newer_warned
+    if _newer_warned or _version(uvicorn.__version__) <= _version(TESTED_UVICORN[1]):
+        return
+    _newer_warned = True
+    route_to_uvicorn()
+    logger.warning(
+        "connlist %s is tested with uvicorn %s; this is %s; the self-check passed",
+        _connlist_version(),
+        TESTED_RANGE,
+        uvicorn.__version__,
+    )
+
+
+# The exit status of a refusal to start: uvicorn's own for a failed startup,
+# and gunicorn's for a worker that failed to boot (its master then stops).
+REFUSAL_STATUS = 3
+
+
+def _fall_back(parser: str, name: str, base: type | None, failure: str) -> type[Any]:
+    """uvicorn's own class instead of connlist's, and the one ERROR line (or the refusal to start)."""
+    what = (
+        f"connlist {_connlist_version()} does not work with uvicorn {uvicorn.__version__} ({name}: {failure})"
+    )
+    advice = (
+        f"connlist is tested with uvicorn {TESTED_RANGE}: pin uvicorn to that range (pip install "
+        f"'uvicorn>={TESTED_UVICORN[0]},<={TESTED_UVICORN[1]}'), or upgrade connlist."
+    )
+    route_to_uvicorn()
+    if integration.require_integration():
+        # One line, the server's own exit status for a failed start, no traceback.
+        logger.error(
+            "connlist: refusing to start (%s=1): the server integration would be off: %s. %s",
+            integration.REQUIRE_ENV,
+            what,
+            advice,
+        )
+        raise SystemExit(REFUSAL_STATUS)
+    if base is None:
+        # uvicorn moved its protocol: its own name for it is the stand-in.
+        from uvicorn.config import HTTP_PROTOCOLS
+        from uvicorn.importer import import_from_string
+
+        base = import_from_string(HTTP_PROTOCOLS[parser])
+    assert base is not None
+    integration.record_failure(base, f"uvicorn {uvicorn.__version__}: {name}: {failure}")
+    logger.error(
+        "connlist: the server integration is off: %s. The server runs uvicorn's own %s protocol and connlist "
+        "runs in ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but "
+        "the headers timeout and the send timeout are not enforced. %s Set %s=1 to refuse to start instead.",
+        what,
+        parser,
+        advice,
+        integration.REQUIRE_ENV,
+    )
+    return base
+
+
+def _resolve(parser: str) -> type[Any]:
+    with _lock:
+        cls = _resolved.get(parser)
+        if cls is None:
+            cls = _resolved[parser] = _integrate(parser)
+        return cls
+
+
+def _needs_httptools(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - httptools missing
+    raise RuntimeError(
+        "connlist.uvicorn:HttpToolsProtocol needs httptools: pip install 'connlist[httptools]', "
+        "or use connlist.uvicorn:H11Protocol"
+    )
+
+
+if TYPE_CHECKING:
+    # What the names give when the check passes (mypy's view).
+    class HttpToolsProtocol(_HttpToolsTracking, httptools_impl.HttpToolsProtocol):
+        pass
+
+    class H11Protocol(_H11Tracking, h11_impl.H11Protocol):
+        pass
+
+    AutoProtocol: type[Any]
+else:
+
+    def __getattr__(name: str) -> Any:
+        """``HttpToolsProtocol``, ``H11Protocol``, ``AutoProtocol``: checked when first looked up."""
+        if name == "HttpToolsProtocol":
+            return _needs_httptools if httptools_impl is None else _resolve("httptools")
+        if name == "H11Protocol":
+            return _resolve("h11")
+        if name == "AutoProtocol":
+            # httptools when it is installed, else h11, as uvicorn's ``--http auto``.
+            return _resolve("h11" if httptools_impl is None else "httptools")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,373 @@
+"""connlist.selfcheck in process: the conversation passes on the installed uvicorn, fails on a change.
+
+The changes on real servers are tests/test_uvicorn_drift.py's; here the
+check itself: what it passes, what it reports, that it writes nothing to
+uvicorn's logs and leaves nothing behind, what it costs, and how the start
+is told (connlist.integration).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import uvicorn
+from uvicorn.protocols.http import h11_impl, httptools_impl
+
+from connlist import integration, selfcheck
+from connlist import uvicorn as connlist_uvicorn
+
+BASES = {"httptools": httptools_impl.HttpToolsProtocol, "h11": h11_impl.H11Protocol}
+MIXINS = {"httptools": connlist_uvicorn._HttpToolsTracking, "h11": connlist_uvicorn._H11Tracking}
+
+
+def built(parser: str, base: type) -> type:
+    name = "HttpToolsProtocol" if parser == "httptools" else "H11Protocol"
+    return connlist_uvicorn._subclass(name, MIXINS[parser], base)
+
+
+def test_the_installed_uvicorn_passes_quietly(parser: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    started = time.perf_counter()
+    result = selfcheck.run_in_thread(built(parser, BASES[parser]), BASES[parser], parser)
+    elapsed = time.perf_counter() - started
+    assert result.passed, result
+    assert result.logger_name == "uvicorn.error"
+    assert result.steps[0] == "uvicorn's own protocol, and what connlist reads of it"
+    assert result.steps[-1] == "a headers timeout" and len(result.steps) == 13
+    # Nothing reached uvicorn's loggers (its error log, its access log) or connlist's.
+    assert [r for r in caplog.records if r.name.startswith(("uvicorn", "connlist"))] == []
+    # Milliseconds, once per process (docs/deployment.md states the cost).
+    assert elapsed < 1.0
+
+
+def test_the_names_give_checked_classes() -> None:
+    for parser, name in (("httptools", "HttpToolsProtocol"), ("h11", "H11Protocol")):
+        cls = getattr(connlist_uvicorn, name)
+        assert cls.connlist_mode == f"uvicorn-{parser}" and cls.__module__ == "connlist.uvicorn"
+        assert connlist_uvicorn.CHECKS[parser].passed
+        # Looked up again: the same class, no second check.
+        assert getattr(connlist_uvicorn, name) is cls
+    assert connlist_uvicorn.AutoProtocol is connlist_uvicorn.HttpToolsProtocol
+    with pytest.raises(AttributeError):
+        connlist_uvicorn.NoSuchProtocol  # noqa: B018
+
+
+class _CopiesTheScope(httptools_impl.HttpToolsProtocol):
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        if self.cycle is not None:
+            self.cycle.scope = dict(self.cycle.scope)
+
+
+class _NoFlow(h11_impl.H11Protocol):
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        del self.flow
+
+
+@pytest.mark.parametrize(
+    ("parser", "base", "words"),
+    [
+        ("httptools", _CopiesTheScope, "`cycle.scope` is not the protocol's scope"),
+        ("h11", _NoFlow, "uvicorn's protocol has no `flow`"),
+    ],
+)
+def test_a_change_is_named(parser: str, base: type, words: str) -> None:
+    result = selfcheck.run_in_thread(built(parser, base), base, parser)
+    assert result.failure == words
+
+
+def test_the_frame_local_is_read_from_the_code() -> None:
+    class Renamed(httptools_impl.HttpToolsProtocol):
+        def on_headers_complete(self) -> None:
+            previous_cycle = self.cycle
+            del previous_cycle
+
+    with pytest.raises(selfcheck.CheckFailed, match="has no local `existing_cycle`"):
+        selfcheck.check_static(Renamed, connlist_uvicorn._COMMON_HOOKS, "httptools")
+    selfcheck.check_static(BASES["httptools"], connlist_uvicorn._COMMON_HOOKS, "httptools")
+
+
+def test_an_exception_is_a_failure_too() -> None:
+    class Raises(h11_impl.H11Protocol):
+        def data_received(self, data: bytes) -> None:
+            raise KeyError("moved")
+
+    result = selfcheck.run_in_thread(built("h11", Raises), Raises, "h11")
+    assert result.failure == "the scripted conversation raised KeyError: 'moved'"
+
+
+def _receive_of(cls: Any) -> Any:
+    """A lifespan receive as uvicorn's: a method of an object holding the Config."""
+    owner = SimpleNamespace(config=SimpleNamespace(http_protocol_class=cls))
+    owner.receive = lambda: None
+    return SimpleNamespace(__self__=owner)
+
+
+def test_the_start_is_told_from_the_servers_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
+    connlist_cls = connlist_uvicorn.H11Protocol
+    assert integration.startup_status(_receive_of(connlist_cls)) == ("uvicorn-h11", None)
+    mode, reason = integration.startup_status(_receive_of(h11_impl.H11Protocol))
+    assert mode is None and reason is not None and reason.endswith("not one of connlist.uvicorn's")
+    # A stand-in for a class whose check failed: the failure.
+    monkeypatch.setitem(integration._failures, httptools_impl.HttpToolsProtocol, "uvicorn 9: it moved")
+    assert integration.startup_status(_receive_of(httptools_impl.HttpToolsProtocol)) == (
+        None,
+        "uvicorn 9: it moved",
+    )
+    # A server that does not say: a passed check waits for the first connection.
+    assert integration.startup_status(object()) == (None, None)
+
+
+@pytest.mark.parametrize(("value", "required"), [("", False), ("0", False), ("1", True), (" 1 ", True)])
+def test_require_integration_values(monkeypatch: pytest.MonkeyPatch, value: str, required: bool) -> None:
+    monkeypatch.setenv("CONNLIST_REQUIRE_INTEGRATION", value)
+    assert integration.require_integration() is required
+
+
+def test_require_integration_rejects_other_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONNLIST_REQUIRE_INTEGRATION", "true")
+    with pytest.raises(ValueError, match=r"CONNLIST_REQUIRE_INTEGRATION must be 1 .* or 0, got 'true'"):
+        integration.require_integration()
+
+
+# -- connlist.uvicorn's fallback, in process ---------------------------------------------
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """connlist.uvicorn's records of checks and failures, emptied for the test (and restored after)."""
+    monkeypatch.setattr(connlist_uvicorn, "CHECKS", {})
+    monkeypatch.setattr(integration, "_failures", {})
+    monkeypatch.setattr(integration, "_passed", set())
+
+
+@pytest.mark.usefixtures("fresh")
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        (("uvicorn.protocols.http.moved", "H11Protocol"), "uvicorn has no uvicorn.protocols.http.moved"),
+        (
+            ("uvicorn.protocols.http.h11_impl", "Renamed"),
+            "uvicorn.protocols.http.h11_impl has no class Renamed",
+        ),
+    ],
+)
+def test_a_moved_protocol_falls_back_to_uvicorns_own_name_for_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, entry: tuple[str, str], words: str
+) -> None:
+    caplog.set_level(logging.ERROR, logger="connlist")
+    monkeypatch.setitem(connlist_uvicorn._PARSERS, "h11", (*entry, connlist_uvicorn._H11Tracking))
+    # uvicorn's own "--http h11" class stands in.
+    assert connlist_uvicorn._integrate("h11") is h11_impl.H11Protocol
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(
+        f"connlist: the server integration is off: connlist {connlist_uvicorn._connlist_version()}"
+    )
+    assert words in line and "Set CONNLIST_REQUIRE_INTEGRATION=1 to refuse to start instead." in line
+    (reason,) = integration._failures.values()
+    assert list(integration._failures) == [h11_impl.H11Protocol]
+    assert reason.startswith(f"uvicorn {uvicorn.__version__}: H11Protocol: {words}")
+
+
+@pytest.mark.usefixtures("fresh")
+def test_a_layout_conflict_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A base connlist's slots cannot be added to (here: int) is the same as a __slots__ conflict.
+    with pytest.raises(TypeError):
+        connlist_uvicorn._subclass("H11Protocol", connlist_uvicorn._H11Tracking, int)
+
+    def conflict(name: str, mixin: type, base: type) -> type:
+        raise TypeError("multiple bases have instance lay-out conflict")
+
+    monkeypatch.setattr(connlist_uvicorn, "_subclass", conflict)
+    assert connlist_uvicorn._integrate("h11") is h11_impl.H11Protocol
+    expected = "connlist's class cannot be built on uvicorn's H11Protocol: "
+    assert (
+        connlist_uvicorn.CHECKS["h11"].failure == expected + "multiple bases have instance lay-out conflict"
+    )
+
+
+@pytest.mark.usefixtures("fresh")
+def test_the_refusal_is_one_error_line_and_the_start_failure_status(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="connlist")
+    monkeypatch.setenv("CONNLIST_REQUIRE_INTEGRATION", "1")
+    moved = ("uvicorn.protocols.http.moved", "H11Protocol", connlist_uvicorn._H11Tracking)
+    monkeypatch.setitem(connlist_uvicorn._PARSERS, "h11", moved)
+    with pytest.raises(SystemExit) as info:
+        connlist_uvicorn._integrate("h11")
+    # uvicorn's status for a failed startup, gunicorn's for a worker that failed to boot.
+    assert info.value.code == 3
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(
+        "connlist: refusing to start (CONNLIST_REQUIRE_INTEGRATION=1): the server integration "
+    )
+    assert "uvicorn has no uvicorn.protocols.http.moved" in line and line.endswith("or upgrade connlist.")
+    assert integration._failures == {}
+
+
+@pytest.mark.usefixtures("fresh")
+def test_a_newer_uvicorn_that_passes_is_warned_about_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="connlist")
+    monkeypatch.setattr(connlist_uvicorn, "_newer_warned", False)
+    monkeypatch.setattr(connlist_uvicorn.uvicorn, "__version__", "0.55.0rc1")
+    for parser in ("h11", "httptools"):
+        cls = connlist_uvicorn._integrate(parser)
+        assert cls.connlist_mode == f"uvicorn-{parser}"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"connlist {connlist_uvicorn._connlist_version()} is tested with uvicorn 0.36.0 to 0.54.0; "
+        "this is 0.55.0rc1; the self-check passed"
+    ]
+    assert connlist_uvicorn._version("0.55.0rc1") == (0, 55, 0) > connlist_uvicorn._version("0.54.0")
+
+
+# -- every step of the conversation can fail: connlist's class broken one way at a time ------
+
+
+def _untracked(cls: type) -> type:
+    return type("Broken", (cls,), {"_connlist_recordect": lambda self: None})
+
+
+def _events_skipped(cls: type) -> type:
+    base = cls.__mro__[-4]  # uvicorn's class (then asyncio.Protocol, BaseProtocol, object)
+    return type("Broken", (cls,), {"data_received": lambda self, data: base.data_received(self, data)})
+
+
+def _counted_twice(cls: type) -> type:
+    def data_received(self: Any, data: bytes) -> None:
+        cls.data_received(self, data)
+        if self._connlist_record.requests:
+            self._connlist_record.requests += 1
+
+    return type("Broken", (cls,), {"data_received": data_received})
+
+
+def _upgrade_kept(cls: type) -> type:
+    base = cls.__mro__[-4]
+    return type(
+        "Broken",
+        (cls,),
+        {"handle_websocket_upgrade": lambda self, *event: base.handle_websocket_upgrade(self, *event)},
+    )
+
+
+def _loss_ignored(cls: type) -> type:
+    base = cls.__mro__[-4]
+    return type("Broken", (cls,), {"connection_lost": lambda self, exc: base.connection_lost(self, exc)})
+
+
+def _no_408(cls: type) -> type:
+    return type("Broken", (cls,), {"connlist_close_expired": lambda self: None})
+
+
+def _own_pipeline(cls: type) -> type:
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        cls.__init__(self, *args, **kwargs)
+        self.pipeline = collections.deque()  # uvicorn's plain one, not connlist's
+
+    return type("Broken", (cls,), {"__init__": init})
+
+
+@pytest.mark.parametrize(
+    ("parser", "breakage", "words"),
+    [
+        ("h11", _untracked, "a connection made was not tracked"),
+        (
+            "h11",
+            _events_skipped,
+            "after a whole request in one read, the connection is new, where it must be idle",
+        ),
+        (
+            "httptools",
+            _counted_twice,
+            "after a whole request in one read, the connection counts 2 requests, not 1",
+        ),
+        ("httptools", _upgrade_kept, "a websocket upgrade did not take the connection out of the list"),
+        ("h11", _loss_ignored, "a connection lost mid-request stayed in the list"),
+        ("h11", _no_408, "a connection past the headers timeout was not answered 408 and closed"),
+        (
+            "httptools",
+            _own_pipeline,
+            "a pipelined request was not queued behind the running one (`pipeline`)",
+        ),
+    ],
+)
+def test_each_step_can_fail(parser: str, breakage: Callable[[type], type], words: str) -> None:
+    broken = breakage(built(parser, BASES[parser]))
+    result = selfcheck.run_in_thread(broken, BASES[parser], parser)
+    assert result.failure == words
+
+
+class _LosesItsCycle(h11_impl.H11Protocol):
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self.cycle = None  # type: ignore[assignment]
+
+
+class _RewritesThePath(httptools_impl.HttpToolsProtocol):
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self.scope["path"] = "/elsewhere"
+
+
+@pytest.mark.parametrize(
+    ("parser", "base", "words"),
+    [
+        ("h11", _LosesItsCycle, "uvicorn's protocol has no `cycle` after a request"),
+        (
+            "httptools",
+            _RewritesThePath,
+            "the request's method and path read ('GET', '/elsewhere') from `cycle.scope`",
+        ),
+    ],
+)
+def test_what_uvicorns_protocol_must_hold(parser: str, base: type, words: str) -> None:
+    assert selfcheck.run_in_thread(built(parser, base), base, parser).failure == words
+
+
+def test_a_check_that_hangs_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Slow(h11_impl.H11Protocol):
+        def data_received(self, data: bytes) -> None:
+            time.sleep(0.05)  # the loop's timeout comes at the next await
+            super().data_received(data)
+
+    monkeypatch.setattr(selfcheck, "LIMIT", 0.01)
+    result = selfcheck.run_in_thread(built("h11", Slow), Slow, "h11")
+    assert result.failure is not None and result.failure.startswith(
+        "the scripted conversation did not finish"
+    )
+
+
+def test_a_config_uvicorn_cannot_load_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    def moved(cls: type) -> Any:
+        raise AttributeError("Config has no load")
+
+    monkeypatch.setattr(selfcheck, "make_config", moved)
+    result = selfcheck.run_in_thread(built("h11", BASES["h11"]), BASES["h11"], "h11")
+    assert (
+        result.failure
+        == "uvicorn's Config could not be loaded for the check: AttributeError: Config has no load"
+    )
+
+
+@pytest.mark.usefixtures("fresh")
+def test_a_server_that_does_not_say_is_told_from_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Nothing checked: ASGI-only mode from the start.
+    assert integration.startup_status(object()) == (
+        None,
+        "the server does not serve through connlist.uvicorn's protocols",
+    )
+    # Only failures: the first one.
+    monkeypatch.setitem(integration._failures, h11_impl.H11Protocol, "uvicorn 9: H11Protocol: it moved")
+    assert integration.startup_status(object()) == (None, "uvicorn 9: H11Protocol: it moved")
+    assert integration.is_check_failure("uvicorn 9: H11Protocol: it moved")
+    assert not integration.is_check_failure(None) and not integration.is_check_failure("something else")

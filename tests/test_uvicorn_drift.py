@@ -1,0 +1,522 @@
+"""uvicorn changes of the kind its releases make, on real servers: connlist serves, exact or ASGI-only.
+
+Each variant is a copy of the installed uvicorn with one change to its
+source (the table of docs/deployment.md, "When uvicorn changes"), put first
+on the server's ``PYTHONPATH``.  On each, with both of connlist's protocols,
+the rule is:
+
+* ordinary requests (keep-alive, a body, two pipelined) get 200;
+* either the integration is on and exact: a client that sends nothing gets
+  its 408 at the headers timeout, and an idle keep-alive connection and a
+  handler that works before reading its body are not cut; or it is off,
+  with exactly one ERROR line naming the uvicorn version, what failed, what
+  is lost and what to do, the view's ``mode`` ``"asgi"`` with the reason,
+  and ASGI-only mode still cuts a trickled body at the request timeout;
+* no traceback in the log.
+
+Which of the two each change gives is pinned (``EXPECTED``): the self-check
+must catch what it can catch, and must not turn off what still works.  The
+copies are made once per session, the servers run 1 s timeouts, a few at
+a time in threads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import select
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from connlist import uvicorn as connlist_uvicorn
+from connlist.integration import TESTED_UVICORN
+from tests.drift_app import HEADERS_TIMEOUT, REQUEST_TIMEOUT
+from tests.servers import EARLY, LATE, is_408, read_response
+from tests.subprocesses import (
+    PYTHON,
+    ROOT,
+    START_LIMIT,
+    free_port,
+    get,
+    get_json,
+    gunicorn_command,
+    run_server,
+    server_env,
+    stop,
+)
+
+pytest.importorskip("httptools")
+
+UVICORN_DIR = Path(uvicorn.__file__).parent
+HTTP = "protocols/http"
+PROTOCOLS = {"httptools": f"{HTTP}/httptools_impl.py", "h11": f"{HTTP}/h11_impl.py"}
+BOTH = tuple(PROTOCOLS.values())
+
+# Servers started at once: enough to keep the suite short, few enough that
+# the timing assertions hold on a loaded 2-core machine.
+PARALLEL = 3
+
+Edit = Callable[[Path], int]
+
+
+def replace(files: tuple[str, ...], pattern: str, replacement: str) -> Edit:
+    """An edit: ``re.sub`` in each file of the copy; how many replacements it made."""
+
+    def edit(root: Path) -> int:
+        made = 0
+        for name in files:
+            path = root / name
+            text, n = re.subn(pattern, replacement, path.read_text())
+            path.write_text(text)
+            made += n
+        return made
+
+    return edit
+
+
+def everywhere(pattern: str, replacement: str) -> Edit:
+    def edit(root: Path) -> int:
+        files = tuple(str(path.relative_to(root)) for path in root.rglob("*.py"))
+        return replace(files, pattern, replacement)(root)
+
+    return edit
+
+
+def slots(root: Path) -> int:
+    """``__slots__`` on both protocol classes: every attribute their methods set (uvicorn #2697, #2856)."""
+    made = 0
+    for name, cls in (("httptools_impl.py", "HttpToolsProtocol"), ("h11_impl.py", "H11Protocol")):
+        path = root / HTTP / name
+        text = path.read_text()
+        start = text.index(f"class {cls}(asyncio.Protocol):\n")
+        end = text.index("\nclass ", start + 1)
+        names = sorted(set(re.findall(r"self\.([A-Za-z_]\w*)\s*(?::[^=\n]+)?=(?!=)", text[start:end])))
+        header = f"class {cls}(asyncio.Protocol):\n"
+        text = text.replace(header, f"{header}    __slots__ = {tuple(names)!r}\n\n", 1)
+        path.write_text(text)
+        made += 1
+    return made
+
+
+# The changes tried: the issue's table, and the others found reading what connlist relies on.
+VARIANTS: dict[str, list[Edit]] = {
+    "unchanged": [],
+    "slots": [slots],
+    "cycle renamed": [replace(BOTH, r"\bself\.cycle\b", "self.current_cycle")],
+    "scope copied": [replace(BOTH, r"scope=self\.scope,", "scope=dict(self.scope),")],
+    "flow renamed": [replace(BOTH, r"\bself\.flow\b", "self.flow_control")],
+    "conn renamed": [replace((PROTOCOLS["h11"],), r"\bself\.conn\b", "self.h11_conn")],
+    "existing_cycle renamed": [replace((PROTOCOLS["httptools"],), r"\bexisting_cycle\b", "previous_cycle")],
+    "hook renamed": [replace(BOTH, r"\bon_response_complete\b", "on_response_done")],
+    "logger renamed": [everywhere(r'"uvicorn\.error"', '"uvicorn.server"')],
+    "pipeline renamed": [replace((PROTOCOLS["httptools"],), r"\bself\.pipeline\b", "self.queue")],
+    "more_body renamed": [replace((PROTOCOLS["httptools"],), r"\.more_body\b", ".body_pending")],
+    "newer version": [replace(("__init__.py",), r'__version__ = "[^"]+"', '__version__ = "0.99.0"')],
+}
+
+# "on": the integration stays on, exact; "off": ASGI-only mode with the ERROR line.
+EXPECTED: dict[str, dict[str, str]] = {
+    "unchanged": {"httptools": "on", "h11": "on"},
+    "slots": {"httptools": "on", "h11": "on"},
+    "cycle renamed": {"httptools": "off", "h11": "off"},
+    # The h11 protocol does not compare scopes: a copy changes nothing for it.
+    "scope copied": {"httptools": "off", "h11": "on"},
+    "flow renamed": {"httptools": "off", "h11": "off"},
+    "conn renamed": {"httptools": "on", "h11": "off"},
+    "existing_cycle renamed": {"httptools": "off", "h11": "on"},
+    "hook renamed": {"httptools": "off", "h11": "off"},
+    "logger renamed": {"httptools": "on", "h11": "on"},
+    "pipeline renamed": {"httptools": "off", "h11": "on"},
+    "more_body renamed": {"httptools": "off", "h11": "on"},
+    "newer version": {"httptools": "on", "h11": "on"},
+}
+
+# What the ERROR line must say about each failure (the check's own words).
+FAILURE_WORDS = {
+    "cycle renamed": "`cycle`",
+    "scope copied": "`cycle.scope` is not the protocol's scope",
+    "flow renamed": "`flow`",
+    "conn renamed": "`conn`",
+    "existing_cycle renamed": "`existing_cycle`",
+    "hook renamed": "`on_response_complete`",
+    "pipeline renamed": "`pipeline`",
+    "more_body renamed": "`more_body`",
+}
+
+
+@pytest.fixture(scope="session")
+def copies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each variant's directory, holding its changed copy of uvicorn (made once per session)."""
+    made: dict[str, Path] = {}
+    for name, edits in VARIANTS.items():
+        root = tmp_path_factory.mktemp("uvicorn-" + re.sub(r"\W", "-", name))
+        shutil.copytree(UVICORN_DIR, root / "uvicorn", ignore=shutil.ignore_patterns("__pycache__"))
+        for edit in edits:
+            if not edit(root / "uvicorn"):
+                pytest.skip(f"uvicorn {uvicorn.__version__} has nothing to change for {name!r}")
+        made[name] = root
+    return made
+
+
+@dataclass
+class Outcome:
+    log: str = ""
+    view: dict[str, Any] = field(default_factory=dict)
+    served_by: str = ""
+    keep_alive: list[bytes] = field(default_factory=list)
+    pipelined: list[bytes] = field(default_factory=list)
+    silent: tuple[bytes, float] | None = None
+    idle_then: bytes = b""
+    busy: bytes = b""
+    trickled: tuple[bytes, float] | None = None
+    error: str = ""
+
+
+GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+POST = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789"
+PIN = f"uvicorn>={TESTED_UVICORN[0]},<={TESTED_UVICORN[1]}"
+
+
+def _connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def until_closed(socks: list[socket.socket], limit: float) -> dict[socket.socket, tuple[bytes, float]]:
+    """What each socket received until the server closed it, and when it closed (monotonic), read at once."""
+    received = {sock: b"" for sock in socks}
+    closed: dict[socket.socket, tuple[bytes, float]] = {}
+    deadline = time.monotonic() + limit
+    while len(closed) < len(socks) and time.monotonic() < deadline:
+        open_ = [sock for sock in socks if sock not in closed]
+        readable, _, _ = select.select(open_, [], [], max(0.0, deadline - time.monotonic()))
+        for sock in readable:
+            try:
+                data = sock.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if data:
+                received[sock] += data
+            else:
+                closed[sock] = (received[sock], time.monotonic())
+    for sock in socks:
+        closed.setdefault(sock, (received[sock], float("inf")))
+    return closed
+
+
+def exercise(port: int, outcome: Outcome) -> None:
+    """What a user's clients do, and what the test needs to see of it."""
+    outcome.view = get_json(port, "/_connections")
+    outcome.served_by = get(port, "/uvicorn")[1].decode()
+    mode = outcome.view["mode"]
+    sockets: list[socket.socket] = []
+    try:
+        # Keep-alive requests, one with a body, then two pipelined.
+        sock = _connect(port)
+        sockets.append(sock)
+        for request in (GET, POST):
+            sock.sendall(request)
+            outcome.keep_alive.append(read_response(sock))
+        sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        outcome.pipelined = [read_response(sock), read_response(sock)]
+        # Now idle on a keep-alive connection; and, at once, a silent client,
+        # a handler that works before reading its body, a trickled body.
+        started = time.monotonic()
+        silent = _connect(port)
+        sockets.append(silent)
+        busy = _connect(port)
+        sockets.append(busy)
+        busy.sendall(b"POST /busy HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nbody")
+        trickle = _connect(port)
+        sockets.append(trickle)
+        trickle.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        trickle_started = time.monotonic()
+        # A byte every 0.2 s, stopping well before the request timeout (a
+        # byte sent after the server closed would reset the connection and
+        # could take the 408 with it).
+        for _ in range(4):
+            time.sleep(0.2)
+            trickle.sendall(b"x")
+        # ASGI-only mode does not cut the silent one: watched for the trickled one's 408 only.
+        watched = [trickle] if mode == "asgi" else [trickle, silent]
+        closed = until_closed(watched, limit=REQUEST_TIMEOUT + 3)
+        outcome.trickled = (closed[trickle][0], closed[trickle][1] - trickle_started)
+        if mode != "asgi":
+            outcome.silent = (closed[silent][0], closed[silent][1] - started)
+        outcome.busy = read_response(busy, limit=5)
+        # Past the headers timeout: the idle connection still serves.
+        time.sleep(max(0.0, started + HEADERS_TIMEOUT + LATE + 0.2 - time.monotonic()))
+        sock.sendall(b"GET /after HTTP/1.1\r\nHost: x\r\n\r\n")
+        outcome.idle_then = read_response(sock)
+    finally:
+        for each in sockets:
+            each.close()
+
+
+def run_variant(root: Path, parser: str, loop: str, log_dir: Path) -> Outcome:
+    path = server_env().get("PYTHONPATH", "")
+    extra = {"PYTHONPATH": f"{root}:{path}" if path else str(root)}
+    http = {"httptools": "connlist.uvicorn:HttpToolsProtocol", "h11": "connlist.uvicorn:H11Protocol"}[parser]
+    outcome = Outcome()
+    log = log_dir / f"{root.name}-{parser}-{loop}.log"
+    command = [PYTHON, "-m", "uvicorn", "tests.drift_app:app", "--http", http, "--ws", "none", "--loop", loop]
+    try:
+        with run_server(
+            lambda port: [*command, "--port", str(port), "--log-level", "debug"],
+            log,
+            env=server_env(**extra),
+        ) as server:
+            exercise(server.port, outcome)
+    except Exception as exc:  # reported by the test, with the log
+        outcome.error = f"{type(exc).__name__}: {exc}"
+    outcome.log = log.read_text(errors="replace") if log.exists() else ""
+    return outcome
+
+
+# uvicorn's default loop (uvloop, installed by the test extra, as uvicorn[standard]
+# does) for every variant; asyncio's too for the change whose breakage differed
+# between the two (the issue: resets on asyncio, a dead listener on uvloop).
+CASES = [(variant, parser, "auto") for variant in VARIANTS for parser in PROTOCOLS]
+CASES += [(variant, parser, "asyncio") for variant in ("unchanged", "cycle renamed") for parser in PROTOCOLS]
+# CONNLIST_DRIFT=name,name runs those variants only (while working on one).
+ONLY = [name for name in os.environ.get("CONNLIST_DRIFT", "").split(",") if name]
+if ONLY:
+    CASES = [case for case in CASES if case[0] in ONLY]
+
+
+@pytest.fixture(scope="session")
+def outcomes(
+    copies: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, str, str], Outcome]:
+    log_dir = tmp_path_factory.mktemp("drift-logs")
+    with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
+        futures = {
+            case: pool.submit(run_variant, copies[case[0]], case[1], case[2], log_dir) for case in CASES
+        }
+        return {case: future.result() for case, future in futures.items()}
+
+
+def error_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if line.startswith("ERROR:")]
+
+
+@pytest.mark.parametrize(("variant", "parser", "loop"), CASES)
+def test_serves_exact_or_in_asgi_only_mode(
+    outcomes: dict[tuple[str, str, str], Outcome], variant: str, parser: str, loop: str
+) -> None:
+    outcome = outcomes[(variant, parser, loop)]
+    log = outcome.log
+    assert not outcome.error, f"{outcome.error}\n{log}"
+    # The changed copy is the uvicorn the server runs.
+    version, _, served_file = outcome.served_by.partition(" ")
+    assert "/uvicorn-" in served_file and served_file.endswith("/uvicorn/__init__.py"), served_file
+    # Ordinary requests are served, whatever the mode.
+    assert [r.split(b"\r\n", 1)[0] for r in outcome.keep_alive] == [b"HTTP/1.1 200 OK"] * 2
+    assert outcome.keep_alive[1].endswith(b"ok 10")
+    assert [r.split(b"\r\n", 1)[0] for r in outcome.pipelined] == [b"HTTP/1.1 200 OK"] * 2
+    assert outcome.idle_then.startswith(b"HTTP/1.1 200 OK"), "an idle keep-alive connection was cut"
+    assert "Traceback" not in log, log
+    view = outcome.view
+    errors = error_lines(log)
+    if EXPECTED[variant][parser] == "on":
+        assert view["mode"] == f"uvicorn-{parser}", log
+        assert view["integration_off"] is None
+        assert view["enforced"] == ["headers", "request", "rate", "send"]
+        assert errors == [], log
+        # Exact: the silent client's 408 at the headers timeout.
+        assert outcome.silent is not None
+        data, elapsed = outcome.silent
+        assert is_408(data), data
+        assert HEADERS_TIMEOUT - EARLY <= elapsed <= HEADERS_TIMEOUT + LATE, elapsed
+        # A handler that works (1.5 s) before reading a body that arrived whole is not cut.
+        # (In ASGI-only mode it is: the request timeout bounds the body until the app
+        # has read it, docs/how-it-works.md.)
+        assert outcome.busy.startswith(b"HTTP/1.1 200 OK") and outcome.busy.endswith(b"ok 4"), outcome.busy
+    else:
+        assert view["mode"] == "asgi", log
+        assert view["enforced"] == ["request", "rate"]
+        assert FAILURE_WORDS[variant] in view["integration_off"], view["integration_off"]
+        # One ERROR line: the version, what failed, what is lost, what to do.
+        assert len(errors) == 1, log
+        (line,) = errors
+        assert f"uvicorn {version}" in line and FAILURE_WORDS[variant] in line, line
+        assert "the headers timeout and the send timeout are not enforced" in line
+        assert f"pin uvicorn to that range (pip install '{PIN}'), or upgrade connlist" in line
+        # Told at the start too: ASGI-only mode, once.
+        assert log.count("connlist: ASGI-only mode:") == 1, log
+        assert "connlist's protocol fell back to uvicorn's (see connlist's ERROR line)" in log
+    # Bodies are timed in either mode: the trickled body's 408 at the request timeout.
+    assert outcome.trickled is not None
+    data, elapsed = outcome.trickled
+    assert is_408(data), data
+    assert REQUEST_TIMEOUT - EARLY <= elapsed <= REQUEST_TIMEOUT + LATE + 0.1, elapsed
+
+
+def needs(variant: str) -> None:
+    if ONLY and variant not in ONLY:
+        pytest.skip(f"CONNLIST_DRIFT leaves out {variant!r}")
+
+
+def test_a_newer_uvicorn_is_warned_about_once(outcomes: dict[tuple[str, str, str], Outcome]) -> None:
+    needs("newer version")
+    for parser in PROTOCOLS:
+        log = outcomes[("newer version", parser, "auto")].log
+        warnings = [line for line in log.splitlines() if "is tested with uvicorn" in line]
+        assert len(warnings) == 1, log
+        assert warnings[0].startswith("WARNING:")
+        assert re.search(
+            r"connlist \S+ is tested with uvicorn 0\.36\.0 to 0\.54\.0; this is 0\.99\.0; "
+            r"the self-check passed",
+            warnings[0],
+        ), warnings[0]
+    # Within the tested range: no such line.
+    if connlist_uvicorn._version(uvicorn.__version__) <= connlist_uvicorn._version(TESTED_UVICORN[1]):
+        assert "is tested with uvicorn" not in outcomes[("unchanged", "httptools", "auto")].log
+
+
+def test_connlist_follows_a_renamed_uvicorn_logger(outcomes: dict[tuple[str, str, str], Outcome]) -> None:
+    needs("logger renamed")
+    # --log-level debug: uvicorn's renamed logger is at DEBUG, and connlist's
+    # DEBUG line for the silent client's timeout reaches uvicorn's handler,
+    # in uvicorn's format (the old name would be at uvicorn's default, INFO).
+    for parser in PROTOCOLS:
+        log = outcomes[("logger renamed", parser, "auto")].log
+        assert re.search(r"^DEBUG: +127\.0\.0\.1:\d+ - headers timeout: ", log, re.M), log
+
+
+# -- the refusal to start (CONNLIST_REQUIRE_INTEGRATION=1) ----------------------------
+
+
+def start_and_exit(root: Path | None, http: str, log: Path, **env: str) -> tuple[int | None, str]:
+    """Start a server that must refuse to start: its exit code (None: still running at the limit), its log."""
+    path = server_env().get("PYTHONPATH", "")
+    pythonpath = f"{root}:{path}" if root is not None else path
+    command = [PYTHON, "-m", "uvicorn", "tests.drift_app:app", "--http", http, "--ws", "none", "--port", "0"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=server_env(PYTHONPATH=pythonpath, **env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        code: int | None = proc.wait(START_LIMIT)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        stop(proc)
+    return code, log.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("parser", list(PROTOCOLS))
+def test_refuses_to_start_when_the_check_fails(copies: dict[str, Path], tmp_path: Path, parser: str) -> None:
+    http = f"connlist.uvicorn:{'HttpToolsProtocol' if parser == 'httptools' else 'H11Protocol'}"
+    code, log = start_and_exit(
+        copies["cycle renamed"], http, tmp_path / "log", CONNLIST_REQUIRE_INTEGRATION="1"
+    )
+    # uvicorn's status for a failed start, one ERROR line, no traceback.
+    assert code == 3, log
+    errors = error_lines(log)
+    assert len(errors) == 1 and "uvicorn's protocol has no `cycle`" in errors[0], log
+    assert errors[0].startswith("ERROR:    connlist: refusing to start (CONNLIST_REQUIRE_INTEGRATION=1)")
+    assert "Traceback" not in log and "Uvicorn running on" not in log
+
+
+def test_refuses_to_start_without_connlists_protocol(tmp_path: Path) -> None:
+    # uvicorn's own --http: the lifespan startup fails (uvicorn exits 3), with why.
+    code, log = start_and_exit(None, "h11", tmp_path / "log", CONNLIST_REQUIRE_INTEGRATION="1")
+    assert code == 3, log
+    assert "CONNLIST_REQUIRE_INTEGRATION=1 and the server integration is off" in log
+    assert "uvicorn.protocols.http.h11_impl.H11Protocol, not one of connlist.uvicorn's" in log
+    assert "Application startup failed" in log and "Uvicorn running on" not in log
+
+
+def test_a_bad_require_value_refuses_to_start(tmp_path: Path) -> None:
+    code, log = start_and_exit(None, "h11", tmp_path / "log", CONNLIST_REQUIRE_INTEGRATION="yes")
+    assert code == 3, log
+    assert (
+        "CONNLIST_REQUIRE_INTEGRATION must be 1 (refuse to start without the integration) or 0, got 'yes'"
+        in log
+    )
+
+
+def test_the_integration_on_satisfies_the_requirement(tmp_path: Path) -> None:
+    with run_server(
+        lambda port: [
+            PYTHON,
+            "-m",
+            "uvicorn",
+            "tests.drift_app:app",
+            "--http",
+            "connlist.uvicorn:H11Protocol",
+            "--ws",
+            "none",
+            "--port",
+            str(port),
+        ],
+        tmp_path / "log",
+        env=server_env(CONNLIST_REQUIRE_INTEGRATION="1"),
+    ) as server:
+        view = get_json(server.port, "/_connections")
+    assert view["mode"] == "uvicorn-h11" and view["integration_off"] is None
+
+
+# -- gunicorn's uvicorn worker ---------------------------------------------------------
+
+
+def test_gunicorn_workers_fall_back_too(copies: dict[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("gunicorn")
+    pytest.importorskip("uvicorn_worker")
+    path = server_env().get("PYTHONPATH", "")
+    env = server_env(PYTHONPATH=f"{copies['cycle renamed']}:{path}")
+    with run_server(
+        lambda port: gunicorn_command(
+            port, "tests.drift_app:app", "-k", "connlist.gunicorn.UvicornWorker", workers=1
+        ),
+        tmp_path / "log",
+        env=env,
+    ) as server:
+        view = get_json(server.port, "/_connections")
+        assert get(server.port, "/")[0] == 200
+        log = server.log()
+    assert view["mode"] == "asgi" and "uvicorn's protocol has no `cycle`" in view["integration_off"]
+    errors = [line for line in log.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1 and "the server integration is off" in errors[0], log
+    assert "Traceback" not in log, log
+
+
+def test_gunicorn_refuses_to_start_too(copies: dict[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("gunicorn")
+    pytest.importorskip("uvicorn_worker")
+    path = server_env().get("PYTHONPATH", "")
+    env = server_env(PYTHONPATH=f"{copies['cycle renamed']}:{path}", CONNLIST_REQUIRE_INTEGRATION="1")
+    command = gunicorn_command(
+        free_port(), "tests.drift_app:app", "-k", "connlist.gunicorn.UvicornWorker", workers=1
+    )
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=START_LIMIT)
+    finally:
+        stop(proc)
+    log = out.decode(errors="replace")
+    # The worker's one line, then gunicorn's master stops: the worker failed to boot.
+    assert proc.returncode == 3, log
+    (refusal,) = [line for line in log.splitlines() if "refusing to start" in line]
+    assert refusal.endswith("or upgrade connlist."), log
+    assert "Reason: Worker failed to boot." in log and "Traceback" not in log
