@@ -115,4 +115,4 @@ def test_a_uvicorn_worker_without_config_kwargs_falls_back(
     with pytest.raises(ImportError, match=r"Bare has no CONFIG_KWARGS dict.*refusing to start"):
         gunicorn._worker("W", Bare, gunicorn.AUTO_PROTOCOL, "doc")
     old = type("Old", (), {"CONFIG_KWARGS": {"loop": "auto"}})
-    assert gunicorn._base_kwargs(old, "p") == {"loop": "auto", "http": "p"}
+    assert gunicorn._base_kwargs(old, "p") == {"loop": "auto", "http": "p", "lifespan": "on"}
