@@ -7,6 +7,7 @@ checked: the record's state and fields, the totals, and when it left.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import time
@@ -283,3 +284,122 @@ def test_pipelined_slow_reader_cut_off_leaves_no_traceback(
         time.sleep(0.3)  # what the apps still do after the abort
     noise = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name != "connlist"]
     assert noise == [], [r.getMessage() for r in noise]
+
+
+# -- what is never cut: the server's own delays, and how TCP split the bytes ----
+
+
+def read_until(sock: socket.socket, marker: bytes, limit: float = 10.0) -> tuple[bytes, float]:
+    """What the server sends up to and including ``marker``; and the monotonic time it arrived."""
+    sock.settimeout(limit)
+    data = b""
+    while marker not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed after {data!r}")
+        data += chunk
+    return data, time.monotonic()
+
+
+def orderly_close(sock: socket.socket) -> bool:
+    """Whether the server ends the connection with a FIN (not a reset), once the rest is read."""
+    sock.settimeout(5)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        return False
+    return True
+
+
+EXPECT = b"POST /busy?sleep=%g HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n"
+
+
+def expect_100_continue(mw: Any, port: int, work: float, grace: float) -> None:
+    """A handler that works ``work`` seconds before it reads the body; two clients that wait for 100 Continue.
+
+    The first sends its body once told to: 200, never 408.  The second sends
+    nothing after the 100 Continue: the grace starts then, so its 408 comes
+    ``grace`` after it.
+    """
+    size = 1000
+    served, silent = connect(port), connect(port)
+    started = time.monotonic()
+    served.sendall(EXPECT % (work, size))
+    silent.sendall(EXPECT % (work, size))
+    head, continued = read_until(served, b"\r\n\r\n")
+    assert head == b"HTTP/1.1 100 Continue\r\n\r\n", head
+    assert work - EARLY <= continued - started <= work + LATE, continued - started
+    served.sendall(b"b" * size)
+    assert read_response(served).endswith(b"ok %d" % size)
+    head, _ = read_until(silent, b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), head
+    data, closed = read_until_closed(silent)
+    assert is_408(head[len(b"HTTP/1.1 100 Continue\r\n\r\n") :] + data), head + data
+    assert work + grace - EARLY <= closed - started <= work + grace + LATE + 0.1, closed - started
+    assert mw.enforcer.totals.rate_timeouts == 1
+    assert mw.enforcer.totals.request_timeouts == 0
+
+
+def test_expect_100_continue_body_is_timed_from_the_100_continue(parser: str) -> None:
+    grace = 1.0
+    mw = middleware(headers_timeout=5, request_timeout=10, body_min_rate=500, body_grace=grace)
+    with serve(mw, INTEGRATED[parser]) as running:
+        expect_100_continue(mw, running.port, 4.0, grace)
+        assert mw.mode == f"uvicorn-{parser}"
+
+
+def test_asgi_only_mode_expect_100_continue_body_is_timed_from_the_100_continue(parser: str) -> None:
+    grace = 1.0
+    mw = middleware(request_timeout=10, body_min_rate=500, body_grace=grace)
+    with serve(mw, PLAIN[parser]) as running:
+        expect_100_continue(mw, running.port, 2.0, grace)
+        assert mw.mode == "asgi"
+
+
+def split_body_pair(mw: Any, port: int) -> list[tuple[bytes, float]]:
+    """The same body sent two ways at once: 4,000 bytes in the headers' write, or 50 ms after them.
+
+    Then nothing until 2 s, then the last 2,000 bytes.  With a 1 s grace
+    and 2,000 bytes/s, the first 4,000 bytes buy 2 s more: both are served,
+    whichever read their bytes arrived in.
+    """
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 6000\r\n\r\n"
+    together, apart = connect(port), connect(port)
+    started = time.monotonic()
+    together.sendall(head + b"t" * 4000)
+    apart.sendall(head)
+    time.sleep(0.05)
+    apart.sendall(b"a" * 4000)
+    time.sleep(max(0.0, started + 2.0 - time.monotonic()))
+    verdicts = []
+    for sock in (together, apart):
+        sock.sendall(b"z" * 2000)
+        sock.settimeout(5)
+        data = b""
+        with contextlib.suppress(ConnectionResetError):
+            while b"\r\n\r\n" not in data:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        verdicts.append((data.split(b"\r\n", 1)[0], time.monotonic() - started))
+    return verdicts
+
+
+def test_body_bytes_count_whichever_read_they_arrived_in(parser: str) -> None:
+    mw = middleware(headers_timeout=5, request_timeout=10, body_min_rate=2000, body_grace=1.0)
+    with serve(mw, INTEGRATED[parser]) as running:
+        verdicts = split_body_pair(mw, running.port)
+        assert [status for status, _ in verdicts] == [b"HTTP/1.1 200 OK"] * 2, verdicts
+        assert mw.enforcer.totals.rate_timeouts == 0
+        assert mw.mode == f"uvicorn-{parser}"
+
+
+def test_asgi_only_mode_body_bytes_count_whichever_read_they_arrived_in(parser: str) -> None:
+    mw = middleware(request_timeout=10, body_min_rate=2000, body_grace=1.0)
+    with serve(mw, PLAIN[parser]) as running:
+        verdicts = split_body_pair(mw, running.port)
+        assert [status for status, _ in verdicts] == [b"HTTP/1.1 200 OK"] * 2, verdicts
+        assert mw.enforcer.totals.rate_timeouts == 0
+        assert mw.mode == "asgi"

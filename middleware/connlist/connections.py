@@ -640,15 +640,19 @@ class ConnectionsList:
 
     # -- the body, the stalled and the closing lists ---------------------------
 
-    def body_begin(self, conn: Connection) -> None:
-        """The request's headers are in and a body follows: it joins the tail of ``body``, timed from now.
+    def body_begin(self, conn: Connection, received: int = 0) -> None:
+        """The body's clock starts: it joins the tail of ``body``, timed from now, ``received`` bytes in.
 
-        Only a request that is being received (in ``active``, headers
-        complete) can join; a second call for the same body does nothing.
+        The server layer calls it once the request's headers are in and a
+        body follows, or, while the client waits for ``100 Continue``, once
+        the server lets the body come (``received``: the bytes that arrived
+        before, which count like any other).  Only a request that is being
+        received (in ``active``, headers complete) can join; a second call
+        for the same body does nothing.
         """
         if conn._body_next is conn and conn._active_next is not conn and conn.headers_completed:
             conn.body_started = self._clock()
-            conn.body_received = 0
+            conn.body_received = received
             self._body_append(self._body_root, conn)
 
     def body_bytes(self, conn: Connection, nbytes: int) -> None:

@@ -228,11 +228,54 @@ class _Tracking:
         """A read ended with the request's headers complete and its body not: the minimum rate times it.
 
         Called once per request that has a body still to come after a read,
-        never for a request that arrived whole.
+        never for a request that arrived whole.  The body bytes of this read
+        count too: the app's task has not run yet, so the request's cycle
+        (the newest, ``self.cycle``) still holds exactly them.  A client
+        that asked for ``100 Continue`` sends its body once the server says
+        so, which uvicorn does at the app's first ``receive()``: until then
+        (or until the app answers without reading), the body is not timed
+        by the rate; only the request timeout applies.
         """
         enforcer = self._connlist
-        if enforcer.settings.body_min_rate:
-            enforcer.connections.body_begin(record)
+        if not enforcer.settings.body_min_rate:
+            return
+        cycle: Any = self.cycle  # type: ignore[attr-defined]
+        # (bytes or a bytearray, as uvicorn's release has it)
+        record.body_received = len(getattr(cycle, "body", b""))
+        if getattr(cycle, "waiting_for_100_continue", False):
+            self._connlist_after_continue(record, cycle)
+        else:
+            enforcer.connections.body_begin(record, record.body_received)
+
+    def _connlist_after_continue(self, record: Connection, cycle: Any) -> None:
+        """Start the body's clock when uvicorn sends ``100 Continue``, or the app answers without reading.
+
+        uvicorn hands the app the cycle's ``receive`` and ``send`` when its
+        task first runs, after this read: the cycle gets its own, which note
+        the moment and call uvicorn's.  (Only for a request that expects
+        ``100 Continue``; the bytes received meanwhile go on counting.)
+        """
+        receive = cycle.receive
+        send = cycle.send
+        connections = self._connlist.connections
+
+        def begin() -> None:
+            # Still this request's body (the connection's last cycle), not yet begun.
+            if self._connlist_record is record and self.cycle is cycle and self._connlist_phase == _BODY:  # type: ignore[attr-defined]
+                connections.body_begin(record, record.body_received)
+
+        def receive_after_continue() -> Any:
+            if cycle.waiting_for_100_continue:
+                begin()  # uvicorn writes 100 Continue as this receive() starts
+            return receive()
+
+        def send_after_continue(message: Any) -> Any:
+            if cycle.waiting_for_100_continue and message.get("type") == "http.response.start":
+                begin()  # answered without asking for the body
+            return send(message)
+
+        cycle.receive = receive_after_continue
+        cycle.send = send_after_continue
 
     @staticmethod
     def _connlist_body_bytes(record: Connection, n: int) -> None:
