@@ -70,6 +70,8 @@ timeouts on a list of its own and logs once that it does so.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import struct
 import sys
 from collections import deque
@@ -91,6 +93,20 @@ try:  # Linux: the bytes in a socket's send queue that the peer has not acknowle
     _OUTQ: int | None = termios.TIOCOUTQ  # SIOCOUTQ
 except (ImportError, AttributeError):  # pragma: no cover - not Linux
     _OUTQ = None
+
+# Linux's TCP_INFO (include/uapi/linux/tcp.h, struct tcp_info): the bytes the
+# peer acknowledged (tcpi_bytes_acked, a __u64 at offset 120, since Linux
+# 4.1) and the window it advertises now (tcpi_snd_wnd, a __u32 at offset
+# 228, since 5.4; 0 where the kernel's struct is shorter).
+_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
+_TCP_INFO_LEN = 232
+_BYTES_ACKED = struct.Struct("=Q")
+_BYTES_ACKED_AT = 120
+_SND_WND = struct.Struct("=I")
+_SND_WND_AT = 228
+# SO_LINGER on with a zero timeout: close() then resets the connection and
+# the kernel drops what is queued for it (nginx's reset_timedout_connection).
+_LINGER_ZERO = struct.pack("ii", 1, 0)
 
 try:
     from uvicorn.protocols.http import httptools_impl
@@ -303,7 +319,7 @@ class _Tracking:
         record = self._connlist_record
         enforcer = self._connlist
         if record is not None and enforcer.settings.send_timeout:
-            enforcer.connections.stall(record, self.connlist_pending())
+            enforcer.connections.stall(record, self.connlist_pending(), self.connlist_acked())
             enforcer.watch()
 
     def resume_writing(self) -> None:
@@ -402,6 +418,18 @@ class _Tracking:
         transport = self.transport
         if transport is not None:
             self._connlist_mark_cut()
+            # A cut is a release: without this the kernel keeps the socket
+            # (FIN-WAIT-1) and everything queued for a client that reads
+            # nothing, for as long as the client keeps the connection.  With
+            # it, the close that abort() makes sends a reset, and the client
+            # sees ECONNRESET, not a response that seems to end.  (asyncio's
+            # transport closes its socket at the next iteration, uvloop's
+            # handle at once: both after this.)
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                # (Closed meanwhile, or not a socket: the abort alone, then.)
+                with contextlib.suppress(OSError, AttributeError, TypeError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
             transport.abort()
 
     def connlist_reading_paused(self) -> bool:
@@ -409,6 +437,22 @@ class _Tracking:
         # buffered), and a request queued behind a pipelined one.
         flow: Any = getattr(self, "flow", None)
         return flow is not None and bool(flow.read_paused)
+
+    def connlist_acked(self) -> tuple[int, int] | None:
+        if _TCP_INFO is None:
+            return None
+        transport = self.transport
+        sock = None if transport is None else transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_LEN)
+        except (OSError, AttributeError, TypeError):  # closed meanwhile, or a socket without TCP_INFO
+            return None
+        if len(info) < _BYTES_ACKED_AT + 8:
+            return None  # a kernel before 4.1
+        window = _SND_WND.unpack_from(info, _SND_WND_AT)[0] if len(info) >= _SND_WND_AT + 4 else 0
+        return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_AT)[0], window
 
     def connlist_pending(self) -> int:
         transport = self.transport
