@@ -15,8 +15,8 @@ from typing import NamedTuple
 import pytest
 
 from connlist.connections import (
+    SEND_STEP,
     SEND_STEP_LIMIT,
-    SEND_STEP_RATE,
     Connection,
     ConnectionsList,
     check_timeout,
@@ -1210,13 +1210,14 @@ def test_stall_sample_with_what_the_kernel_reports(lst: ConnectionsList, clock: 
 
 
 def test_send_allowance() -> None:
-    # The send timeout, or the time the largest step takes at SEND_STEP_RATE,
-    # up to SEND_STEP_LIMIT send timeouts.
+    # One send timeout per SEND_STEP of the largest step, at least one, up
+    # to SEND_STEP_LIMIT.
     assert send_allowance(60.0, 0) == 60.0
     assert send_allowance(60.0, 1152) == 60.0  # a slow-read attack's window
-    assert send_allowance(60.0, 128_000) == 128_000 / SEND_STEP_RATE  # loopback's 128 KB buffer: 250 s
+    assert send_allowance(60.0, SEND_STEP) == 60.0
+    assert send_allowance(60.0, 128_000) == 60.0 * 128_000 / SEND_STEP  # loopback's 128 KB: 234 s
     assert send_allowance(60.0, 10_000_000) == 60.0 * SEND_STEP_LIMIT
-    assert send_allowance(1.0, 2048) == 4.0
+    assert send_allowance(1.0, 4 * SEND_STEP) == 4.0
 
 
 def test_linger_takes_a_connection_out_of_stalled_and_lingered_returns_the_old_ones(

@@ -400,9 +400,9 @@ def check_timeout(name: str, value: object) -> float:
 
 
 # The send timeout's allowance for a client whose window opens in large steps
-# (see send_allowance): the rate at which its last step must be taken again,
+# (see send_allowance): the step a client must take within a send timeout,
 # and the longest allowance, in send timeouts.
-SEND_STEP_RATE = 512.0
+SEND_STEP = 32768
 SEND_STEP_LIMIT = 8
 
 
@@ -411,21 +411,21 @@ def send_allowance(send_timeout: float, step: int) -> float:
 
     Linux acknowledges a slowly read response in steps: a receiver whose
     buffer is full advertises a zero window until a good part of it is free
-    again (a quarter to all of it on loopback, whose segments are 32-64 KiB;
-    a sixteenth of a buffer that grew during a fast start), and the sender
-    sees no progress in between, however steadily the client reads.  So a
-    client is given ``send_timeout``, or the time its largest step seen so
-    far (``Connection.out_step``, bytes) takes at ``SEND_STEP_RATE`` bytes/s
-    if that is longer, up to ``SEND_STEP_LIMIT`` send timeouts: a client
-    that reads at least twice that rate is never cut for the size of its
-    steps, and one that stops reading is cut at most that long after its
-    last step.
+    again (on loopback, whose segments are 32-64 KiB, 95-128 KB of a default
+    buffer; after a fast start at MSS 1460, about 200 KB of a buffer that
+    grew), and the sender sees no progress in between, however steadily the
+    client reads.  So a client must take ``SEND_STEP`` bytes per
+    ``send_timeout``: one whose largest step seen so far
+    (``Connection.out_step``, bytes) is larger gets one send timeout per
+    ``SEND_STEP`` of it, up to ``SEND_STEP_LIMIT``.  At the default 60 s, a
+    client reading 546 bytes/s or more is never cut for the size of its
+    steps (up to 480 s of them), and one that stops reading is cut at most
+    480 s after its last step.
     """
-    allowance = step / SEND_STEP_RATE
-    if allowance <= send_timeout:
+    steps = step / SEND_STEP
+    if steps <= 1.0:
         return send_timeout
-    limit = send_timeout * SEND_STEP_LIMIT
-    return allowance if allowance < limit else limit
+    return send_timeout * (steps if steps < SEND_STEP_LIMIT else SEND_STEP_LIMIT)
 
 
 class ConnectionsList:
