@@ -438,25 +438,25 @@ def test_asgi_only_mode_expect_100_continue_body_is_timed_from_the_100_continue(
     grace = 1.0
     mw = middleware(request_timeout=10, body_min_rate=500, body_grace=grace)
     with serve(mw, PLAIN[parser]) as running:
-        expect_100_continue(mw, running.port, 2.0, grace)
+        expect_100_continue(mw, running.port, 1.5, grace)
         assert mw.mode == "asgi"
 
 
 def split_body_pair(mw: Any, port: int) -> list[tuple[bytes, float]]:
-    """The same body sent two ways at once: 4,000 bytes in the headers' write, or 50 ms after them.
+    """The same body sent two ways at once: 2,000 bytes in the headers' write, or 50 ms after them.
 
-    Then nothing until 2 s, then the last 2,000 bytes.  With a 1 s grace
-    and 2,000 bytes/s, the first 4,000 bytes buy 2 s more: both are served,
+    Then nothing until 1 s, then the last 2,000 bytes.  With a 0.5 s grace
+    and 2,000 bytes/s, the first 2,000 bytes buy 1 s more: both are served,
     whichever read their bytes arrived in.
     """
-    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 6000\r\n\r\n"
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4000\r\n\r\n"
     together, apart = connect(port), connect(port)
     started = time.monotonic()
-    together.sendall(head + b"t" * 4000)
+    together.sendall(head + b"t" * 2000)
     apart.sendall(head)
     time.sleep(0.05)
-    apart.sendall(b"a" * 4000)
-    time.sleep(max(0.0, started + 2.0 - time.monotonic()))
+    apart.sendall(b"a" * 2000)
+    time.sleep(max(0.0, started + 1.0 - time.monotonic()))
     verdicts = []
     for sock in (together, apart):
         sock.sendall(b"z" * 2000)
@@ -473,7 +473,7 @@ def split_body_pair(mw: Any, port: int) -> list[tuple[bytes, float]]:
 
 
 def test_body_bytes_count_whichever_read_they_arrived_in(parser: str) -> None:
-    mw = middleware(headers_timeout=5, request_timeout=10, body_min_rate=2000, body_grace=1.0)
+    mw = middleware(headers_timeout=5, request_timeout=10, body_min_rate=2000, body_grace=0.5)
     with serve(mw, INTEGRATED[parser]) as running:
         verdicts = split_body_pair(mw, running.port)
         assert [status for status, _ in verdicts] == [b"HTTP/1.1 200 OK"] * 2, verdicts
@@ -482,7 +482,7 @@ def test_body_bytes_count_whichever_read_they_arrived_in(parser: str) -> None:
 
 
 def test_asgi_only_mode_body_bytes_count_whichever_read_they_arrived_in(parser: str) -> None:
-    mw = middleware(request_timeout=10, body_min_rate=2000, body_grace=1.0)
+    mw = middleware(request_timeout=10, body_min_rate=2000, body_grace=0.5)
     with serve(mw, PLAIN[parser]) as running:
         verdicts = split_body_pair(mw, running.port)
         assert [status for status, _ in verdicts] == [b"HTTP/1.1 200 OK"] * 2, verdicts
