@@ -188,7 +188,7 @@ class Enforcer:
             "headers": lambda: f"headers not received within {settings.headers_timeout:g}s, closing",
             "request": lambda: f"request not received within {settings.request_timeout:g}s, closing",
             "rate": lambda: f"body slower than {settings.body_min_rate:g} bytes/s, closing",
-            "send": lambda: f"response not taken for {settings.send_timeout:g}s, aborting",
+            "send": lambda: f"response not taken for {settings.send_timeout:g}s or more, aborting",
         }
 
     @property

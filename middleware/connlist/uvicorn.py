@@ -97,7 +97,7 @@ except (ImportError, AttributeError):  # pragma: no cover - not Linux
 # Linux's TCP_INFO (include/uapi/linux/tcp.h, struct tcp_info): the bytes the
 # peer acknowledged (tcpi_bytes_acked, a __u64 at offset 120, since Linux
 # 4.1) and the window it advertises now (tcpi_snd_wnd, a __u32 at offset
-# 228, since 5.4; 0 where the kernel's struct is shorter).
+# 228, in newer kernels; 0 where the kernel's struct is shorter).
 _TCP_INFO: int | None = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
 _TCP_INFO_LEN = 232
 _BYTES_ACKED = struct.Struct("=Q")
