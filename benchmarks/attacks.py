@@ -47,7 +47,14 @@ this script
   failures and the slowest answer, until the attack's end (not while
   ``slowhttptest`` closes all its connections at once, after it);
 - reads the server's peak RSS, ``VmHWM`` of ``/proc/PID/status``, summed
-  over the server process and its children (hypercorn serves from a child).
+  over the server process and its children (hypercorn serves from a child);
+- samples the kernel memory held by the server's sockets on its port, in
+  every state (``FIN-WAIT-1`` after a close too: the kernel keeps trying to
+  deliver what is queued after the server let the socket go), as
+  ``ss -tm state all '( sport = :PORT )'`` shows it: the ``skmem`` fields
+  ``r`` (receive queue), ``w`` (send queue) and ``f`` (forward allocation)
+  summed over the sockets; *kernel MB* is the largest sum, and the last
+  one before the attack's end (what the cut connections still hold).
 
 ``slowhttptest``'s own statistics (``-g -o``, a CSV line per second: closed,
 pending and connected attack sockets) and its exit status are kept in the
@@ -267,6 +274,10 @@ class Server:
             start_new_session=True,
         )
         self.peak_kb: dict[int, int] = {}
+        # Kernel memory of the server's sockets (see sample_kernel): the largest
+        # sum seen, and the last one before the attack's end.
+        self.peak_kernel = 0
+        self.end_kernel: int | None = None
         self.start_kb = 0
         self.mode: str | None = None
         self.settings: dict[str, Any] = {}
@@ -355,6 +366,29 @@ class Server:
             except OSError:
                 pass
 
+    def sample_kernel(self) -> int | None:
+        """Kernel memory of the server's sockets on its port, any state, as ``ss -tm`` shows it (bytes)."""
+        if self.ss is None:
+            return None
+        try:
+            out = subprocess.run(
+                [self.ss, "-tmnH", "state", "all", f"( sport = :{self.port} )"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        total = sum(int(value) for value in _SKMEM.findall(out))
+        self.peak_kernel = max(self.peak_kernel, total)
+        return total
+
+    ss = shutil.which("ss")
+
+    @property
+    def peak_kernel_mb(self) -> float | None:
+        return None if self.ss is None else self.peak_kernel / 1e6
+
     @property
     def peak_rss_mb(self) -> float:
         return sum(self.peak_kb.values()) / 1024
@@ -374,6 +408,10 @@ class Server:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)
         self.log.close()
+
+
+# ss -tm's socket memory: skmem:(r<rmem_alloc>,rb...,t<wmem_alloc>,tb...,f<fwd_alloc>,w<wmem_queued>,...)
+_SKMEM = re.compile(r"[(,](?:r|f|w)(\d+)")
 
 
 # -- the server's connections ---------------------------------------------------------
@@ -685,6 +723,8 @@ def analyse(attack: Attack, server: Server, csv_text: str | None, output: str) -
         "probe_median_latency": statistics.median(probe.latencies) if probe.latencies else None,
         "probe_errors": probe.errors,
         "peak_rss_mb": server.peak_rss_mb,
+        "peak_kernel_mb": server.peak_kernel_mb,
+        "end_kernel_mb": None if server.end_kernel is None else server.end_kernel / 1e6,
         "start_rss_mb": server.start_kb / 1024,
         "server_log_lines": server.log_lines(),
         # Its last lines: under bare uvicorn the exception of the last traceback.
@@ -749,6 +789,9 @@ def run_mode(
                 assert attack.tracker is not None and attack.process is not None and attack.probe is not None
                 attack.tracker.sample(now, peers[attack.port])
                 server.sample_memory()
+                kernel = server.sample_kernel()
+                if now < attack.started + attack.length:
+                    server.end_kernel = kernel
                 if server.process.poll() is not None:
                     raise BenchError(
                         f"{server.spec.key}: the server died during the attack:\n{server.output()}"
@@ -819,7 +862,10 @@ def format_row(result: dict[str, Any]) -> list[str]:
         cut += f" (at {result['cut_at_min']:.1f}-{result['cut_at_max']:.1f} s)"
     probe = f"{result['probe_ok']}/{result['probe_failed']}, {result['probe_max_latency'] * 1000:.0f} ms"
     mode = MODE_BY_KEY[result["mode"]].label
-    return [mode, result["label"], held, cut, probe, f"{result['peak_rss_mb']:.0f}"]
+    kernel = "-"
+    if result.get("peak_kernel_mb") is not None:
+        kernel = f"{result['peak_kernel_mb']:.0f} / {result.get('end_kernel_mb') or 0:.0f}"
+    return [mode, result["label"], held, cut, probe, f"{result['peak_rss_mb']:.0f}", kernel]
 
 
 TABLE_HEADER = [
@@ -829,6 +875,7 @@ TABLE_HEADER = [
     "attack connections cut",
     "ordinary client (ok/failed, max latency)",
     "peak RSS MB",
+    "kernel MB (peak / at the end)",
 ]
 
 
@@ -992,7 +1039,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.connections} attack connections per server at {args.rate}/s, attacks of {args.length} s, "
         f"{how}; held for: the attack connections' lifetimes on the server (to about 0.5 s); "
         f"ordinary client: GET / on a fresh connection every {INTERVAL:g} s, {PROBE_TIMEOUT:g} s timeout, "
-        "during the attack; peak RSS: VmHWM, server and children."
+        "during the attack; peak RSS: VmHWM, server and children; peak kernel: ss -tm skmem r+w+f of the "
+        "server's sockets on its port, any state."
     )
     if args.json:
         report = {

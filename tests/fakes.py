@@ -181,6 +181,9 @@ class MemoryHandle:
     def connlist_pending(self) -> int:
         return self.transport.get_write_buffer_size()
 
+    def connlist_acked(self) -> tuple[int, int] | None:
+        return None  # a memory transport: progress is the buffer going down
+
     def connlist_reading_paused(self) -> bool:
         return self.transport.read_paused
 

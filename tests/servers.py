@@ -242,8 +242,10 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": b""})
         return
     if path == "/busy":
-        # Slow work before the body is read: the server, not the client, holds the body up.
-        await asyncio.sleep(1.5)
+        # Slow work before the body is read: the server, not the client, holds
+        # the body up (1.5 s, or ``?sleep=`` seconds).
+        query = scope.get("query_string", b"")
+        await asyncio.sleep(float(query[6:]) if query.startswith(b"sleep=") else 1.5)
     size = 0
     while True:
         message = await receive()

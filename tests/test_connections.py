@@ -14,7 +14,13 @@ from typing import NamedTuple
 
 import pytest
 
-from connlist.connections import Connection, ConnectionsList
+from connlist.connections import (
+    SEND_STEP,
+    SEND_STEP_LIMIT,
+    Connection,
+    ConnectionsList,
+    send_allowance,
+)
 from connlist.settings import check_timeout
 from tests.fakes import T0, FakeClock
 
@@ -1171,6 +1177,47 @@ def test_stall_sample_unstall(lst: ConnectionsList, clock: FakeClock) -> None:
     check_extra(lst, body=[], stalled=[], closing=[])
     lst.stall(b, 10)  # removed: never rejoins
     check_extra(lst, body=[], stalled=[], closing=[])
+
+
+def test_stall_sample_with_what_the_kernel_reports(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect()
+    # 128,000 bytes acknowledged, window zero: what the client took is a step.
+    lst.stall(a, 5_000_000, (128_000, 0))
+    assert (a.out_acked, a.out_step) == (128_000, 128_000)
+    clock.advance(15)
+    # Nothing acknowledged: no progress, even though fewer bytes are unsent
+    # (with TCP_INFO only the client's acknowledgements count).
+    assert lst.stall_sample(a, 4_000_000, clock.now, (128_000, 0)) == 15.0
+    clock.advance(15)
+    # A window opened but nothing acknowledged: a step of that size, no progress.
+    assert lst.stall_sample(a, 4_000_000, clock.now, (128_000, 200_000)) == 30.0
+    assert a.out_step == 200_000
+    clock.advance(15)
+    # 95,232 bytes acknowledged: progress; the largest step stays.
+    assert lst.stall_sample(a, 3_900_000, clock.now, (223_232, 0)) == 0.0
+    assert (a.out_acked, a.out_step, a.out_since) == (223_232, 200_000, clock.now)
+    # The step survives the stall: the next one starts with it.
+    lst.unstall(a)
+    lst.stall(a, 3_000_000, (300_000, 0))
+    assert a.out_step == 300_000
+    # No report: progress is fewer bytes unsent, as without TCP_INFO.
+    b = lst.connect()
+    lst.stall(b, 1000)
+    assert b.out_acked == -1
+    clock.advance(1)
+    assert lst.stall_sample(b, 400, clock.now) == 0.0
+    assert b.out_step == 600
+
+
+def test_send_allowance() -> None:
+    # One send timeout per SEND_STEP of the largest step, at least one, up
+    # to SEND_STEP_LIMIT.
+    assert send_allowance(60.0, 0) == 60.0
+    assert send_allowance(60.0, 1152) == 60.0  # a slow-read attack's window
+    assert send_allowance(60.0, SEND_STEP) == 60.0
+    assert send_allowance(60.0, 128_000) == 60.0 * 128_000 / SEND_STEP  # loopback's 128 KB: 234 s
+    assert send_allowance(60.0, 10_000_000) == 60.0 * SEND_STEP_LIMIT
+    assert send_allowance(1.0, 4 * SEND_STEP) == 4.0
 
 
 def test_linger_takes_a_connection_out_of_stalled_and_lingered_returns_the_old_ones(

@@ -7,6 +7,7 @@ checked: the record's state and fields, the totals, and when it left.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import time
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from connlist.connections import Connection, connection_state
+from connlist.connections import SEND_STEP_LIMIT, Connection, connection_state, send_allowance
 from connlist.enforcer import LINGER
 from tests import servers
 from tests.servers import (
@@ -39,10 +40,10 @@ def only_record(running: Running, mw: Any) -> Connection | None:
     return conns[0] if len(conns) == 1 else None
 
 
-def small_receiver(port: int) -> socket.socket:
+def small_receiver(port: int, rcvbuf: int = 4096) -> socket.socket:
     """A client with a small receive buffer, set before connecting (so the window stays small)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     sock.settimeout(5)
     sock.connect(("127.0.0.1", port))
     from tests.servers import OPEN_SOCKETS
@@ -67,18 +68,64 @@ def test_reader_that_stops_is_stalled_then_aborted(parser: str) -> None:
         assert running.call(lambda: connection_state(conn)) == "stalled"
         view = running.call(lambda: mw.snapshot())
         assert view["counts"]["stalled"] == 1 and view["all"][0]["state"] == "stalled"
-        # Last progress as the server saw it: cut between send_timeout and
-        # 1.25 * send_timeout + 0.25 s after it.
-        assert wait_for(lambda: running.call(lambda: len(mw.connections)) == 0, 5)
+        # Last progress as the server saw it: cut between the allowance (the
+        # send timeout, more if its window opened in steps larger than
+        # SEND_STEP) and a sample interval plus 0.25 s after it.
+        assert wait_for(lambda: running.call(lambda: len(mw.connections)) == 0, 12)
         gone = time.monotonic()
         last_progress = conn.out_since
-        assert send_timeout - EARLY <= gone - last_progress <= 1.25 * send_timeout + 0.25 + 0.05, (
-            gone - last_progress
+        allowance = send_allowance(send_timeout, conn.out_step)
+        assert conn.out_acked > 0  # TCP_INFO was read
+        assert send_timeout <= allowance <= SEND_STEP_LIMIT * send_timeout
+        assert allowance - EARLY <= gone - last_progress <= allowance + send_timeout / 4 + 0.25 + 0.05, (
+            gone - last_progress,
+            allowance,
         )
         assert mw.enforcer.totals.send_timeouts == 1
         # Aborted: whatever the client reads now ends in a reset, never the whole response.
         data, _ = read_until_closed(sock)
         assert len(data) < LARGE
+
+
+def server_sockets(port: int, peer: int) -> list[tuple[str, int]]:
+    """The server's sockets for a client's port, as ``ss -tn state all`` lists them: (state, bytes queued).
+
+    Read from ``/proc/net/tcp``, which is what ``ss`` shows (the state in
+    hex, ``tx_queue`` the bytes the socket still holds to send).
+    """
+    found = []
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            local, remote = fields[1], fields[2]
+            if int(local.rsplit(":", 1)[1], 16) == port and int(remote.rsplit(":", 1)[1], 16) == peer:
+                found.append((fields[3], int(fields[4].split(":")[0], 16)))
+    return found
+
+
+def test_send_timeout_cut_is_a_reset_that_releases_the_socket(parser: str) -> None:
+    # A client that reads nothing: once the send timeout cuts it, the
+    # server's socket (and the megabytes queued in it) is gone within a
+    # second, and the client sees a reset, not a response that seems to end.
+    mw = middleware(headers_timeout=5, request_timeout=30, send_timeout=1.0)
+    with serve(mw, INTEGRATED[parser]) as running:
+        sock = small_receiver(running.port)
+        peer = sock.getsockname()[1]
+        sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert wait_for(lambda: running.call(lambda: mw.connections.stalled_count) == 1, 5)
+        queued = server_sockets(running.port, peer)
+        assert len(queued) == 1 and queued[0][1] > 0, queued  # established, its send queue full
+        assert wait_for(lambda: mw.enforcer.totals.send_timeouts == 1, 12)
+        cut = time.monotonic()
+        assert wait_for(lambda: not server_sockets(running.port, peer), 1.0), server_sockets(
+            running.port, peer
+        )
+        assert time.monotonic() - cut <= 1.0
+        sock.settimeout(5)
+        with pytest.raises(ConnectionResetError):
+            while sock.recv(65536):
+                pass
 
 
 def test_slow_but_steady_reader_gets_every_byte(parser: str) -> None:
@@ -103,6 +150,44 @@ def test_slow_but_steady_reader_gets_every_byte(parser: str) -> None:
             time.sleep(0.05)
         assert received > LARGE  # the head and every byte of the body
         assert stalled_seen  # it was stalled all along, and never cut
+        assert mw.enforcer.totals.send_timeouts == 0
+
+
+def test_steady_reader_acknowledged_in_steps_is_never_cut(parser: str) -> None:
+    # A default receive buffer read at 64 KiB/s: Linux reopens its window in
+    # steps of about 100 KB on loopback, and the server sees no progress for
+    # longer than the send timeout between them.  The allowance (a send
+    # timeout per SEND_STEP of its steps) keeps it; then it reads the rest
+    # at full speed.
+    send_timeout = 1.0
+    mw = middleware(headers_timeout=5, request_timeout=30, send_timeout=send_timeout)
+    with serve(mw, INTEGRATED[parser]) as running:
+        sock = connect(running.port)
+        sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert wait_for(lambda: running.call(lambda: mw.connections.stalled_count) == 1, 5)
+        conn = only_record(running, mw)
+        assert conn is not None
+        received = 0
+        longest = 0.0
+        started = time.monotonic()
+        while time.monotonic() - started < 4:
+            want = 6554
+            while want:
+                data = sock.recv(want)
+                assert data, "closed"
+                received += len(data)
+                want -= len(data)
+            # Without progress for this long, as the server sees it.
+            since = running.call(lambda: mw.enforcer.clock() - conn.out_since if conn.stalled else 0.0)
+            longest = max(longest, since)
+            time.sleep(0.1)
+        assert mw.enforcer.totals.send_timeouts == 0
+        assert longest > send_timeout, longest  # the old rule (no progress for send_timeout) would cut it
+        sock.settimeout(10)
+        while data:
+            data = sock.recv(65536)
+            received += len(data)
+        assert received > LARGE  # the head and every byte of the body
         assert mw.enforcer.totals.send_timeouts == 0
 
 
@@ -136,7 +221,7 @@ def test_pipelined_partial_request_behind_an_unread_response_is_aborted_after_th
             sock = small_receiver(running.port)
             sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x")
             assert wait_for(lambda: running.call(lambda: mw.connections.stalled_count) == 1, 3)
-            assert wait_for(lambda: running.call(lambda: len(mw.connections)) == 0, 4)
+            assert wait_for(lambda: running.call(lambda: len(mw.connections)) == 0, 10)
             totals = mw.enforcer.totals
             assert (totals.send_timeouts, totals.headers_timeouts) == (1, 0)
         return
@@ -283,3 +368,123 @@ def test_pipelined_slow_reader_cut_off_leaves_no_traceback(
         time.sleep(0.3)  # what the apps still do after the abort
     noise = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name != "connlist"]
     assert noise == [], [r.getMessage() for r in noise]
+
+
+# -- what is never cut: the server's own delays, and how TCP split the bytes ----
+
+
+def read_until(sock: socket.socket, marker: bytes, limit: float = 10.0) -> tuple[bytes, float]:
+    """What the server sends up to and including ``marker``; and the monotonic time it arrived."""
+    sock.settimeout(limit)
+    data = b""
+    while marker not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed after {data!r}")
+        data += chunk
+    return data, time.monotonic()
+
+
+def read_until_orderly_close(sock: socket.socket) -> tuple[bytes, float]:
+    """Everything up to the server's FIN, and when it came; a reset fails the test."""
+    sock.settimeout(5)
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pytest.fail(f"reset after {b''.join(chunks)!r}: a 408 that was sent ends with an orderly close")
+    return b"".join(chunks), time.monotonic()
+
+
+EXPECT = b"POST /busy?sleep=%g HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n"
+
+
+def expect_100_continue(mw: Any, port: int, work: float, grace: float) -> None:
+    """A handler that works ``work`` seconds before it reads the body; two clients that wait for 100 Continue.
+
+    The first sends its body once told to: 200, never 408.  The second sends
+    nothing after the 100 Continue: the grace starts then, so its 408 comes
+    ``grace`` after it.
+    """
+    size = 1000
+    served, silent = connect(port), connect(port)
+    started = time.monotonic()
+    served.sendall(EXPECT % (work, size))
+    silent.sendall(EXPECT % (work, size))
+    head, continued = read_until(served, b"\r\n\r\n")
+    assert head == b"HTTP/1.1 100 Continue\r\n\r\n", head
+    assert work - EARLY <= continued - started <= work + LATE, continued - started
+    served.sendall(b"b" * size)
+    assert read_response(served).endswith(b"ok %d" % size)
+    head, _ = read_until(silent, b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), head
+    data, closed = read_until_orderly_close(silent)
+    assert is_408(head[len(b"HTTP/1.1 100 Continue\r\n\r\n") :] + data), head + data
+    assert work + grace - EARLY <= closed - started <= work + grace + LATE + 0.1, closed - started
+    assert mw.enforcer.totals.rate_timeouts == 1
+    assert mw.enforcer.totals.request_timeouts == 0
+
+
+def test_expect_100_continue_body_is_timed_from_the_100_continue(parser: str) -> None:
+    grace = 1.0
+    mw = middleware(headers_timeout=5, request_timeout=10, body_min_rate=500, body_grace=grace)
+    with serve(mw, INTEGRATED[parser]) as running:
+        expect_100_continue(mw, running.port, 4.0, grace)
+        assert mw.mode == f"uvicorn-{parser}"
+
+
+def test_asgi_only_mode_expect_100_continue_body_is_timed_from_the_100_continue(parser: str) -> None:
+    grace = 1.0
+    mw = middleware(request_timeout=10, body_min_rate=500, body_grace=grace)
+    with serve(mw, PLAIN[parser]) as running:
+        expect_100_continue(mw, running.port, 1.5, grace)
+        assert mw.mode == "asgi"
+
+
+def split_body_pair(mw: Any, port: int) -> list[tuple[bytes, float]]:
+    """The same body sent two ways at once: 2,000 bytes in the headers' write, or 50 ms after them.
+
+    Then nothing until 1 s, then the last 2,000 bytes.  With a 0.5 s grace
+    and 2,000 bytes/s, the first 2,000 bytes buy 1 s more: both are served,
+    whichever read their bytes arrived in.
+    """
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4000\r\n\r\n"
+    together, apart = connect(port), connect(port)
+    started = time.monotonic()
+    together.sendall(head + b"t" * 2000)
+    apart.sendall(head)
+    time.sleep(0.05)
+    apart.sendall(b"a" * 2000)
+    time.sleep(max(0.0, started + 1.0 - time.monotonic()))
+    verdicts = []
+    for sock in (together, apart):
+        sock.sendall(b"z" * 2000)
+        sock.settimeout(5)
+        data = b""
+        with contextlib.suppress(ConnectionResetError):
+            while b"\r\n\r\n" not in data:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        verdicts.append((data.split(b"\r\n", 1)[0], time.monotonic() - started))
+    return verdicts
+
+
+def test_body_bytes_count_whichever_read_they_arrived_in(parser: str) -> None:
+    mw = middleware(headers_timeout=5, request_timeout=10, body_min_rate=2000, body_grace=0.5)
+    with serve(mw, INTEGRATED[parser]) as running:
+        verdicts = split_body_pair(mw, running.port)
+        assert [status for status, _ in verdicts] == [b"HTTP/1.1 200 OK"] * 2, verdicts
+        assert mw.enforcer.totals.rate_timeouts == 0
+        assert mw.mode == f"uvicorn-{parser}"
+
+
+def test_asgi_only_mode_body_bytes_count_whichever_read_they_arrived_in(parser: str) -> None:
+    mw = middleware(request_timeout=10, body_min_rate=2000, body_grace=0.5)
+    with serve(mw, PLAIN[parser]) as running:
+        verdicts = split_body_pair(mw, running.port)
+        assert [status for status, _ in verdicts] == [b"HTTP/1.1 200 OK"] * 2, verdicts
+        assert mw.enforcer.totals.rate_timeouts == 0
+        assert mw.mode == "asgi"

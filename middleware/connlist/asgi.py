@@ -155,15 +155,24 @@ async def serve_with_body(
     key = totals.requests = totals.requests + 1
     conn = connections.connect(client=scope.get("client"), server=scope.get("server"), id=key)
     connections.headers_complete(conn, scope["method"], scope["path"])
-    if enforcer.settings.body_min_rate:
+    # A client that expects 100 Continue sends its body once the server
+    # says so, which servers do at the app's first receive(): the rate
+    # times the body from then (or from the response, if the app answers
+    # without reading).
+    continuing = bool(enforcer.settings.body_min_rate) and _expects_continue(scope)
+    if enforcer.settings.body_min_rate and not continuing:
         connections.body_begin(conn)
     handle = AsgiRequest(conn, send)
     conn.handle = handle
     enforcer.watch()
 
     async def receive_tracked() -> Message:
+        nonlocal continuing
         if handle.cut:
             return _DISCONNECT
+        if continuing:
+            continuing = False
+            connections.body_begin(conn, conn.body_received)
         handle.receiving = asyncio.current_task()
         try:
             message = await receive()
@@ -185,10 +194,14 @@ async def serve_with_body(
         return message
 
     async def send_tracked(message: Message) -> None:
+        nonlocal continuing
         if handle.cut:
             return  # timed out: the 408 went out, or the response was cut short
         if message["type"] == "http.response.start":
             handle.response_started = True
+            if continuing:
+                continuing = False
+                connections.body_begin(conn, conn.body_received)
         await send(message)
 
     try:
@@ -204,6 +217,13 @@ async def serve_with_body(
         # Break the record <-> handle cycle: the handle holds the server's
         # send, and a server may hold the connection open until that is freed.
         conn.handle = None
+
+
+def _expects_continue(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"expect":
+            return bool(value.strip().lower() == b"100-continue")
+    return False
 
 
 def _uncancel() -> bool:
@@ -278,6 +298,9 @@ class AsgiRequest:
 
     def connlist_pending(self) -> int:
         return 0  # never stalled: ASGI has no view of the transport
+
+    def connlist_acked(self) -> tuple[int, int] | None:
+        return None
 
     def connlist_reading_paused(self) -> bool:
         # The bytes counted are the ones the app took: while it is not

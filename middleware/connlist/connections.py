@@ -43,8 +43,10 @@ record, and none is touched by a request without a body::
     stalled   connections whose response the client stopped taking
               (``stall`` from the transport's ``pause_writing``, ``unstall``
               from ``resume_writing``), by when they were last sampled; the
-              enforcer samples the bytes still unsent and cuts a connection
-              that made no progress for ``send_timeout`` (nginx's)
+              enforcer samples what the client acknowledged and cuts a
+              connection that made no progress for its allowance
+              (``send_allowance``: nginx's ``send_timeout``, longer for a
+              client whose window opens in large steps)
     closing   connections the enforcer closed (``linger``), by when: what
               has not gone after a short linger is aborted
 
@@ -127,6 +129,7 @@ __all__ = [
     "ConnectionHandle",
     "ConnectionsList",
     "connection_state",
+    "send_allowance",
 ]
 
 # What ``connection_state`` answers for a tracked connection (see "States").
@@ -156,6 +159,12 @@ class ConnectionHandle(Protocol):
 
     def connlist_pending(self) -> int:
         """Bytes of the response the client has not taken yet (the transport's buffer and the kernel's)."""
+
+    def connlist_acked(self) -> tuple[int, int] | None:
+        """What the kernel says the client took: bytes acknowledged so far and its window now, or None.
+
+        None where the transport has no such report (not Linux, not TCP).
+        """
 
     def connlist_reading_paused(self) -> bool:
         """Whether the server itself stopped reading the request (the app has not consumed its body)."""
@@ -214,10 +223,12 @@ class Connection:
         "headers_completed",
         "id",
         "last_message_start",
+        "out_acked",
         "out_pending",
         "out_sampled",
         "out_since",
         "out_state",
+        "out_step",
         "requests",
         "server",
     )
@@ -271,6 +282,11 @@ class Connection:
         self.out_since = 0.0
         self.out_sampled = 0.0
         self.out_pending = 0
+        # Stalled: the bytes the client had acknowledged at the last sample
+        # (-1: the transport cannot tell), and the largest step in which its
+        # acknowledgements came (kept from one stall to the next).
+        self.out_acked = -1
+        self.out_step = 0
 
     @property
     def responding(self) -> bool:
@@ -376,6 +392,35 @@ class Received(Connection):
     def tracked(self) -> bool:
         """Whether the request is still in the list (the app has not returned)."""
         return self.id in self._table
+
+
+# The send timeout's allowance for a client whose window opens in large steps
+# (see send_allowance): the step a client must take within a send timeout,
+# and the longest allowance, in send timeouts.
+SEND_STEP = 32768
+SEND_STEP_LIMIT = 8
+
+
+def send_allowance(send_timeout: float, step: int) -> float:
+    """How long a stalled response may go without progress before it is cut: the send timeout's rule.
+
+    Linux acknowledges a slowly read response in steps: a receiver whose
+    buffer is full advertises a zero window until a good part of it is free
+    again (on loopback, whose segments are 32-64 KiB, 95-128 KB of a default
+    buffer; after a fast start at MSS 1460, about 200 KB of a buffer that
+    grew), and the sender sees no progress in between, however steadily the
+    client reads.  So a client must take ``SEND_STEP`` bytes per
+    ``send_timeout``: one whose largest step seen so far
+    (``Connection.out_step``, bytes) is larger gets one send timeout per
+    ``SEND_STEP`` of it, up to ``SEND_STEP_LIMIT``.  At the default 60 s, a
+    client reading 546 bytes/s or more is never cut for the size of its
+    steps (up to 480 s of them), and one that stops reading is cut at most
+    480 s after its last step.
+    """
+    steps = step / SEND_STEP
+    if steps <= 1.0:
+        return send_timeout
+    return send_timeout * (steps if steps < SEND_STEP_LIMIT else SEND_STEP_LIMIT)
 
 
 class ConnectionsList:
@@ -639,15 +684,19 @@ class ConnectionsList:
 
     # -- the body, the stalled and the closing lists ---------------------------
 
-    def body_begin(self, conn: Connection) -> None:
-        """The request's headers are in and a body follows: it joins the tail of ``body``, timed from now.
+    def body_begin(self, conn: Connection, received: int = 0) -> None:
+        """The body's clock starts: it joins the tail of ``body``, timed from now, ``received`` bytes in.
 
-        Only a request that is being received (in ``active``, headers
-        complete) can join; a second call for the same body does nothing.
+        The server layer calls it once the request's headers are in and a
+        body follows, or, while the client waits for ``100 Continue``, once
+        the server lets the body come (``received``: the bytes that arrived
+        before, which count like any other).  Only a request that is being
+        received (in ``active``, headers complete) can join; a second call
+        for the same body does nothing.
         """
         if conn._body_next is conn and conn._active_next is not conn and conn.headers_completed:
             conn.body_started = self._clock()
-            conn.body_received = 0
+            conn.body_received = received
             self._body_append(self._body_root, conn)
 
     def body_bytes(self, conn: Connection, nbytes: int) -> None:
@@ -709,17 +758,30 @@ class ConnectionsList:
             node = nxt
         return expired, (None if earliest == _INF else earliest), grace_end
 
-    def stall(self, conn: Connection, pending: int) -> None:
+    def stall(self, conn: Connection, pending: int, acked: tuple[int, int] | None = None) -> None:
         """The client stopped taking the response (``pending`` bytes unsent): joins the tail of ``stalled``.
 
-        Does nothing for a connection that is closing, already stalled, or
-        not tracked.
+        ``acked`` is what the kernel reports, if it does (``TCP_INFO``): the
+        bytes the client acknowledged so far, and its window now; the larger
+        of the two is a step (see ``send_allowance``).  Does nothing for a
+        connection that is closing, already stalled, or not tracked.
         """
         if conn.out_state == OUT_NONE and conn._all_next is not conn:
             now = self._clock()
             conn.out_state = OUT_STALLED
             conn.out_since = conn.out_sampled = now
             conn.out_pending = pending
+            if acked is None:
+                conn.out_acked = -1
+            else:
+                # What the client took before it stopped taking more is a
+                # step of its own: on loopback its kernel acknowledges the
+                # fill of its buffer before the server's write returns, so
+                # the window is already zero when the stall begins.
+                conn.out_acked = acked[0]
+                step = acked[0] if acked[0] > acked[1] else acked[1]
+                if step > conn.out_step:
+                    conn.out_step = step
             self._out_append(self._stalled_root, conn)
             self._n_stalled += 1
 
@@ -739,17 +801,34 @@ class ConnectionsList:
             node = node._out_next
         return due
 
-    def stall_sample(self, conn: Connection, pending: int, now: float) -> float:
-        """Record a sample of a stalled connection's unsent bytes; return how long it made no progress.
+    def stall_sample(
+        self, conn: Connection, pending: int, now: float, acked: tuple[int, int] | None = None
+    ) -> float:
+        """Record a sample of a stalled connection; return how long it made no progress.
 
-        Fewer bytes unsent than at the last sample is progress.  The record
+        Progress is more bytes acknowledged by the client than at the last
+        sample, when the kernel reports them (``acked``: bytes acknowledged
+        and the client's window, as for ``stall``), else fewer bytes unsent.
+        The step, the progress since the last sample (or the window, if
+        larger), raises ``out_step``: see ``send_allowance``.  The record
         moves to the tail of ``stalled``, stamped ``now`` (``now`` must not be
         older than any stamp in the list).
         """
         if conn.out_state != OUT_STALLED:
             return 0.0
-        if pending < conn.out_pending:
+        window = 0
+        if acked is None or conn.out_acked < 0:
+            progress = conn.out_pending - pending
+        else:
+            progress = acked[0] - conn.out_acked
+            window = acked[1]
+        if acked is not None:
+            conn.out_acked = acked[0]
+        if progress > 0:
             conn.out_since = now
+        step = progress if progress > window else window
+        if step > conn.out_step:
+            conn.out_step = step
         conn.out_pending = pending
         conn.out_sampled = now
         prev = conn._out_prev

@@ -10,9 +10,12 @@ anything can be due:
 * a body's minimum rate (the bodies past their grace period, at the head of
   ``body``; the others cannot be due before their grace ends);
 * a stalled response's next sample: a stalled connection is sampled every
-  ``send_timeout / 4`` and cut once it made no progress for ``send_timeout``,
-  so it is cut between ``send_timeout`` and ``1.25 * send_timeout`` (plus
-  the timer's lateness) after its last progress;
+  ``send_timeout / 4`` and cut once it made no progress for its allowance
+  (``connections.send_allowance``: ``send_timeout``, or longer for a client
+  whose window opens in large steps), so it is cut up to ``send_timeout /
+  4`` (plus the timer's lateness) after its allowance ran out.  Progress is
+  what the client acknowledged (``TCP_INFO``), or, where the kernel does not
+  tell, fewer bytes unsent;
 * a closed connection's linger (``LINGER``), after which it is aborted;
 * the next log summary, while one is pending.
 
@@ -51,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from connlist.connections import Connection, ConnectionsList
+from connlist.connections import Connection, ConnectionsList, send_allowance
 from connlist.logs import Summary, logger
 from connlist.settings import Settings
 
@@ -175,7 +178,7 @@ class Enforcer:
             "headers": lambda: f"headers not received within {settings.headers_timeout:g}s, closing",
             "request": lambda: f"request not received within {settings.request_timeout:g}s, closing",
             "rate": lambda: f"body slower than {settings.body_min_rate:g} bytes/s, closing",
-            "send": lambda: f"response not taken for {settings.send_timeout:g}s, aborting",
+            "send": lambda: f"response not taken for {settings.send_timeout:g}s or more, aborting",
         }
 
     @property
@@ -347,8 +350,12 @@ class Enforcer:
                 batch = connections.stalled_due(interval, now, _BATCH)
                 for conn in batch:
                     handle = conn.handle
-                    pending = 0 if handle is None else handle.connlist_pending()
-                    if connections.stall_sample(conn, pending, now) >= settings.send_timeout:
+                    if handle is None:
+                        pending, acked = 0, None
+                    else:
+                        pending, acked = handle.connlist_pending(), handle.connlist_acked()
+                    still = connections.stall_sample(conn, pending, now, acked)
+                    if still >= send_allowance(settings.send_timeout, conn.out_step):
                         connections.unstall(conn)
                         self._record(conn, "send")
                         if handle is not None:

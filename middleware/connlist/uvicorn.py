@@ -83,8 +83,10 @@ that pass are exactly the code above; nothing of the check runs per request.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
+import socket
 import struct
 import sys
 import threading
@@ -109,6 +111,20 @@ try:  # Linux: the bytes in a socket's send queue that the peer has not acknowle
     _OUTQ: int | None = termios.TIOCOUTQ  # SIOCOUTQ
 except (ImportError, AttributeError):  # pragma: no cover - not Linux
     _OUTQ = None
+
+# Linux's TCP_INFO (include/uapi/linux/tcp.h, struct tcp_info): the bytes the
+# peer acknowledged (tcpi_bytes_acked, a __u64 at offset 120, since Linux
+# 4.1) and the window it advertises now (tcpi_snd_wnd, a __u32 at offset
+# 228, in newer kernels; 0 where the kernel's struct is shorter).
+_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
+_TCP_INFO_LEN = 232
+_BYTES_ACKED = struct.Struct("=Q")
+_BYTES_ACKED_AT = 120
+_SND_WND = struct.Struct("=I")
+_SND_WND_AT = 228
+# SO_LINGER on with a zero timeout: close() then resets the connection and
+# the kernel drops what is queued for it (nginx's reset_timedout_connection).
+_LINGER_ZERO = struct.pack("ii", 1, 0)
 
 try:
     from uvicorn.protocols.http import h11_impl
@@ -300,11 +316,54 @@ class _Tracking:
         """A read ended with the request's headers complete and its body not: the minimum rate times it.
 
         Called once per request that has a body still to come after a read,
-        never for a request that arrived whole.
+        never for a request that arrived whole.  The body bytes of this read
+        count too: the app's task has not run yet, so the request's cycle
+        (the newest, ``self.cycle``) still holds exactly them.  A client
+        that asked for ``100 Continue`` sends its body once the server says
+        so, which uvicorn does at the app's first ``receive()``: until then
+        (or until the app answers without reading), the body is not timed
+        by the rate; only the request timeout applies.
         """
         enforcer = self._connlist
-        if enforcer.settings.body_min_rate:
-            enforcer.connections.body_begin(record)
+        if not enforcer.settings.body_min_rate:
+            return
+        cycle: Any = self.cycle  # type: ignore[attr-defined]
+        # (bytes or a bytearray, as uvicorn's release has it)
+        record.body_received = len(getattr(cycle, "body", b""))
+        if getattr(cycle, "waiting_for_100_continue", False):
+            self._connlist_after_continue(record, cycle)
+        else:
+            enforcer.connections.body_begin(record, record.body_received)
+
+    def _connlist_after_continue(self, record: Connection, cycle: Any) -> None:
+        """Start the body's clock when uvicorn sends ``100 Continue``, or the app answers without reading.
+
+        uvicorn hands the app the cycle's ``receive`` and ``send`` when its
+        task first runs, after this read: the cycle gets its own, which note
+        the moment and call uvicorn's.  (Only for a request that expects
+        ``100 Continue``; the bytes received meanwhile go on counting.)
+        """
+        receive = cycle.receive
+        send = cycle.send
+        connections = self._connlist.connections
+
+        def begin() -> None:
+            # Still this request's body (the connection's last cycle), not yet begun.
+            if self._connlist_record is record and self.cycle is cycle and self._connlist_phase == _BODY:  # type: ignore[attr-defined]
+                connections.body_begin(record, record.body_received)
+
+        def receive_after_continue() -> Any:
+            if cycle.waiting_for_100_continue:
+                begin()  # uvicorn writes 100 Continue as this receive() starts
+            return receive()
+
+        def send_after_continue(message: Any) -> Any:
+            if cycle.waiting_for_100_continue and message.get("type") == "http.response.start":
+                begin()  # answered without asking for the body
+            return send(message)
+
+        cycle.receive = receive_after_continue
+        cycle.send = send_after_continue
 
     @staticmethod
     def _connlist_body_bytes(record: Connection, n: int) -> None:
@@ -332,7 +391,7 @@ class _Tracking:
         record = self._connlist_record
         enforcer = self._connlist
         if record is not None and enforcer.settings.send_timeout:
-            enforcer.connections.stall(record, self.connlist_pending())
+            enforcer.connections.stall(record, self.connlist_pending(), self.connlist_acked())
             enforcer.watch()
 
     def resume_writing(self) -> None:
@@ -431,6 +490,18 @@ class _Tracking:
         transport = self.transport
         if transport is not None:
             self._connlist_mark_cut()
+            # A cut is a release: without this the kernel keeps the socket
+            # (FIN-WAIT-1) and everything queued for a client that reads
+            # nothing, for as long as the client keeps the connection.  With
+            # it, the close that abort() makes sends a reset, and the client
+            # sees ECONNRESET, not a response that seems to end.  (asyncio's
+            # transport closes its socket at the next iteration, uvloop's
+            # handle at once: both after this.)
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                # (Closed meanwhile, or not a socket: the abort alone, then.)
+                with contextlib.suppress(OSError, AttributeError, TypeError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
             transport.abort()
 
     def connlist_reading_paused(self) -> bool:
@@ -438,6 +509,22 @@ class _Tracking:
         # buffered), and a request queued behind a pipelined one.
         flow: Any = getattr(self, "flow", None)
         return flow is not None and bool(flow.read_paused)
+
+    def connlist_acked(self) -> tuple[int, int] | None:
+        if _TCP_INFO is None:
+            return None
+        transport = self.transport
+        sock = None if transport is None else transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_LEN)
+        except (OSError, AttributeError, TypeError):  # closed meanwhile, or a socket without TCP_INFO
+            return None
+        if len(info) < _BYTES_ACKED_AT + 8:
+            return None  # a kernel before 4.1
+        window = _SND_WND.unpack_from(info, _SND_WND_AT)[0] if len(info) >= _SND_WND_AT + 4 else 0
+        return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_AT)[0], window
 
     def connlist_pending(self) -> int:
         transport = self.transport
