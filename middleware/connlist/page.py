@@ -97,6 +97,24 @@ def _connections_table(connections: Iterable[dict[str, Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
+def _budget_line(budget: dict[str, Any]) -> str:
+    """The connection budget and its pressure, and the timeouts it shortened."""
+    if not budget.get("max_connections"):
+        return "no connection budget (max_connections 0)"
+    pressure = budget.get("pressure")
+    share = f"{pressure * 100:.0f}%" if isinstance(pressure, (int, float)) else _text(pressure)
+    line = (
+        f"budget {_text(budget.get('occupied'))} of {_text(budget.get('max_connections'))} connections "
+        f"(pressure {share})"
+    )
+    if budget.get("pressed"):
+        line += (
+            f", under pressure: headers timeout now {_seconds(budget.get('headers_timeout_now'))}, "
+            f"keep-alive {_seconds(budget.get('keep_alive_now'))}"
+        )
+    return line
+
+
 def _worker_section(worker: dict[str, Any], *, heading: bool) -> str:
     parts = []
     pid = _text(worker.get("pid"))
@@ -110,6 +128,9 @@ def _worker_section(worker: dict[str, Any], *, heading: bool) -> str:
         f"request timeout {_seconds(worker.get('request_timeout'))}"
     )
     parts.append(f"<p>{settings}</p>")
+    budget = worker.get("budget")
+    if isinstance(budget, dict):
+        parts.append(f"<p>{_budget_line(budget)}</p>")
     connections = worker.get("all", [])
     if worker.get("truncated"):
         parts.append(

@@ -106,6 +106,8 @@ __all__ = ["AutoProtocol", "H11Protocol", "HttpToolsProtocol"]
 TESTED_UVICORN = "0.36.0 to 0.54.0"
 
 RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+# A new connection refused at max_connections, every connection being a request being served.
+RESPONSE_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
 def _require(cls: type, names: tuple[str, ...]) -> None:
@@ -189,6 +191,8 @@ class _Tracking:
             cls._connlist_attributes_checked = True
         enforcer = _enforcer_for(self.app_state)
         enforcer.mode = self.connlist_mode
+        if enforcer.attached_loop is not self.loop:  # type: ignore[attr-defined]
+            enforcer.attach(self.loop, self.timeout_keep_alive)  # type: ignore[attr-defined]
         self._connlist = enforcer
         self._connlist_record = None
 
@@ -207,6 +211,7 @@ class _Tracking:
         record = enforcer.connections.connect(client=self.client, server=self.server, handle=self)
         self._connlist_record = record
         enforcer.totals.connections += 1
+        enforcer.admit(record)  # max_connections: may make room, or refuse this one
         enforcer.watch()
         return record
 
@@ -360,6 +365,13 @@ class _Tracking:
         if transport is not None:
             self._connlist_mark_cut()
             transport.abort()
+
+    def connlist_refuse(self) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(RESPONSE_503)
+            transport.close()
+            self._connlist_linger()
 
     def connlist_reading_paused(self) -> bool:
         # uvicorn stops reading a body the app does not consume (64 KiB
