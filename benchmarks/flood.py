@@ -263,7 +263,10 @@ async def keepalive_flood(port: int, count: int, rate: float, duration: float) -
 
     async def client() -> None:
         while time.monotonic() < deadline:
-            await tokens.acquire()
+            try:
+                await asyncio.wait_for(tokens.acquire(), max(deadline - time.monotonic(), 0.001))
+            except asyncio.TimeoutError:
+                break
             writer = None
             try:
                 stats["connects"] += 1

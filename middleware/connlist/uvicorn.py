@@ -191,8 +191,10 @@ class _Tracking:
             cls._connlist_attributes_checked = True
         enforcer = _enforcer_for(self.app_state)
         enforcer.mode = self.connlist_mode
-        if enforcer.attached_loop is not self.loop:  # type: ignore[attr-defined]
-            enforcer.attach(self.loop, self.timeout_keep_alive)  # type: ignore[attr-defined]
+        # Once per loop: the loop's accept failures, and uvicorn's keep-alive time.
+        loop = getattr(self, "loop", None)
+        if loop is not None and enforcer.attached_loop is not loop:
+            enforcer.attach(loop, getattr(self, "timeout_keep_alive", None))
         self._connlist = enforcer
         self._connlist_record = None
 
