@@ -306,3 +306,17 @@ def test_an_accept_out_of_descriptors_is_logged_once_with_the_numbers(
         assert [context["message"] for context in seen] == ["something else"]
     finally:
         event_loop.close()
+
+
+def test_a_pipelined_request_behind_a_response_being_served_is_not_taken(
+    clock: FakeClock, loop: MockLoop
+) -> None:
+    enforcer = make(clock, loop, 2)
+    connections = enforcer.connections
+    busy, busy_handle = arrive(enforcer)
+    serving(enforcer, busy, busy_handle)
+    connections.message_begin(busy)  # the next request's first bytes, while the first is served
+    silent, silent_handle = arrive(enforcer)
+    arrive(enforcer)
+    assert silent_handle.transport.aborted and not busy_handle.transport.closed
+    consistent(connections)

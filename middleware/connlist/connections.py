@@ -783,12 +783,14 @@ class ConnectionsList:
         """The oldest connection still sending its headers (or connected and silent), other than ``skip``.
 
         ``active`` is ordered by message start, so it is at its head, behind
-        only the requests older than it that are receiving a body.
+        only the requests older than it that are receiving a body (or whose
+        connection is responding to an earlier, pipelined, request).
         """
         root = self._active_root
         node = root._active_next
         while node is not root:
-            if not node.headers_completed and node is not skip:
+            # (A pipelined request's head arriving behind a response being served is not taken.)
+            if not node.headers_completed and not node._responding and node is not skip:
                 return node
             node = node._active_next
         return None

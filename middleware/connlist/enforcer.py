@@ -403,6 +403,7 @@ class Enforcer:
                 while True:
                     batch = connections.idle_expired(idle_time, now, _BATCH)
                     for conn in batch:
+                        connections.let_go(conn)
                         self.totals.keepalive_evictions += 1
                         self.summary.add("keepalive", conn.client, self._details["keepalive"], room=True)
                         if conn.handle is not None:
