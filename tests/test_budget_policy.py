@@ -316,7 +316,7 @@ def test_a_pipelined_request_behind_a_response_being_served_is_not_taken(
     busy, busy_handle = arrive(enforcer)
     serving(enforcer, busy, busy_handle)
     connections.message_begin(busy)  # the next request's first bytes, while the first is served
-    silent, silent_handle = arrive(enforcer)
+    _, silent_handle = arrive(enforcer)
     arrive(enforcer)
     assert silent_handle.transport.aborted and not busy_handle.transport.closed
     consistent(connections)
