@@ -172,6 +172,10 @@ class ConnectionsMiddleware:
         return self._enforcer.settings.body_grace
 
     @property
+    def max_connections(self) -> int:
+        return self._enforcer.settings.max_connections
+
+    @property
     def settings(self) -> Settings:
         """Every option's effective value."""
         return self._enforcer.settings
