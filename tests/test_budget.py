@@ -12,6 +12,7 @@ when every connection is a request being served.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 import threading
@@ -250,3 +251,20 @@ def test_refused_with_503_when_every_connection_is_serving(parser: str, tmp_path
 
 if sys.platform != "linux":  # pragma: no cover
     pytestmark = pytest.mark.skip("descriptor limits are set the Linux way")
+
+
+def test_a_budget_above_the_limit_says_so_once_with_the_numbers(tmp_path: Path) -> None:
+    # asyncio's loop: without connlist's handler it logs a traceback per failed accept().
+    with (
+        budget_server("httptools", tmp_path, loop="asyncio", max_connections=1000) as server,
+        ExitStack() as socks,
+    ):
+        for _ in range(FLOOD):
+            socks.enter_context(connect(server.port))
+        deadline = time.monotonic() + 5
+        while "want of file descriptors" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    log = server.log()
+    assert log.count("accept() failed for want of file descriptors") == 1, log[-3000:]
+    assert re.search(r"max_connections 1000, RLIMIT_NOFILE 256, 25[0-6] descriptors open", log), log[-3000:]
+    assert "out of system resource" not in log

@@ -133,6 +133,14 @@ def _out_of_descriptors(exc: object) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
 
 
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
 def _reading_paused(conn: Connection) -> bool:
     """A body behind the rate is excused while the server, not the client, holds it up."""
     handle = conn.handle
@@ -571,13 +579,12 @@ class Enforcer:
         if self.totals.accept_failures > 1:
             return
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        try:
-            open_fds: int | str = len(os.listdir("/proc/self/fd"))
-        except OSError:  # pragma: no cover - not Linux
-            open_fds = "unknown"
+        # Counted without opening one (listing /proc/self/fd would need a
+        # descriptor, and there is none); once per worker, so the cost is fine.
+        open_fds = sum(_is_open(fd) for fd in range(min(soft, 1 << 16)))
         logger.error(
             "connlist: accept() failed for want of file descriptors (%s): %d connections tracked, "
-            "max_connections %d, RLIMIT_NOFILE %d, %s descriptors open. The budget leaves too few "
+            "max_connections %d, RLIMIT_NOFILE %d, %d descriptors open. The budget leaves too few "
             "descriptors to the rest of the worker: lower max_connections or raise the limit (ulimit -n). "
             "Later failures are counted in the view (accept_failures), not logged.",
             exc,
