@@ -47,6 +47,19 @@ record, and none is touched by a request without a body::
     closing   connections the enforcer closed (``linger``), by when: what
               has not gone after a short linger is aborted
 
+A sixth, ``idle``, serves the connection budget (``max_connections``, see
+``connlist.enforcer``): connections in the order they became idle.  A record
+joins its tail at ``message_complete``; ``message`` (a whole request on an
+idle connection, the common case) does not move it and reads no clock, so
+``idle_oldest`` gives the head a second chance when it served requests since
+it joined (its ``requests`` differ from ``idle_requests``), as the CLOCK
+page-replacement algorithm does, and puts back one that is responding.
+``idle_expired`` stamps records lazily (``idle_since``, from the tail back
+to the first stamped one), so ``idle`` stays ordered by that stamp.  A
+connection closed to make room (``let_go``) leaves ``active``, ``body`` and
+``idle``, counts as timed out until removed, and no longer counts in
+``occupied``.
+
 A record is in at most one of ``stalled`` and ``closing`` (one link pair,
 ``out_state`` says which).
 

@@ -14,7 +14,9 @@ anything can be due:
   so it is cut between ``send_timeout`` and ``1.25 * send_timeout`` (plus
   the timer's lateness) after its last progress;
 * a closed connection's linger (``LINGER``), after which it is aborted;
-* the next log summary, while one is pending.
+* the next log summary, while one is pending;
+* under pressure (see below), an idle connection's shortened keep-alive
+  time, and at least every ``PRESSURE_TICK``.
 
 After each sweep the timer is armed again, never further away than
 ``Settings.shortest``: anything that starts a clock after the timer was armed
@@ -35,6 +37,17 @@ transport, the callback), so a mass timeout is spread over loop iterations:
 one sweep spends at most ``BUDGET`` seconds closing, then yields to the loop
 and carries on at the next iteration, so requests of other clients are served
 in between.
+
+The connection budget (``max_connections``) is kept at connect, not by the
+timer: the server layer calls ``admit`` once per new connection, and over
+the budget one connection goes, the first that exists of: the longest-idle
+keep-alive connection (closed), the oldest still sending its headers (``408``,
+then aborted), the body furthest behind the minimum rate (the same), and
+only when every connection is a request being served, the new one (``503``).
+Above ``PRESSURE_WATERMARK`` of the budget the enforcer is *pressed*: its
+sweeps shrink the headers timeout and the keep-alive idle time (``shrink``,
+linear down to ``PRESSURE_FLOOR`` at the budget) and pass them to the same
+ordered walks, so one timer still serves every deadline.
 
 The server layer (``connlist.uvicorn``), or ``connlist.asgi`` in ASGI-only
 mode, feeds the list, calls ``watch()`` after any event that can make
