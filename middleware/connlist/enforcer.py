@@ -258,9 +258,11 @@ class Enforcer:
     @settings.setter
     def settings(self, settings: Settings) -> None:
         self._settings = settings
+        # The headers timeout the last sweep applied (shortened under pressure).
+        self.headers_timeout_now = settings.headers_timeout
         # What each kind's DEBUG line says (built only when one is written).
         self._details: dict[str, Callable[[], str]] = {
-            "headers": lambda: f"headers not received within {settings.headers_timeout:g}s, closing",
+            "headers": lambda: f"headers not received within {self.headers_timeout_now:g}s, closing",
             "request": lambda: f"request not received within {settings.request_timeout:g}s, closing",
             "rate": lambda: f"body slower than {settings.body_min_rate:g} bytes/s, closing",
             "send": lambda: f"response not taken for {settings.send_timeout:g}s, aborting",
@@ -433,6 +435,7 @@ class Enforcer:
                         break
                     if clock() > stop:
                         return False
+        self.headers_timeout_now = headers_timeout
         # Headers and request timeouts (Node's rule).
         if headers_timeout or settings.request_timeout:
             while True:
