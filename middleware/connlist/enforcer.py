@@ -61,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import math
 import os
 import resource
 import time
@@ -260,6 +261,9 @@ class Enforcer:
         self._settings = settings
         # The headers timeout the last sweep applied (shortened under pressure).
         self.headers_timeout_now = settings.headers_timeout
+        # Connections up to which admit has nothing to do.
+        budget = settings.max_connections
+        self._quiet_below = budget * PRESSURE_WATERMARK if budget else math.inf
         # What each kind's DEBUG line says (built only when one is written).
         self._details: dict[str, Callable[[], str]] = {
             "headers": lambda: f"headers not received within {self.headers_timeout_now:g}s, closing",
@@ -515,15 +519,12 @@ class Enforcer:
         ``503``.  A request being served is never cut to make room.  Crossing
         ``PRESSURE_WATERMARK`` of the budget starts the shorter timeouts.
         """
-        settings = self.settings
-        budget = settings.max_connections
-        if not budget:
-            return
-        connections = self.connections
-        occupied = connections.occupied
-        if occupied > budget:
+        occupied = self.connections.occupied
+        if occupied <= self._quiet_below:
+            return  # under the watermark (or no budget): one comparison per connection
+        if occupied > self._settings.max_connections:
             self._make_room(record)
-        if not self.pressed and occupied > budget * PRESSURE_WATERMARK:
+        if not self.pressed:
             self.pressed = True
             self.bring_forward(self.clock() + PRESSURE_TICK)
 
