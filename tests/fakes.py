@@ -147,6 +147,7 @@ class MemoryTransport:
 
 
 RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+RESPONSE_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
 class MemoryHandle:
@@ -177,6 +178,10 @@ class MemoryHandle:
 
     def connlist_abort(self) -> None:
         self.transport.abort()
+
+    def connlist_refuse(self) -> None:
+        self.transport.write(RESPONSE_503)
+        self.transport.close()
 
     def connlist_pending(self) -> int:
         return self.transport.get_write_buffer_size()

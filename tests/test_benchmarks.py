@@ -23,6 +23,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import attacks  # noqa: E402
 import e2e  # noqa: E402
 import e2e_apps  # noqa: E402
+import flood  # noqa: E402
 import list_micro  # noqa: E402
 import per_request  # noqa: E402
 import setups  # noqa: E402
@@ -323,3 +324,41 @@ def test_attacks_connection_lifetimes_bridge_a_missed_sample() -> None:
     assert (one.first_seen, one.last_seen, one.after, one.gone, one.samples) == (0.5, 4.0, None, False, 7)
     assert (two.last_seen, two.after, two.gone) == (2.0, 2.5, True)
     assert (two.opened, two.closed) == (0.25, 2.25)
+
+
+# -- benchmarks/flood.py: its verdict and its table, and its keep-alive client on a real server --------
+
+
+def test_flood_verdict_needs_99_percent_within_200_ms() -> None:
+    ok = flood.Case("connlist", 1024, "slowloris", flood.Probe(ok=120, failed=1, slowest=0.05))
+    assert flood.verdict(ok) == "yes"
+    failing = flood.Case("uvicorn", 1024, "slowloris", flood.Probe(ok=6, failed=115, slowest=0.002))
+    assert flood.verdict(failing) == "no"
+    slow = flood.Case("connlist", 1024, "slowloris", flood.Probe(ok=120, slowest=0.3, slow=1))
+    assert flood.verdict(slow) == "no"
+    ok.totals = {"idle_evictions": 3, "headers_evictions": 2, "keepalive_evictions": 1, "refused": 0}
+    table = flood.markdown([ok, failing], "python3 benchmarks/flood.py")
+    assert "| connlist | 1024 | slowloris | 120 / 1 | 50 ms | 0 | yes | 0 | 3 / 2 / 1 / 0 |" in table
+    assert "| uvicorn | 1024 | slowloris | 6 / 115 | 2 ms | 0 | no | 0 | - |" in table
+
+
+def test_flood_keep_alive_client_holds_its_connections_and_stops_by_itself() -> None:
+    held: list[asyncio.StreamWriter] = []
+
+    async def run() -> dict[str, int]:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\nHello, world!")
+            held.append(writer)
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            stats = await asyncio.wait_for(flood.keepalive_flood(port, 20, 200, 0.5), 5)
+            for writer in held:
+                writer.close()
+        return stats
+
+    stats = asyncio.run(run())
+    assert stats["answered"] == stats["connects"] == 20, stats
+    assert stats["failed"] == 0

@@ -19,7 +19,7 @@ from connlist import ConnectionsMiddleware
 from connlist.connections import Connection
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.selfcheck import CheckFailed, check_static
-from connlist.settings import Settings
+from connlist.settings import Settings, default_max_connections
 from tests.servers import (
     EARLY,
     INTEGRATED,
@@ -48,6 +48,14 @@ def test_defaults_follow_node() -> None:
     assert mw.mode == "asgi"
 
 
+def test_max_connections_defaults_to_the_descriptor_limit_and_can_be_set() -> None:
+    assert ConnectionsMiddleware(echo_app).max_connections == default_max_connections()
+    assert ConnectionsMiddleware(echo_app, max_connections=0).max_connections == 0
+    assert ConnectionsMiddleware(echo_app, max_connections=500).settings.max_connections == 500
+    with pytest.raises(ValueError, match="max_connections"):
+        ConnectionsMiddleware(echo_app, max_connections=-1)
+
+
 def test_defaults_beyond_node_follow_nginx_and_apache() -> None:
     mw = ConnectionsMiddleware(echo_app)
     # nginx's send_timeout; Apache mod_reqtimeout's body=10,MinRate=500.
@@ -55,7 +63,10 @@ def test_defaults_beyond_node_follow_nginx_and_apache() -> None:
     assert mw.settings == Settings(60.0, 300.0, 60.0, 500.0, 10.0)
     mw = ConnectionsMiddleware(echo_app, send_timeout=5, body_min_rate=0, body_grace=0)
     assert (mw.send_timeout, mw.body_min_rate, mw.body_grace) == (5.0, 0.0, 0.0)
-    assert all(type(value) is float for value in dataclasses.astuple(mw.settings))
+    values = dataclasses.asdict(mw.settings)
+    # The timeouts and the rate are floats; the connection budget is a count.
+    assert type(values.pop("max_connections")) is int
+    assert all(type(value) is float for value in values.values())
 
 
 @pytest.mark.parametrize(

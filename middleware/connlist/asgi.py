@@ -293,6 +293,9 @@ class AsgiRequest:
     def connlist_abort(self) -> None:
         pass  # an ASGI app cannot abort its connection; the record goes when the app returns
 
+    def connlist_refuse(self) -> None:
+        pass  # never asked: ASGI-only mode sees requests, not connections, and has no budget
+
     def connlist_request(self) -> tuple[str | None, str | None]:
         return None, None  # the record stores the request's method and path itself
 

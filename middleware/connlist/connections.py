@@ -50,6 +50,19 @@ record, and none is touched by a request without a body::
     closing   connections the enforcer closed (``linger``), by when: what
               has not gone after a short linger is aborted
 
+A sixth, ``idle``, serves the connection budget (``max_connections``, see
+``connlist.enforcer``): connections in the order they became idle.  A record
+joins its tail at ``message_complete``; ``message`` (a whole request on an
+idle connection, the common case) does not move it and reads no clock, so
+``idle_oldest`` gives the head a second chance when it served requests since
+it joined (its ``requests`` differ from ``idle_requests``), as the CLOCK
+page-replacement algorithm does, and puts back one that is responding.
+``idle_expired`` stamps records lazily (``idle_since``, from the tail back
+to the first stamped one), so ``idle`` stays ordered by that stamp.  A
+connection closed to make room (``let_go``) leaves ``active``, ``body`` and
+``idle``, counts as timed out until removed, and no longer counts in
+``occupied``.
+
 A record is in at most one of ``stalled`` and ``closing`` (one link pair,
 ``out_state`` says which).
 
@@ -157,6 +170,9 @@ class ConnectionHandle(Protocol):
     def connlist_abort(self) -> None:
         """Abort the connection: drop what is unsent and close it at once."""
 
+    def connlist_refuse(self) -> None:
+        """Answer ``503`` with ``Connection: close`` to a new connection and close it (no room for it)."""
+
     def connlist_pending(self) -> int:
         """Bytes of the response the client has not taken yet (the transport's buffer and the kernel's)."""
 
@@ -188,6 +204,11 @@ OUT_NONE = 0
 OUT_STALLED = 1
 OUT_CLOSING = 2
 
+# ConnectionsList._idle_check's verdicts.
+_IDLE_DROP = 0
+_IDLE_AGAIN = 1
+_IDLE_FREE = 2
+
 _ids = itertools.count(1)
 # The id of a record not given one, unique in the process.  ASGI-only mode
 # gives its records their request number instead (connlist.asgi says why).
@@ -210,6 +231,8 @@ class Connection:
         "_begun",
         "_body_next",
         "_body_prev",
+        "_idle_next",
+        "_idle_prev",
         "_method",
         "_out_next",
         "_out_prev",
@@ -219,9 +242,12 @@ class Connection:
         "body_started",
         "client",
         "connected_at",
+        "gone",
         "handle",
         "headers_completed",
         "id",
+        "idle_requests",
+        "idle_since",
         "last_message_start",
         "out_acked",
         "out_pending",
@@ -251,7 +277,9 @@ class Connection:
         self._body_next: Connection = self
         self._out_prev: Connection = self
         self._out_next: Connection = self
-        # Given only to a ``Received`` record, whose id its table holds.
+        self._idle_prev: Connection = self
+        self._idle_next: Connection = self
+        # Given by ASGI-only mode, which numbers its requests as it counts them.
         self.id: int = next_id() if id is None else id
         self.client = client
         self.server = server
@@ -287,6 +315,14 @@ class Connection:
         # acknowledgements came (kept from one stall to the next).
         self.out_acked = -1
         self.out_step = 0
+        # While in ``idle`` (see ``ConnectionsList.idle_oldest``): ``requests``
+        # when it joined or was last looked at there, and when that was
+        # (0: not stamped yet; the timer stamps it).
+        self.idle_requests = 0
+        self.idle_since = 0.0
+        # Closed or aborted to make room (``ConnectionsList.let_go``): its
+        # descriptor is on its way out, it no longer counts against the budget.
+        self.gone = False
 
     @property
     def responding(self) -> bool:
@@ -436,8 +472,10 @@ class ConnectionsList:
         "_body_root",
         "_clock",
         "_closing_root",
+        "_idle_root",
         "_n_active",
         "_n_all",
+        "_n_gone",
         "_n_headers_pending",
         "_n_idle_responding",
         "_n_stalled",
@@ -467,6 +505,10 @@ class ConnectionsList:
         self._stalled_root = Connection()
         self._closing_root = Connection()
         self._n_stalled = 0
+        # Connections in the order they became idle (see ``idle_oldest``),
+        # and those let go to make room, not yet removed.
+        self._idle_root = Connection()
+        self._n_gone = 0
         # ASGI-only mode's requests without a body (see Received).
         self.received: dict[int, tuple[float, Any]] = {}
 
@@ -655,6 +697,17 @@ class ConnectionsList:
         conn.requests += 1
         if conn._responding:
             self._n_idle_responding += 1
+        if conn._idle_next is conn:
+            # Joins the tail of ``idle``; a record still in it (idle before
+            # this request) stays where it is, ``idle_oldest`` sees it was used.
+            root = self._idle_root
+            last = root._idle_prev
+            conn._idle_prev = last
+            conn._idle_next = root
+            last._idle_next = conn
+            root._idle_prev = conn
+            conn.idle_requests = conn.requests
+            conn.idle_since = 0.0
 
     def remove(self, conn: Connection) -> None:
         """Closed or upgraded: leaves every list it is in.  Idempotent, safe in any state."""
@@ -675,12 +728,182 @@ class ConnectionsList:
                 self._body_unlink(conn)
             if conn.out_state:
                 self._out_unlink(conn)
+            if conn._idle_next is not conn:
+                self._idle_unlink(conn)
+            if conn.gone:
+                self._n_gone -= 1
             prev = conn._all_prev
             nxt = conn._all_next
             prev._all_next = nxt
             nxt._all_prev = prev
             conn._all_prev = conn._all_next = conn
             self._n_all -= 1
+
+    # -- the connection budget: idle order, and letting connections go --------
+
+    def _idle_append(self, conn: Connection) -> None:
+        root = self._idle_root
+        last = root._idle_prev
+        conn._idle_prev = last
+        conn._idle_next = root
+        last._idle_next = conn
+        root._idle_prev = conn
+
+    @staticmethod
+    def _idle_unlink(conn: Connection) -> None:
+        prev = conn._idle_prev
+        nxt = conn._idle_next
+        prev._idle_next = nxt
+        nxt._idle_prev = prev
+        conn._idle_prev = conn._idle_next = conn
+
+    def _idle_check(self, node: Connection, stamp: float) -> int:
+        """Where the record at the head of ``idle`` stands: _IDLE_DROP, _IDLE_AGAIN (put back) or _IDLE_FREE.
+
+        ``idle`` is ordered by when a record joined it, and a request that
+        arrives whole on an idle connection (``message``) does not move it,
+        so the head may have served requests since: it goes back to the
+        tail, stamped ``stamp``, with a new ``idle_requests`` (a second
+        chance, as in the CLOCK page-replacement algorithm).  So does a
+        connection that is responding or whose client is taking a response
+        (stalled): a request being served is never let go.  A record that
+        is no longer idle (a request began, it expired, it is closing) leaves
+        ``idle``; it joins again at its next ``message_complete``.
+        """
+        if node.last_message_start != 0.0 or node.gone or node.out_state == OUT_CLOSING:
+            self._idle_unlink(node)
+            return _IDLE_DROP
+        if node.requests != node.idle_requests or node._responding or node.out_state == OUT_STALLED:
+            self._idle_unlink(node)
+            node.idle_requests = node.requests
+            node.idle_since = stamp
+            self._idle_append(node)
+            return _IDLE_AGAIN
+        self._idle_unlink(node)
+        return _IDLE_FREE
+
+    def idle_oldest(self) -> Connection | None:
+        """Unlink and return the longest-idle keep-alive connection that can be closed, or None.
+
+        Each record looked at and not returned either leaves ``idle`` or goes
+        back to its tail because it served a request since it was last looked
+        at (see ``_idle_check``), so the cost is O(1) amortised over the
+        requests, plus one step per connection responding right now that is
+        older in ``idle`` than the one returned.  The walk stops when it
+        meets a record it put back: it went round.
+        """
+        root = self._idle_root
+        node = root._idle_next
+        first: Connection | None = None
+        while node is not root and node is not first:
+            nxt = node._idle_next
+            verdict = self._idle_check(node, 0.0)
+            if verdict == _IDLE_FREE:
+                return node
+            if verdict == _IDLE_AGAIN and first is None:
+                first = node
+            node = nxt
+        return None
+
+    def idle_expired(self, idle_time: float, now: float, limit: int) -> list[Connection]:
+        """Unlink and return up to ``limit`` connections idle (and closable) for at least ``idle_time``.
+
+        Records join ``idle`` unstamped (``message_complete`` reads no
+        clock); this stamps them ``now`` first, from the tail back to the
+        first stamped one, so each is stamped once and ``idle`` stays ordered
+        by ``idle_since``.  An idle time is therefore counted from the first
+        sweep that saw the connection idle (the timer's resolution late).
+        """
+        root = self._idle_root
+        node = root._idle_prev
+        while node is not root and node.idle_since == 0.0:
+            node.idle_since = now
+            node = node._idle_prev
+        bound = now - idle_time
+        due: list[Connection] = []
+        node = root._idle_next
+        while node is not root and node.idle_since <= bound and len(due) < limit:
+            nxt = node._idle_next
+            if self._idle_check(node, now) == _IDLE_FREE:
+                due.append(node)
+            node = nxt
+        return due
+
+    def idle_head_since(self) -> float | None:
+        """When the record at the head of ``idle`` was stamped, or None (empty, or not stamped yet)."""
+        head = self._idle_root._idle_next
+        if head is self._idle_root or head.idle_since == 0.0:
+            return None
+        return head.idle_since
+
+    def headers_oldest(self, skip: Connection | None = None) -> Connection | None:
+        """The oldest connection still sending its headers (or connected and silent), other than ``skip``.
+
+        ``active`` is ordered by message start, so it is at its head, behind
+        only the requests older than it that are receiving a body (or whose
+        connection is responding to an earlier, pipelined, request).
+        """
+        root = self._active_root
+        node = root._active_next
+        while node is not root:
+            # (A pipelined request's head arriving behind a response being served is not taken.)
+            if not node.headers_completed and not node._responding and node is not skip:
+                return node
+            node = node._active_next
+        return None
+
+    def body_slowest(self, min_rate: float, now: float, look: int) -> Connection | None:
+        """Of the ``look`` oldest bodies, the one furthest behind ``min_rate`` since it began, or None.
+
+        Grace is not granted here (this chooses what goes when there is no
+        room, it does not time anything out): a body is behind if fewer than
+        ``min_rate`` bytes per second have arrived since it began.  A body
+        the server itself stopped reading is not behind.
+        """
+        root = self._body_root
+        node = root._body_next
+        worst: Connection | None = None
+        worst_lag = 0.0
+        while node is not root and look > 0:
+            lag = (now - node.body_started) * min_rate - node.body_received
+            if lag > worst_lag and not (node.handle is not None and node.handle.connlist_reading_paused()):
+                worst, worst_lag = node, lag
+            node = node._body_next
+            look -= 1
+        return worst
+
+    def let_go(self, conn: Connection) -> None:
+        """The connection is being closed to make room: it stops counting against the budget.
+
+        It leaves ``active``, ``body`` and ``idle`` and counts as timed out
+        (closed by connlist, not yet gone) until it is removed; ``occupied``
+        no longer counts it.
+        """
+        if conn._all_next is conn or conn.gone:
+            return
+        conn.gone = True
+        self._n_gone += 1
+        if conn._active_next is not conn:
+            self._active_unlink(conn)
+            self._n_active -= 1
+            if not conn.headers_completed:
+                self._n_headers_pending -= 1
+            elif conn._body_next is not conn:
+                self._body_unlink(conn)
+            self._n_timed_out += 1
+        elif conn.last_message_start == 0.0:
+            if conn._responding:
+                conn._responding = False
+                self._n_idle_responding -= 1
+            conn.last_message_start = self._clock()
+            self._n_timed_out += 1
+        if conn._idle_next is not conn:
+            self._idle_unlink(conn)
+
+    @property
+    def occupied(self) -> int:
+        """Connections that count against the budget: those in ``all`` not let go."""
+        return self._n_all - self._n_gone
 
     # -- the body, the stalled and the closing lists ---------------------------
 

@@ -62,7 +62,7 @@ from starlette.types import Receive, Scope, Send
 
 from connlist import page
 from connlist.connections import Connection, connection_state
-from connlist.enforcer import Enforcer
+from connlist.enforcer import Enforcer, shrink
 from connlist.logs import format_address
 from connlist.settings import check_whole
 from connlist.slices import STEP, cooperatively, json_cooperatively
@@ -250,6 +250,7 @@ def snapshot_steps(
         **dataclasses.asdict(enforcer.settings),
         "counts": counts,
         "totals": dataclasses.asdict(enforcer.totals),
+        "budget": budget_view(enforcer),
         "limit": limit,
         "truncated": len(all_list) < n_all or len(idle_list) < n_idle or len(active_list) < n_active,
         # A list, so the endpoint's encoder (connlist.slices) writes it with the others, after the rest.
@@ -257,6 +258,19 @@ def snapshot_steps(
         "all": all_list,
         "idle": idle_list,
         "active": active_list,
+    }
+
+
+def budget_view(enforcer: Enforcer) -> dict[str, Any]:
+    """The connection budget and the pressure on it, and the timeouts as they are now (shortened or not)."""
+    pressure = enforcer.pressure
+    return {
+        "max_connections": enforcer.settings.max_connections,
+        "occupied": enforcer.connections.occupied,
+        "pressure": round(pressure, 3),
+        "pressed": enforcer.pressed,
+        "headers_timeout_now": round(shrink(enforcer.settings.headers_timeout, pressure), 3),
+        "keep_alive_now": round(shrink(enforcer.keep_alive, pressure), 3),
     }
 
 

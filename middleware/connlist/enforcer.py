@@ -17,7 +17,9 @@ anything can be due:
   what the client acknowledged (``TCP_INFO``), or, where the kernel does not
   tell, fewer bytes unsent;
 * a closed connection's linger (``LINGER``), after which it is aborted;
-* the next log summary, while one is pending.
+* the next log summary, while one is pending;
+* under pressure (see below), an idle connection's shortened keep-alive
+  time, and at least every ``PRESSURE_TICK``.
 
 After each sweep the timer is armed again, never further away than
 ``Settings.shortest``: anything that starts a clock after the timer was armed
@@ -39,6 +41,17 @@ one sweep spends at most ``BUDGET`` seconds closing, then yields to the loop
 and carries on at the next iteration, so requests of other clients are served
 in between.
 
+The connection budget (``max_connections``) is kept at connect, not by the
+timer: the server layer calls ``admit`` once per new connection, and over
+the budget one connection goes, the first that exists of: the longest-idle
+keep-alive connection (closed), the oldest still sending its headers (``408``,
+then aborted), the body furthest behind the minimum rate (the same), and
+only when every connection is a request being served, the new one (``503``).
+Above ``PRESSURE_WATERMARK`` of the budget the enforcer is *pressed*: its
+sweeps shrink the headers timeout and the keep-alive idle time (``shrink``,
+linear down to ``PRESSURE_FLOOR`` at the budget) and pass them to the same
+ordered walks, so one timer still serves every deadline.
+
 The server layer (``connlist.uvicorn``), or ``connlist.asgi`` in ASGI-only
 mode, feeds the list, calls ``watch()`` after any event that can make
 something due (``connect``, ``message_begin``, ``stall``) and ``unwatch()``
@@ -49,6 +62,10 @@ is due is closed through the connection's handle.
 from __future__ import annotations
 
 import asyncio
+import errno
+import math
+import os
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,10 +78,14 @@ from connlist.settings import Settings
 __all__ = [
     "BUDGET",
     "LINGER",
+    "PRESSURE_FLOOR",
+    "PRESSURE_WATERMARK",
     "STATE_KEY",
     "Enforcer",
+    "RoomKind",
     "TimeoutKind",
     "Totals",
+    "shrink",
 ]
 
 # The key under which the middleware hands its enforcer to the server's
@@ -89,6 +110,49 @@ RATE_RESOLUTION = 0.1
 SLOW_CALLBACK = 0.010
 
 TimeoutKind = Literal["headers", "request", "rate", "send"]
+# What went to make room for a new connection at the budget (see Enforcer.admit).
+RoomKind = Literal["idle", "headers", "body", "refused"]
+
+# Pressure: above this share of max_connections the headers timeout and the
+# keep-alive idle time shrink, linearly, to PRESSURE_FLOOR seconds at the
+# budget (Envoy's overload manager, reduce_timeouts).
+PRESSURE_WATERMARK = 0.8
+PRESSURE_FLOOR = 2.0
+# While under pressure the timer fires at least this often, so that deadlines
+# moved earlier by a rising pressure are met within it.
+PRESSURE_TICK = 0.25
+# uvicorn's --timeout-keep-alive default, until a protocol tells its own.
+KEEP_ALIVE = 5.0
+# Bodies looked at for the slowest one, when no idle or header-reading
+# connection can make room.
+BODY_LOOK = 32
+# What asyncio (and uvloop) tell the loop's exception handler when accept fails for want of descriptors.
+_ACCEPT_ERRORS = ("socket.accept() out of system resource", "error status in uv_stream_t.listen callback")
+
+
+def shrink(timeout: float, pressure: float) -> float:
+    """``timeout`` under ``pressure`` (occupied / max_connections): the curve of docs/settings.md.
+
+    Unchanged up to ``PRESSURE_WATERMARK``, then linear down to
+    ``PRESSURE_FLOOR`` at 1.0 and beyond; a timeout at or below the floor,
+    or disabled (0), is never changed.
+    """
+    if pressure <= PRESSURE_WATERMARK or timeout <= PRESSURE_FLOOR:
+        return timeout
+    share = min((pressure - PRESSURE_WATERMARK) / (1.0 - PRESSURE_WATERMARK), 1.0)
+    return timeout - (timeout - PRESSURE_FLOOR) * share
+
+
+def _out_of_descriptors(exc: object) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def _reading_paused(conn: Connection) -> bool:
@@ -118,6 +182,16 @@ class Totals:
     request_timeouts: int = 0
     rate_timeouts: int = 0
     send_timeouts: int = 0
+    # Connections let go to make room at max_connections, by kind
+    # (``<kind>_evictions``: RoomKind), idle ones closed under pressure (the
+    # keep-alive idle time shrunk), and new ones refused with 503.
+    idle_evictions: int = 0
+    headers_evictions: int = 0
+    body_evictions: int = 0
+    keepalive_evictions: int = 0
+    refused: int = 0
+    # accept() failed for want of descriptors (logged once).
+    accept_failures: int = 0
 
 
 class Enforcer:
@@ -165,6 +239,11 @@ class Enforcer:
         self._grace_end: float | None = None
         self._slow_callback_warned = False
         self._failure_logged = False
+        # Above the watermark of the budget (see admit and pressure).
+        self.pressed = False
+        # uvicorn's keep-alive idle time (the protocol tells it: attach).
+        self.keep_alive = KEEP_ALIVE
+        self.attached_loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def settings(self) -> Settings:
@@ -173,12 +252,28 @@ class Enforcer:
     @settings.setter
     def settings(self, settings: Settings) -> None:
         self._settings = settings
+        # The headers timeout the last sweep applied (shortened under pressure).
+        self.headers_timeout_now = settings.headers_timeout
+        # Connections up to which admit has nothing to do.
+        budget = settings.max_connections
+        self._quiet_below = budget * PRESSURE_WATERMARK if budget else math.inf
         # What each kind's DEBUG line says (built only when one is written).
         self._details: dict[str, Callable[[], str]] = {
-            "headers": lambda: f"headers not received within {settings.headers_timeout:g}s, closing",
+            "headers": lambda: f"headers not received within {self.headers_timeout_now:g}s, closing",
             "request": lambda: f"request not received within {settings.request_timeout:g}s, closing",
             "rate": lambda: f"body slower than {settings.body_min_rate:g} bytes/s, closing",
             "send": lambda: f"response not taken for {settings.send_timeout:g}s or more, aborting",
+            "keepalive": lambda: "idle keep-alive connection closed under pressure",
+            "idle": lambda: (
+                f"longest-idle keep-alive connection closed at {settings.max_connections} connections"
+            ),
+            "room_headers": lambda: (
+                f"oldest connection sending its headers cut at {settings.max_connections} connections (408)"
+            ),
+            "body": lambda: f"slowest body cut at {settings.max_connections} connections (408)",
+            "refused": lambda: (
+                f"refused with 503: {settings.max_connections} connections all serving requests"
+            ),
         }
 
     @property
@@ -225,6 +320,7 @@ class Enforcer:
             or connections.stalled_count
             or connections.closing_head_since() is not None
             or self.summary.pending
+            or self.pressed
         )
 
     def cancel(self) -> None:
@@ -254,7 +350,18 @@ class Enforcer:
         settings = self.settings
         connections = self.connections
         candidates: list[float] = []
-        deadline = connections.next_deadline(settings.headers_timeout, settings.request_timeout)
+        headers_timeout = settings.headers_timeout
+        if self.pressed:
+            pressure = self.pressure
+            headers_timeout = shrink(headers_timeout, pressure)
+            idle_time = shrink(self.keep_alive, pressure)
+            since = connections.idle_head_since()
+            if idle_time < self.keep_alive:
+                # Unstamped records are stamped at the next sweep.
+                candidates.append(now + PRESSURE_TICK if since is None else since + idle_time + _SLACK)
+            # Deadlines move earlier as the pressure rises.
+            candidates.append(now + PRESSURE_TICK)
+        deadline = connections.next_deadline(headers_timeout, settings.request_timeout)
         if deadline is not None:
             candidates.append(deadline + _SLACK)
         if settings.body_min_rate:
@@ -315,10 +422,31 @@ class Enforcer:
         stop = now + BUDGET
         settings = self.settings
         connections = self.connections
+        headers_timeout = settings.headers_timeout
+        if self.pressed:
+            pressure = self.pressure
+            self.pressed = pressure > PRESSURE_WATERMARK
+            headers_timeout = shrink(headers_timeout, pressure)
+            # Keep-alive connections idle longer than the shrunk idle time.
+            idle_time = shrink(self.keep_alive, pressure)
+            if idle_time < self.keep_alive:
+                while True:
+                    batch = connections.idle_expired(idle_time, now, _BATCH)
+                    for conn in batch:
+                        connections.let_go(conn)
+                        self.totals.keepalive_evictions += 1
+                        self.summary.add("keepalive", conn.client, self._details["keepalive"], room=True)
+                        if conn.handle is not None:
+                            self._call(conn.handle.connlist_close_idle)
+                    if len(batch) < _BATCH:
+                        break
+                    if clock() > stop:
+                        return False
+        self.headers_timeout_now = headers_timeout
         # Headers and request timeouts (Node's rule).
-        if settings.headers_timeout or settings.request_timeout:
+        if headers_timeout or settings.request_timeout:
             while True:
-                batch = connections.expired(settings.headers_timeout, settings.request_timeout, _BATCH)
+                batch = connections.expired(headers_timeout, settings.request_timeout, _BATCH)
                 for conn in batch:
                     kind: TimeoutKind = (
                         "headers" if settings.headers_timeout and not conn.headers_completed else "request"
@@ -375,6 +503,120 @@ class Enforcer:
             if clock() > stop:
                 return False
         return True
+
+    # -- the connection budget ------------------------------------------------
+
+    @property
+    def pressure(self) -> float:
+        """Connections counted against ``max_connections``, as a share of it (0 without a budget)."""
+        budget = self.settings.max_connections
+        return self.connections.occupied / budget if budget else 0.0
+
+    def admit(self, record: Connection) -> None:
+        """A new connection joined the list: make room if the worker is over its budget.
+
+        Called by the server layer once per connection, after ``connect``.
+        Over ``max_connections``, one connection goes, the first of these
+        that exists (each found in O(1) from the head of a list, see
+        ConnectionsList): the longest-idle keep-alive connection (closed, as
+        nginx reuses connections); the oldest connection still sending its
+        headers, or connected and silent (``408``, then aborted); the body
+        furthest behind ``body_min_rate``; and only if every other
+        connection is a request being served, the new one, refused with
+        ``503``.  A request being served is never cut to make room.  Crossing
+        ``PRESSURE_WATERMARK`` of the budget starts the shorter timeouts.
+        """
+        occupied = self.connections.occupied
+        if occupied <= self._quiet_below:
+            return  # under the watermark (or no budget): one comparison per connection
+        if occupied > self._settings.max_connections:
+            self._make_room(record)
+        if not self.pressed:
+            self.pressed = True
+            self.bring_forward(self.clock() + PRESSURE_TICK)
+
+    def _make_room(self, record: Connection) -> None:
+        connections = self.connections
+        settings = self.settings
+        kind: RoomKind
+        victim = connections.idle_oldest()
+        if victim is not None:
+            kind = "idle"
+        else:
+            victim = connections.headers_oldest(record)
+            if victim is not None:
+                kind = "headers"
+            elif settings.body_min_rate and (
+                victim := connections.body_slowest(settings.body_min_rate, self.clock(), BODY_LOOK)
+            ):
+                kind = "body"
+            else:
+                victim, kind = record, "refused"
+        counter = "refused" if kind == "refused" else f"{kind}_evictions"
+        setattr(self.totals, counter, getattr(self.totals, counter) + 1)
+        self.summary.add(
+            kind, victim.client, self._details["room_headers" if kind == "headers" else kind], room=True
+        )
+        connections.let_go(victim)
+        handle = victim.handle
+        if handle is not None:
+            if kind == "idle":
+                if not handle.connlist_close_idle():  # pragma: no cover - idle_oldest skips responding ones
+                    self._call(handle.connlist_abort)
+            elif kind == "refused":
+                self._call(handle.connlist_refuse)
+            else:
+                # The 408 is written first: a client that sent a request head in time reads why.
+                self._call(handle.connlist_close_expired)
+                self._call(handle.connlist_abort)
+        self.watch()
+
+    def attach(self, loop: asyncio.AbstractEventLoop, keep_alive: float | None) -> None:
+        """The server's first connection on ``loop``: learn its keep-alive time, watch accept's failures.
+
+        asyncio and uvloop report an ``accept()`` that failed for want of
+        descriptors to the loop's exception handler, asyncio with a
+        traceback each time (and it stops accepting for a second).  The
+        first is logged once with the numbers; later ones are counted
+        (``accept_failures``), not logged.
+        """
+        if keep_alive is not None and keep_alive > 0:
+            self.keep_alive = float(keep_alive)
+        if self.attached_loop is loop:
+            return
+        self.attached_loop = loop
+        previous = loop.get_exception_handler()
+
+        def handler(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+            if context.get("message") in _ACCEPT_ERRORS and _out_of_descriptors(context.get("exception")):
+                self._accept_failed(context.get("exception"))
+                return
+            if previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        loop.set_exception_handler(handler)
+
+    def _accept_failed(self, exc: object) -> None:
+        self.totals.accept_failures += 1
+        if self.totals.accept_failures > 1:
+            return
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        # Counted without opening one (listing /proc/self/fd would need a
+        # descriptor, and there is none); once per worker, so the cost is fine.
+        open_fds = sum(_is_open(fd) for fd in range(min(soft, 1 << 16)))
+        logger.error(
+            "connlist: accept() failed for want of file descriptors (%s): %d connections tracked, "
+            "max_connections %d, RLIMIT_NOFILE %d, %d descriptors open. The budget leaves too few "
+            "descriptors to the rest of the worker: lower max_connections or raise the limit (ulimit -n). "
+            "Later failures are counted in the view (accept_failures), not logged.",
+            exc,
+            len(self.connections),
+            self.settings.max_connections,
+            soft,
+            open_fds,
+        )
 
     # -- closing -------------------------------------------------------------
 

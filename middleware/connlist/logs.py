@@ -111,11 +111,13 @@ def route_to_uvicorn() -> None:
 class Summary:
     """Counts the timeouts of one worker and writes them as one WARNING line per interval."""
 
-    __slots__ = ("_counts", "_examples", "_interval", "due", "failures")
+    __slots__ = ("_counts", "_examples", "_interval", "_room", "due", "failures")
 
     def __init__(self, interval: float = SUMMARY_INTERVAL) -> None:
         self._interval = interval
         self._counts: dict[str, int] = {}
+        # Connections let go at the budget, by kind (Enforcer.admit).
+        self._room: dict[str, int] = {}
         self._examples: list[str] = []
         # Clock value before which no summary is written (the last one plus the interval).
         self.due = 0.0
@@ -125,16 +127,18 @@ class Summary:
     @property
     def pending(self) -> bool:
         """Whether something waits to be written."""
-        return bool(self._counts) or bool(self.failures)
+        return bool(self._counts) or bool(self._room) or bool(self.failures)
 
-    def add(self, kind: str, client: object, detail: Callable[[], str]) -> None:
-        """One timeout: counted for the summary, and a DEBUG line of its own.
+    def add(self, kind: str, client: object, detail: Callable[[], str], *, room: bool = False) -> None:
+        """One timeout (or, with ``room``, one connection let go to make room): counted, and a DEBUG line.
 
         ``client`` is the peer's address as the server has it; it is
         formatted, and ``detail()`` called, only if they are written (a mass
-        timeout adds thousands).
+        timeout adds thousands).  The kinds of ``room`` are ``idle``,
+        ``headers`` and ``body`` (closed to make room), ``keepalive`` (idle
+        past the idle time shortened under pressure) and ``refused``.
         """
-        counts = self._counts
+        counts = self._room if room else self._counts
         counts[kind] = counts.get(kind, 0) + 1
         debug = logger.isEnabledFor(logging.DEBUG)
         if debug or len(self._examples) < EXAMPLES:
@@ -142,13 +146,14 @@ class Summary:
             if len(self._examples) < EXAMPLES and name not in self._examples:
                 self._examples.append(name)
             if debug:
-                logger.debug("%s - %s timeout: %s", name, kind, detail())
+                logger.debug("%s - %s %s: %s", name, kind, "budget" if room else "timeout", detail())
 
     def flush(self, now: float, *, force: bool = False) -> None:
         """Write the summary if one is pending and the interval since the last one passed (or ``force``)."""
         if not self.pending or (now < self.due and not force):
             return
         counts, self._counts = self._counts, {}
+        room, self._room = self._room, {}
         examples, self._examples = self._examples, []
         failures, self.failures = self.failures, 0
         total = sum(counts.values())
@@ -157,7 +162,18 @@ class Summary:
             kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
             plural = "" if total == 1 else "s"
             parts.append(f"{total} connection{plural} timed out ({kinds}); e.g. {', '.join(examples)}")
+        refused = room.pop("refused", 0)
+        made = sum(room.values())
+        if made:
+            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(room.items()))
+            plural = "" if made == 1 else "s"
+            parts.append(f"{made} connection{plural} closed for max_connections ({kinds})")
+        if refused:
+            plural = "" if refused == 1 else "s"
+            parts.append(f"{refused} new connection{plural} refused with 503 (every connection busy serving)")
         if failures:
             parts.append(f"on_timeout raised {failures} time{'' if failures == 1 else 's'}")
+        if not total and examples and (made or refused):
+            parts[0] += f"; e.g. {', '.join(examples)}"
         logger.warning("connlist: %s", "; ".join(parts))
         self.due = now + self._interval

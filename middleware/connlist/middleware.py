@@ -84,6 +84,11 @@ class ConnectionsMiddleware:
     ``send_timeout`` bounds a response the client stopped taking;
     ``body_min_rate`` (bytes/s) applies to a body once ``body_grace`` has
     passed.  0 disables each; times are in seconds (docs/settings.md).
+    ``max_connections`` is the worker's connection budget (None: derived
+    from ``ulimit -n``; 0: none): at it, a new connection makes room by
+    closing the longest-idle keep-alive connection, else the oldest one
+    still sending its headers, else the slowest body, and is refused with
+    ``503`` only when every connection is a request being served.
     ``debug_path=None`` turns the endpoint off; it is served to loopback
     clients only, or, with ``debug_token``, to clients presenting
     ``Authorization: Bearer <token>``.  ``on_timeout(connection, kind)`` is
@@ -124,6 +129,7 @@ class ConnectionsMiddleware:
         send_timeout: float = DEFAULT_SEND_TIMEOUT,
         body_min_rate: float = DEFAULT_BODY_MIN_RATE,
         body_grace: float = DEFAULT_BODY_GRACE,
+        max_connections: int | None = None,
         debug_path: str | None = "/_connections",
         debug_token: str | None = None,
         on_timeout: OnTimeout | None = None,
@@ -134,6 +140,7 @@ class ConnectionsMiddleware:
             send_timeout=send_timeout,
             body_min_rate=body_min_rate,
             body_grace=body_grace,
+            max_connections=max_connections,
         )
         if debug_path is not None and not isinstance(debug_path, str):
             raise TypeError(f"debug_path must be None or a str, got {type(debug_path).__name__}")
@@ -190,6 +197,10 @@ class ConnectionsMiddleware:
     @property
     def body_grace(self) -> float:
         return self._enforcer.settings.body_grace
+
+    @property
+    def max_connections(self) -> int:
+        return self._enforcer.settings.max_connections
 
     @property
     def settings(self) -> Settings:

@@ -143,6 +143,29 @@ def _truncated(worker: dict[str, Any]) -> str:
     )
 
 
+def _budget(worker: dict[str, Any]) -> str:
+    budget = worker.get("budget")
+    return f"<p>{_budget_line(budget)}</p>" if isinstance(budget, dict) else ""
+
+
+def _budget_line(budget: dict[str, Any]) -> str:
+    """The connection budget and its pressure, and the timeouts it shortened."""
+    if not budget.get("max_connections"):
+        return "no connection budget (max_connections 0)"
+    pressure = budget.get("pressure")
+    share = f"{pressure * 100:.0f}%" if isinstance(pressure, (int, float)) else _text(pressure)
+    line = (
+        f"budget {_text(budget.get('occupied'))} of {_text(budget.get('max_connections'))} connections "
+        f"(pressure {share})"
+    )
+    if budget.get("pressed"):
+        line += (
+            f", under pressure: headers timeout now {_seconds(budget.get('headers_timeout_now'))}, "
+            f"keep-alive {_seconds(budget.get('keep_alive_now'))}"
+        )
+    return line
+
+
 def _worker_section(worker: dict[str, Any], *, heading: bool) -> str:
     pid = _text(worker.get("pid"))
     if worker.get("unreachable"):
@@ -154,7 +177,12 @@ def _worker_section(worker: dict[str, Any], *, heading: bool) -> str:
             _numbers_table("counts", worker.get("counts", {})),
             _numbers_table("totals", worker.get("totals", {})),
         ]
-    parts += [_settings(worker), _truncated(worker), _connections_table(worker.get("all", []))]
+    parts += [
+        _settings(worker),
+        _budget(worker),
+        _truncated(worker),
+        _connections_table(worker.get("all", [])),
+    ]
     return "".join(parts)
 
 

@@ -70,6 +70,11 @@ __all__ = [
 # The timeout kinds, from the totals' names: a kind added to Totals is counted here too.
 _TOTALS = tuple(field.name for field in dataclasses.fields(Totals))
 KINDS = tuple(name.removesuffix("_timeouts") for name in _TOTALS if name.endswith("_timeouts"))
+# What went for max_connections, by kind: the ``<kind>_evictions`` totals, and ``refused``.
+BUDGET_KINDS = (
+    *(name.removesuffix("_evictions") for name in _TOTALS if name.endswith("_evictions")),
+    "refused",
+)
 DEFAULT_INTERVAL = 1.0
 
 
@@ -123,6 +128,25 @@ class ConnlistMetrics:
             registry=registry,
             multiprocess_mode="livemin",
         )
+        self.budget = Counter(
+            "connlist_budget",
+            "Connections let go for max_connections, by kind: idle, headers, body (closed to make room), "
+            "keepalive (idle past the keep-alive time shortened under pressure), refused (503).",
+            ["kind"],
+            registry=registry,
+        )
+        self.max_connections = Gauge(
+            "connlist_max_connections",
+            "The workers' connection budgets (max_connections; 0: none), summed.",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.accept_failures = Counter(
+            "connlist_accept_failures",
+            "accept() failures for want of file descriptors.",
+            registry=registry,
+        )
+        self._budgets: weakref.WeakKeyDictionary[Exporter, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         # Each exporter's last phases; an exporter dropped without close() leaves with it.
         self._phases: weakref.WeakKeyDictionary[Exporter, dict[str, int]] = weakref.WeakKeyDictionary()
@@ -136,6 +160,10 @@ class ConnlistMetrics:
         self.requests.inc(0)
         for kind in KINDS:
             self.timeouts.labels(kind).inc(0)
+        for kind in BUDGET_KINDS:
+            self.budget.labels(kind).inc(0)
+        self.max_connections.set(0)
+        self.accept_failures.inc(0)
 
     def _publish(
         self,
@@ -143,18 +171,28 @@ class ConnlistMetrics:
         phases: dict[str, int] | None,
         deltas: dict[str, int],
         integration: int | None = None,
+        budget: int = 0,
     ) -> None:
-        """Take one exporter's phases and mode (None: it left) and counter increments; set the gauges."""
+        """Take one exporter's phases, mode and budget (None: it left) and its increments; set the gauges."""
         with self._lock:
             if phases is None:
                 self._phases.pop(exporter, None)
                 self._integration.pop(exporter, None)
+                self._budgets.pop(exporter, None)
             else:
                 self._phases[exporter] = phases
                 if integration is not None:
                     self._integration[exporter] = integration
+                self._budgets[exporter] = budget
             if self._integration:
                 self.integration.set(min(self._integration.values()))
+            self.max_connections.set(sum(self._budgets.values()))
+            for kind in BUDGET_KINDS:
+                grew = deltas.get("refused" if kind == "refused" else f"{kind}_evictions", 0)
+                if grew > 0:
+                    self.budget.labels(kind).inc(grew)
+            if deltas.get("accept_failures", 0) > 0:
+                self.accept_failures.inc(deltas["accept_failures"])
             sums = dict.fromkeys(PHASES, 0)
             for counts in self._phases.values():
                 for phase, n in counts.items():
@@ -208,7 +246,8 @@ class Exporter:
         totals = _totals(enforcer)
         deltas = {name: value - self._last[name] for name, value in totals.items()}
         self._last = totals
-        self.metrics._publish(self, phases, deltas, int(enforcer.mode != "asgi"))
+        mode = int(enforcer.mode != "asgi")
+        self.metrics._publish(self, phases, deltas, mode, enforcer.settings.max_connections)
 
     def close(self, enforcer: Enforcer | None) -> None:
         """Count the last increments and take this worker's connections out of the gauges."""

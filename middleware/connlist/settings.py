@@ -11,7 +11,8 @@ arguments, the metrics' interval, the view's limit): ``check_number`` and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import resource
+from dataclasses import dataclass, field
 
 __all__ = [
     "DEFAULT_BODY_GRACE",
@@ -19,11 +20,13 @@ __all__ = [
     "DEFAULT_HEADERS_TIMEOUT",
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_SEND_TIMEOUT",
+    "RESERVED_DESCRIPTORS",
     "Settings",
     "check_number",
     "check_rate",
     "check_timeout",
     "check_whole",
+    "default_max_connections",
     "resolve",
     "resolve_timeouts",
 ]
@@ -71,6 +74,28 @@ DEFAULT_SEND_TIMEOUT = 60.0
 # Apache mod_reqtimeout's default in Debian: body=10,MinRate=500.
 DEFAULT_BODY_MIN_RATE = 500.0
 DEFAULT_BODY_GRACE = 10.0
+# Descriptors max_connections leaves to the rest of the worker by default:
+# this many (the listening socket, stdin/out/err, the event loop's epoll and
+# wake-up pipe, log files, the debug endpoint's socket and its clients) plus
+# one in RESERVED_SHARE of the limit (the app's own connections to databases
+# and other services, its files, and the connections the event loop accepts
+# in one go before the budget sees them).
+RESERVED_DESCRIPTORS = 64
+RESERVED_SHARE = 8
+
+
+def default_max_connections(limit: int | None = None) -> int:
+    """The default budget: the descriptor limit less ``RESERVED_DESCRIPTORS`` and 1/``RESERVED_SHARE`` of it.
+
+    ``limit`` defaults to the process's soft ``RLIMIT_NOFILE`` (``ulimit -n``);
+    an unlimited one gives 0 (no budget).  1024 gives 832, 4096 gives 3,520.
+    At least 1.
+    """
+    if limit is None:
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if limit == resource.RLIM_INFINITY or limit < 0:
+        return 0
+    return max(1, limit - RESERVED_DESCRIPTORS - limit // RESERVED_SHARE)
 
 
 @dataclass(frozen=True)
@@ -82,6 +107,8 @@ class Settings:
     send_timeout: float = DEFAULT_SEND_TIMEOUT
     body_min_rate: float = DEFAULT_BODY_MIN_RATE
     body_grace: float = DEFAULT_BODY_GRACE
+    # Connections per worker (0: no budget); read from RLIMIT_NOFILE when built.
+    max_connections: int = field(default_factory=default_max_connections)
 
     @property
     def shortest(self) -> float:
@@ -116,6 +143,16 @@ def resolve_timeouts(headers_timeout: float | None, request_timeout: float) -> t
     return headers_timeout, request_timeout
 
 
+def _check_max_connections(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_connections must be None or an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(
+            f"max_connections must be >= 0 (0 disables the budget, None derives it), got {value!r}"
+        )
+    return value
+
+
 def resolve(
     *,
     headers_timeout: float | None = None,
@@ -123,6 +160,7 @@ def resolve(
     send_timeout: float = DEFAULT_SEND_TIMEOUT,
     body_min_rate: float = DEFAULT_BODY_MIN_RATE,
     body_grace: float = DEFAULT_BODY_GRACE,
+    max_connections: int | None = None,
 ) -> Settings:
     """Validate every option (``ValueError``/``TypeError`` naming it) and return the effective settings."""
     headers_timeout, request_timeout = resolve_timeouts(headers_timeout, request_timeout)
@@ -132,4 +170,5 @@ def resolve(
     if body_min_rate and not body_grace:
         # With no grace a body would be behind the moment its headers are in.
         raise ValueError("body_grace must be greater than 0 while body_min_rate is enabled (0 disables it)")
-    return Settings(headers_timeout, request_timeout, send_timeout, body_min_rate, body_grace)
+    budget = default_max_connections() if max_connections is None else _check_max_connections(max_connections)
+    return Settings(headers_timeout, request_timeout, send_timeout, body_min_rate, body_grace, budget)

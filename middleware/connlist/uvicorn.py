@@ -138,6 +138,8 @@ except ImportError:  # httptools is not installed
 __all__ = ["AutoProtocol", "H11Protocol", "HttpToolsProtocol"]
 
 RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+# A new connection refused at max_connections, every connection being a request being served.
+RESPONSE_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 # The methods of uvicorn's protocols that connlist overrides (the self-check
 # looks for them before it builds a class on them).
@@ -277,6 +279,10 @@ class _Tracking:
         # the class was handed to uvicorn: connlist.selfcheck.)
         enforcer = _enforcer_for(self.app_state, self)
         enforcer.mode = self.connlist_mode
+        # Once per loop: the loop's accept failures, and uvicorn's keep-alive time.
+        loop = getattr(self, "loop", None)
+        if loop is not None and enforcer.attached_loop is not loop:
+            enforcer.attach(loop, getattr(self, "timeout_keep_alive", None))
         self._connlist = enforcer
         self._connlist_record = None
 
@@ -295,6 +301,7 @@ class _Tracking:
         record = enforcer.connections.connect(client=self.client, server=self.server, handle=self)
         self._connlist_record = record
         enforcer.totals.connections += 1
+        enforcer.admit(record)  # max_connections: may make room, or refuse this one
         enforcer.watch()
         return record
 
@@ -503,6 +510,13 @@ class _Tracking:
                 with contextlib.suppress(OSError, AttributeError, TypeError):
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
             transport.abort()
+
+    def connlist_refuse(self) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(RESPONSE_503)
+            transport.close()
+            self._connlist_linger()
 
     def connlist_reading_paused(self) -> bool:
         # uvicorn stops reading a body the app does not consume (64 KiB

@@ -1,0 +1,322 @@
+"""max_connections on a fake clock and loop: what goes to make room, in which order; the pressure curve.
+
+The same rules run against real servers in tests/test_budget.py; here each
+step is deterministic, and the list's counts are checked after each.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from connlist.connections import Connection, ConnectionsList, connection_state
+from connlist.enforcer import PRESSURE_FLOOR, PRESSURE_WATERMARK, Enforcer, shrink
+from connlist.settings import default_max_connections, resolve
+from tests.fakes import RESPONSE_408, RESPONSE_503, FakeClock, MemoryHandle, MockLoop
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def loop(clock: FakeClock) -> MockLoop:
+    return MockLoop(clock)
+
+
+def make(clock: FakeClock, loop: MockLoop, budget: int, **options: float) -> Enforcer:
+    return Enforcer(resolve(max_connections=budget, **options), clock=clock, loop=loop)  # type: ignore[arg-type]
+
+
+def arrive(enforcer: Enforcer) -> tuple[Connection, MemoryHandle]:
+    """A new connection, as the server layer reports it: connect, admit, watch."""
+    handle = MemoryHandle()
+    conn = enforcer.connections.connect(client=("127.0.0.1", 5000), handle=handle)
+    enforcer.admit(conn)
+    enforcer.watch()
+    return conn, handle
+
+
+def idle(enforcer: Enforcer, conn: Connection) -> None:
+    """A whole request received on a new connection and answered: it is idle."""
+    connections = enforcer.connections
+    connections.message_begin(conn)
+    connections.headers_complete(conn, "GET", "/")
+    connections.message_complete(conn)
+    connections.response_complete(conn)
+
+
+def serving(enforcer: Enforcer, conn: Connection, handle: MemoryHandle) -> None:
+    """A request received whose response is being made."""
+    connections = enforcer.connections
+    connections.message_begin(conn)
+    connections.headers_complete(conn, "GET", "/busy")
+    connections.message_complete(conn)
+    handle.responding = True
+
+
+def consistent(connections: ConnectionsList) -> None:
+    counts = connections.counts()
+    states = [connection_state(conn) for conn in connections.iter_all()]
+    assert counts["all"] == len(states)
+    assert counts["active"] == sum(state in ("new", "reading_headers", "reading_body") for state in states)
+    assert counts["timed_out"] == states.count("timed_out")
+    assert counts["reading"] + counts["writing"] + counts["waiting"] + counts["timed_out"] == counts["all"]
+
+
+def test_default_budget_leaves_room_for_the_rest_of_the_worker() -> None:
+    assert default_max_connections(1024) == 1024 - 64 - 128
+    assert default_max_connections(65536) == 65536 - 64 - 8192
+    assert default_max_connections(10) == 1
+    assert resolve().max_connections == default_max_connections()
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [(-1, ValueError), (1.5, TypeError), (True, TypeError), ("9", TypeError)]
+)
+def test_max_connections_is_validated(value: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="max_connections"):
+        resolve(max_connections=value)  # type: ignore[arg-type]
+
+
+def test_order_idle_then_headers_then_body_then_refuse(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, 4, body_min_rate=1000)
+    connections = enforcer.connections
+    busy, busy_handle = arrive(enforcer)
+    serving(enforcer, busy, busy_handle)
+    old_idle, old_idle_handle = arrive(enforcer)
+    idle(enforcer, old_idle)
+    _, silent_handle = arrive(enforcer)
+    body, body_handle = arrive(enforcer)
+    connections.message_begin(body)
+    connections.headers_complete(body, "POST", "/upload")
+    connections.body_begin(body)
+    clock.advance(1)
+    # Over the budget: the idle one goes (closed, not aborted), nothing else.
+    first, _ = arrive(enforcer)
+    assert old_idle_handle.transport.closed and not old_idle_handle.transport.aborted
+    assert not silent_handle.transport.closed and not body_handle.transport.closed
+    assert connections.occupied == 4
+    consistent(connections)
+    # No idle one: the oldest still sending its headers: 408, then aborted.
+    second, _ = arrive(enforcer)
+    assert silent_handle.transport.buffer == RESPONSE_408 and silent_handle.transport.aborted
+    # Then the newer silent ones, oldest first; the body (keeping up: it has
+    # no bytes, but idle and header-reading ones go first) stays.
+    third, _ = arrive(enforcer)
+    assert connection_state(first) == "timed_out" and connection_state(second) == "new"
+    arrive(enforcer)
+    assert connection_state(second) == "timed_out" and connection_state(third) == "new"
+    assert connections.occupied == 4
+    assert not body_handle.transport.closed
+    totals = enforcer.totals
+    assert (totals.idle_evictions, totals.headers_evictions, totals.body_evictions, totals.refused) == (
+        1,
+        3,
+        0,
+        0,
+    )
+    assert not busy_handle.transport.closed  # a request being served is never cut
+    consistent(connections)
+
+
+def test_a_slow_body_goes_before_a_refusal_and_a_served_request_never(
+    clock: FakeClock, loop: MockLoop
+) -> None:
+    enforcer = make(clock, loop, 2, body_min_rate=1000)
+    connections = enforcer.connections
+    busy, busy_handle = arrive(enforcer)
+    serving(enforcer, busy, busy_handle)
+    body, body_handle = arrive(enforcer)
+    connections.message_begin(body)
+    connections.headers_complete(body, "POST", "/upload")
+    connections.body_begin(body)
+    clock.advance(1)
+    body.body_received = 10  # far behind 1000 B/s
+    newcomer, newcomer_handle = arrive(enforcer)
+    assert body_handle.transport.buffer == RESPONSE_408 and body_handle.transport.aborted
+    assert enforcer.totals.body_evictions == 1
+    # Now the serving one and the newcomer, which sends a request being served.
+    serving(enforcer, newcomer, newcomer_handle)
+    _, refused_handle = arrive(enforcer)
+    assert refused_handle.transport.buffer == RESPONSE_503 and refused_handle.transport.closed
+    assert not busy_handle.transport.closed and not newcomer_handle.transport.closed
+    assert enforcer.totals.refused == 1
+    assert connections.occupied == 2
+    consistent(connections)
+
+
+def test_a_body_keeping_up_with_the_rate_is_not_cut(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, 1, body_min_rate=1000)
+    connections = enforcer.connections
+    body, body_handle = arrive(enforcer)
+    connections.message_begin(body)
+    connections.headers_complete(body, "POST", "/upload")
+    connections.body_begin(body)
+    clock.advance(1)
+    body.body_received = 5000
+    _, refused_handle = arrive(enforcer)
+    assert not body_handle.transport.closed
+    assert refused_handle.transport.buffer == RESPONSE_503
+
+
+def test_an_idle_connection_used_since_it_went_idle_gets_a_second_chance(
+    clock: FakeClock, loop: MockLoop
+) -> None:
+    enforcer = make(clock, loop, 3)
+    connections = enforcer.connections
+    a, a_handle = arrive(enforcer)
+    idle(enforcer, a)
+    b, b_handle = arrive(enforcer)
+    idle(enforcer, b)
+    c, c_handle = arrive(enforcer)
+    idle(enforcer, c)
+    # a serves another request the fast way (ConnectionsList.message): it
+    # stays where it is in the idle order, but it was used since.
+    connections.message(a)
+    connections.response_complete(a)
+    arrive(enforcer)
+    assert not a_handle.transport.closed
+    assert b_handle.transport.closed
+    # And a responding idle one is never closed.
+    connections.message(c)
+    arrive(enforcer)
+    assert a_handle.transport.closed and not c_handle.transport.closed
+    consistent(connections)
+
+
+def test_the_second_chance_walk_stops_after_going_round(clock: FakeClock, loop: MockLoop) -> None:
+    connections = ConnectionsList(clock)
+    conns = [connections.connect() for _ in range(5)]
+    for conn in conns:
+        connections.message_begin(conn)
+        connections.headers_complete(conn, "GET", "/")
+        connections.message_complete(conn)  # responding: idle, serving
+    assert connections.idle_oldest() is None
+    connections.response_complete(conns[2])
+    assert connections.idle_oldest() is conns[2]
+
+
+def test_shrink_is_linear_above_the_watermark_to_the_floor() -> None:
+    assert shrink(60, 0.5) == 60
+    assert shrink(60, PRESSURE_WATERMARK) == 60
+    middle = (PRESSURE_WATERMARK + 1) / 2
+    assert shrink(60, middle) == pytest.approx((60 + PRESSURE_FLOOR) / 2)
+    assert shrink(60, 1.0) == PRESSURE_FLOOR
+    assert shrink(60, 1.3) == PRESSURE_FLOOR
+    assert shrink(1.0, 1.0) == 1.0  # below the floor already
+    assert shrink(0.0, 1.0) == 0.0  # disabled stays disabled
+
+
+def test_under_pressure_the_headers_timeout_shrinks_and_comes_back(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer = make(clock, loop, 10, headers_timeout=60, request_timeout=300)
+    conns = [arrive(enforcer) for _ in range(10)]
+    assert enforcer.pressed
+    # At 100%: cut after the floor, not 60 s.
+    loop.run_until(clock.now + PRESSURE_FLOOR + 0.5)
+    assert enforcer.totals.headers_timeouts == 10
+    assert all(handle.transport.buffer == RESPONSE_408 for _, handle in conns)
+    for conn, _ in conns:
+        enforcer.connections.remove(conn)
+    loop.run_until(clock.now + 1)
+    assert not enforcer.pressed
+    # Back under the watermark: 60 s again.
+    conn, handle = arrive(enforcer)
+    loop.run_until(clock.now + 30)
+    assert not handle.transport.closed
+
+
+def test_under_pressure_idle_keep_alive_connections_are_closed_sooner(
+    clock: FakeClock, loop: MockLoop
+) -> None:
+    enforcer = make(clock, loop, 10)
+    enforcer.keep_alive = 30.0
+    handles = []
+    for _ in range(10):
+        conn, handle = arrive(enforcer)
+        idle(enforcer, conn)
+        handles.append(handle)
+    assert enforcer.pressed
+    loop.run_until(clock.now + PRESSURE_FLOOR + 1)
+    assert all(handle.transport.closed for handle in handles)
+    assert enforcer.totals.keepalive_evictions == 10
+    assert enforcer.totals.idle_evictions == 0
+
+
+def test_the_view_the_page_and_the_metrics_show_the_budget(clock: FakeClock, loop: MockLoop) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from connlist import page
+    from connlist.debug import snapshot
+    from connlist.prometheus import ConnlistMetrics, Exporter
+
+    enforcer = make(clock, loop, 4, headers_timeout=60, request_timeout=300)
+    registry = CollectorRegistry()
+    exporter = Exporter(ConnlistMetrics(registry))
+    exporter.refresh(enforcer)
+    assert registry.get_sample_value("connlist_max_connections") == 4
+    assert registry.get_sample_value("connlist_budget_total", {"kind": "headers"}) == 0
+    for _ in range(5):
+        arrive(enforcer)
+    view = snapshot(enforcer)
+    assert view["max_connections"] == 4
+    budget = view["budget"]
+    assert (budget["max_connections"], budget["occupied"], budget["pressure"], budget["pressed"]) == (
+        4,
+        4,
+        1.0,
+        True,
+    )
+    assert budget["headers_timeout_now"] == PRESSURE_FLOOR
+    assert view["totals"]["headers_evictions"] == 1
+    html = page.render(view).decode()
+    assert "budget 4 of 4 connections (pressure 100%)" in html
+    assert "headers timeout now 2 s" in html
+    exporter.refresh(enforcer)
+    assert registry.get_sample_value("connlist_budget_total", {"kind": "headers"}) == 1
+    assert registry.get_sample_value("connlist_budget_total", {"kind": "refused"}) == 0
+
+
+def test_an_accept_out_of_descriptors_is_logged_once_with_the_numbers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import asyncio
+    import errno
+    import logging
+
+    enforcer = Enforcer(resolve(max_connections=100))
+    event_loop = asyncio.new_event_loop()
+    try:
+        seen: list[dict[str, object]] = []
+        event_loop.set_exception_handler(lambda _loop, context: seen.append(context))
+        enforcer.attach(event_loop, 7.0)
+        assert enforcer.keep_alive == 7.0
+        failure = OSError(errno.EMFILE, "Too many open files")
+        with caplog.at_level(logging.ERROR, logger="connlist"):
+            for _ in range(3):
+                event_loop.call_exception_handler(
+                    {"message": "socket.accept() out of system resource", "exception": failure}
+                )
+        lines = [record.getMessage() for record in caplog.records if record.name == "connlist"]
+        assert len(lines) == 1, lines
+        assert "max_connections 100" in lines[0] and "RLIMIT_NOFILE" in lines[0]
+        assert enforcer.totals.accept_failures == 3
+        # Anything else still reaches the handler that was there before.
+        event_loop.call_exception_handler({"message": "something else"})
+        assert [context["message"] for context in seen] == ["something else"]
+    finally:
+        event_loop.close()
+
+
+def test_a_pipelined_request_behind_a_response_being_served_is_not_taken(
+    clock: FakeClock, loop: MockLoop
+) -> None:
+    enforcer = make(clock, loop, 2)
+    connections = enforcer.connections
+    busy, busy_handle = arrive(enforcer)
+    serving(enforcer, busy, busy_handle)
+    connections.message_begin(busy)  # the next request's first bytes, while the first is served
+    _, silent_handle = arrive(enforcer)
+    arrive(enforcer)
+    assert silent_handle.transport.aborted and not busy_handle.transport.closed
+    consistent(connections)
