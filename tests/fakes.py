@@ -168,7 +168,7 @@ class MemoryHandle:
         self.transport.close()
 
     def connlist_close_idle(self) -> bool:
-        if self.responding:
+        if self.responding or self.transport.is_closing():
             return False
         self.transport.close()
         return True

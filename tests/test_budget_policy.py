@@ -120,6 +120,23 @@ def test_order_idle_then_headers_then_body_then_refuse(clock: FakeClock, loop: M
     consistent(connections)
 
 
+def test_an_idle_connection_already_closing_is_let_go_and_never_aborted(
+    clock: FakeClock, loop: MockLoop
+) -> None:
+    # Its last response was answered with ``Connection: close``: the server
+    # closed it and is flushing that response.  An abort (a reset) would drop it.
+    enforcer = make(clock, loop, 2)
+    closing, closing_handle = arrive(enforcer)
+    idle(enforcer, closing)
+    closing_handle.transport.close()
+    arrive(enforcer)
+    arrive(enforcer)
+    assert enforcer.totals.idle_evictions == 1
+    assert not closing_handle.transport.aborted
+    assert enforcer.connections.occupied == 2
+    consistent(enforcer.connections)
+
+
 def test_a_slow_body_goes_before_a_refusal_and_a_served_request_never(
     clock: FakeClock, loop: MockLoop
 ) -> None:

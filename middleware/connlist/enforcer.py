@@ -561,8 +561,10 @@ class Enforcer:
         handle = victim.handle
         if handle is not None:
             if kind == "idle":
-                if not handle.connlist_close_idle():  # pragma: no cover - idle_oldest skips responding ones
-                    self._call(handle.connlist_abort)
+                # Closed, never aborted: one that will not close now is already
+                # closing, flushing its last response (``Connection: close``),
+                # and an abort is a reset that would drop that response.
+                self._call(handle.connlist_close_idle)
             elif kind == "refused":
                 self._call(handle.connlist_refuse)
             else:
