@@ -142,6 +142,8 @@ _silent.setLevel(logging.CRITICAL + 1)
 class _Gate:
     def __init__(self) -> None:
         self.event = asyncio.Event()
+        # Set by the /wait request's app when it waits: what the script waits for.
+        self.reached = False
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -153,7 +155,9 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """
     path = scope["path"]
     if path == "/wait":
-        await scope["state"]["connlist.selfcheck.gate"].event.wait()
+        gate = scope["state"]["connlist.selfcheck.gate"]
+        gate.reached = True
+        await gate.event.wait()
     if path != "/early" and not (path == "/wait" and scope["query_string"] == b"answer"):
         more = True
         while more:
@@ -413,14 +417,16 @@ class _Script:
     async def body_after_continue(self, request: bytes, step: str, hook: str) -> None:
         """One of ``expect_100_continue``'s requests, on a connection of its own.
 
-        Once the app may go on, the script waits only until what it waits for
-        is there (``until``), not for ``settle``'s full round of the loop: that
-        keeps the check's cost where it was.
+        The script waits only until what it waits for is there (``until``),
+        not for ``settle``'s full round of the loop: that keeps the check's
+        cost small.
         """
         protocol, transport = self.connect()
         record = self.record(protocol)
-        self.gate.event = asyncio.Event()
-        await self.feed(protocol, request)
+        gate = self.gate
+        gate.event, gate.reached = asyncio.Event(), False
+        protocol.data_received(request)
+        await self.until(lambda: gate.reached)  # the app works before it reads the body
         self.expect("the headers of a request that expects `100 Continue`", record, "reading_body", 0)
         if protocol.cycle.waiting_for_100_continue is not True:
             raise CheckFailed(
