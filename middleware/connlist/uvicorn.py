@@ -344,7 +344,10 @@ class _Tracking:
         uvicorn hands the app the cycle's ``receive`` and ``send`` when its
         task first runs, after this read: the cycle gets its own, which note
         the moment and call uvicorn's.  (Only for a request that expects
-        ``100 Continue``; the bytes received meanwhile go on counting.)
+        ``100 Continue``; the bytes received meanwhile go on counting.)  A
+        uvicorn that called the app with other callables would bypass them:
+        the self-check drives both cases, and falls back if they do not
+        start the clock.
         """
         receive = cycle.receive
         send = cycle.send
