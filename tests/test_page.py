@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import html
 import json
 import re
 import struct
@@ -26,7 +27,7 @@ import pytest
 from connlist import ConnectionsMiddleware, page
 from connlist.debug import snapshot
 from tests.browser import Dom, chromium, dump_dom
-from tests.servers import INTEGRATED, close_sockets, connect, echo_app, read_response, serve, wait_for
+from tests.servers import INTEGRATED, PLAIN, close_sockets, connect, echo_app, read_response, serve, wait_for
 from tests.subprocesses import run_server
 from tests.test_workers import all_workers, both_up, env_for, reachable, stop_master, uvicorn_command
 
@@ -294,6 +295,7 @@ def test_chromium_shows_every_state_and_the_escaped_path(tmp_path: Path) -> None
     assert hostile["state"] == "handling" and hostile["method"] == "GET"
     assert "script" not in dom.tags and "<script" not in markup
     assert console_errors(log) == [], log
+    assert "mode uvicorn-httptools: the server integration is on" in paragraphs(markup)
     # Which timeout runs for each, and the time left: the headers timeout
     # (30 s) while the headers are incomplete; for the body, the minimum
     # rate's (10 s of grace, and 3 bytes at 500 bytes/s), before the request
@@ -363,6 +365,89 @@ def test_the_docs_screenshot_shows_the_pages_columns() -> None:
     shot = Path(__file__).resolve().parent.parent / "docs" / "img" / "debug-page.png"
     headings = ", ".join(page.LABELS.get(name, name) for name in page.COLUMNS)
     assert png_text(shot).get("connlist-columns") == headings, "run scripts/debug-page-screenshot"
+
+
+def settings_view(**fields: Any) -> dict[str, Any]:
+    view = {
+        "pid": 1,
+        "mode": "uvicorn-httptools",
+        "integration_off": None,
+        "enforced": ["headers", "request", "rate", "send"],
+        "headers_timeout": 10.0,
+        "request_timeout": 30.0,
+        "send_timeout": 60.0,
+        "body_min_rate": 500.0,
+        "counts": {},
+        "totals": {},
+        "all": [],
+    }
+    view.update(fields)
+    return view
+
+
+def paragraphs(body: str) -> list[str]:
+    """The text of the page's paragraphs (tags dropped), with their class if any."""
+    return [
+        (f"[{cls}] " if cls else "") + html.unescape(re.sub(r"<[^>]+>", "", text))
+        for cls, text in re.findall(r'<p(?: class="([^"]*)")?>(.*?)</p>', body, re.S)
+    ]
+
+
+def test_the_mode_says_whether_the_integration_is_on_and_what_is_not_enforced() -> None:
+    on = paragraphs(page.render(settings_view()).decode())
+    assert "mode uvicorn-httptools: the server integration is on" in on
+    assert (
+        "headers timeout 10 s, request timeout 30 s, send timeout 60 s, minimum body rate 500 bytes/s" in on
+    )
+    assert not any("not enforced" in line for line in on)
+    # Off: the mode, why (escaped: it names classes and attributes), and each
+    # configured timeout its mode cannot enforce, marked where it is shown.
+    reason = "uvicorn 0.55.0: HttpToolsProtocol: `cycle.scope` is not the protocol's <scope>"
+    off = paragraphs(
+        page.render(settings_view(mode="asgi", integration_off=reason, enforced=["request", "rate"])).decode()
+    )
+    assert (
+        "[off] mode asgi: the server integration is off: uvicorn 0.55.0: HttpToolsProtocol: "
+        "`cycle.scope` is not the protocol's <scope>. Not enforced: headers timeout, send timeout"
+    ) in off
+    assert (
+        "headers timeout 10 s (not enforced), request timeout 30 s, send timeout 60 s (not enforced), "
+        "minimum body rate 500 bytes/s"
+    ) in off
+    # A timeout turned off is not "not enforced"; a view without ``enforced`` claims nothing.
+    off = paragraphs(
+        page.render(
+            settings_view(
+                mode="asgi", integration_off="why", enforced=["request"], send_timeout=0, body_min_rate=0
+            )
+        ).decode()
+    )
+    assert "[off] mode asgi: the server integration is off: why. Not enforced: headers timeout" in off
+    assert "send timeout off, minimum body rate off" in off[-1]
+    old = paragraphs(page.render(settings_view(enforced=None, integration_off=None, mode=None)).decode())
+    assert "mode \u2013" in old and not any("not enforced" in line for line in old)
+
+
+def test_chromium_shows_the_integration_off(tmp_path: Path) -> None:
+    # uvicorn's own protocol: ASGI-only mode, and the view says why.
+    chromium()
+    app = ConnectionsMiddleware(echo_app, headers_timeout=30, request_timeout=60, send_timeout=90)
+    with serve(app, PLAIN["h11"]) as running:
+        view = running.call(app.snapshot)
+        markup, log = dump_dom(f"http://127.0.0.1:{running.port}/_connections")
+    assert view["mode"] == "asgi" and view["integration_off"], view
+    assert console_errors(log) == [], log
+    assert "<script" not in markup
+    lines = paragraphs(markup)
+    assert (
+        "[off] mode asgi: the server integration is off: the server's HTTP protocol is "
+        "uvicorn.protocols.http.h11_impl.H11Protocol, not one of connlist.uvicorn's. "
+        "Not enforced: headers timeout, send timeout"
+    ) in lines, lines
+    marked = "headers timeout 30 s (not enforced), request timeout 60 s, send timeout 90 s (not enforced), "
+    assert any(line.startswith(marked) for line in lines), lines
+    # The mark is styled (the CSP allows the page's one style element).
+    assert markup.count('<span class="off">(not enforced)</span>') == 2, markup
 
 
 def test_a_truncated_view_says_how_many_it_shows() -> None:

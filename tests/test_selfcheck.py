@@ -39,7 +39,7 @@ def test_the_installed_uvicorn_passes_quietly(parser: str, caplog: pytest.LogCap
     assert result.passed, result
     assert result.logger_name == "uvicorn.error"
     assert result.steps[0] == "uvicorn's own protocol, and what connlist reads of it"
-    assert result.steps[-1] == "a headers timeout" and len(result.steps) == 13
+    assert result.steps[-1] == "a headers timeout" and len(result.steps) == 17
     # Nothing reached uvicorn's loggers (its error log, its access log) or connlist's.
     assert [r for r in caplog.records if r.name.startswith(("uvicorn", "connlist"))] == []
     # Milliseconds, once per process (docs/deployment.md states the cost).
@@ -277,9 +277,68 @@ def _own_pipeline(cls: type) -> type:
     return type("Broken", (cls,), {"__init__": init})
 
 
+def _body_not_credited(cls: type) -> type:
+    def body_begin(self: Any, record: Any) -> None:
+        cls._connlist_body_begin(self, record)
+        record.body_received = 0
+
+    return type("Broken", (cls,), {"_connlist_body_begin": body_begin})
+
+
+def _timed_at_the_headers(cls: type) -> type:
+    """The body's clock as before issue 20: from the headers, 100 Continue or not."""
+
+    def body_begin(self: Any, record: Any) -> None:
+        self._connlist.connections.body_begin(record, len(self.cycle.body))
+
+    return type("Broken", (cls,), {"_connlist_body_begin": body_begin})
+
+
+def _receive_not_wrapped(cls: type) -> type:
+    """uvicorn calls the app with a receive of its own (the cycle's is not looked up then)."""
+
+    def after_continue(self: Any, record: Any, cycle: Any) -> None:
+        send = cycle.send
+        cls._connlist_after_continue(self, record, cycle)
+        cycle.receive = type(cycle).receive.__get__(cycle)
+        del send
+
+    return type("Broken", (cls,), {"_connlist_after_continue": after_continue})
+
+
+def _send_not_wrapped(cls: type) -> type:
+    def after_continue(self: Any, record: Any, cycle: Any) -> None:
+        cls._connlist_after_continue(self, record, cycle)
+        cycle.send = type(cycle).send.__get__(cycle)
+
+    return type("Broken", (cls,), {"_connlist_after_continue": after_continue})
+
+
 @pytest.mark.parametrize(
     ("parser", "breakage", "words"),
     [
+        (
+            "httptools",
+            _body_not_credited,
+            "the body's clock counts 0 bytes of the 4 that came with the headers (the cycle's `body`)",
+        ),
+        (
+            "h11",
+            _timed_at_the_headers,
+            "a body that waits for `100 Continue` was timed before the app asked for it",
+        ),
+        (
+            "h11",
+            _receive_not_wrapped,
+            "the body's clock did not start at the app's first receive(), when uvicorn sent "
+            "`100 Continue` (the cycle's `receive`)",
+        ),
+        (
+            "httptools",
+            _send_not_wrapped,
+            "the body's clock did not start at the app's answer without reading the body "
+            "(the cycle's `send`)",
+        ),
         ("h11", _untracked, "a connection made was not tracked"),
         (
             "h11",
@@ -319,9 +378,26 @@ class _RewritesThePath(httptools_impl.HttpToolsProtocol):
         self.scope["path"] = "/elsewhere"
 
 
+class _ContinuesAtOnce(h11_impl.H11Protocol):
+    """A uvicorn that sends 100 Continue with the headers (so the body's clock may start then)."""
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        cycle: Any = self.cycle
+        if cycle is not None and cycle.waiting_for_100_continue:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            cycle.waiting_for_100_continue = False
+
+
 @pytest.mark.parametrize(
     ("parser", "base", "words"),
     [
+        (
+            "h11",
+            _ContinuesAtOnce,
+            "uvicorn's request cycle's `waiting_for_100_continue` is not True for a request with "
+            "`Expect: 100-continue`",
+        ),
         ("h11", _LosesItsCycle, "uvicorn's protocol has no `cycle` after a request"),
         (
             "httptools",

@@ -122,6 +122,21 @@ VARIANTS: dict[str, list[Edit]] = {
     "pipeline renamed": [replace((PROTOCOLS["httptools"],), r"\bself\.pipeline\b", "self.queue")],
     "more_body renamed": [replace((PROTOCOLS["httptools"],), r"\.more_body\b", ".body_pending")],
     "newer version": [replace(("__init__.py",), r'__version__ = "[^"]+"', '__version__ = "0.99.0"')],
+    # What the body's clock reads (issue 20's fixes: a default would silently
+    # bring back the bugs): whether the client waits for 100 Continue, the
+    # body bytes of the headers' read, and the cycle's receive and send,
+    # looked up when the app is called (connlist's wrappers start the clock).
+    "waiting_for_100_continue renamed": [
+        replace(BOTH, r"\bwaiting_for_100_continue\b", "expecting_100_continue")
+    ],
+    "cycle's body renamed": [replace(BOTH, r"\b(self|self\.cycle)\.body\b", r"\1.body_buffer")],
+    "receive bound on the class": [
+        replace(
+            BOTH,
+            r"self\.scope, self\.receive, self\.send",
+            "self.scope, RequestResponseCycle.receive.__get__(self), RequestResponseCycle.send.__get__(self)",
+        )
+    ],
 }
 
 # "on": the integration stays on, exact; "off": ASGI-only mode with the ERROR line.
@@ -139,6 +154,9 @@ EXPECTED: dict[str, dict[str, str]] = {
     "pipeline renamed": {"httptools": "off", "h11": "on"},
     "more_body renamed": {"httptools": "off", "h11": "on"},
     "newer version": {"httptools": "on", "h11": "on"},
+    "waiting_for_100_continue renamed": {"httptools": "off", "h11": "off"},
+    "cycle's body renamed": {"httptools": "off", "h11": "off"},
+    "receive bound on the class": {"httptools": "off", "h11": "off"},
 }
 
 # What the ERROR line must say about each failure (the check's own words).
@@ -151,6 +169,9 @@ FAILURE_WORDS = {
     "hook renamed": "`on_response_complete`",
     "pipeline renamed": "`pipeline`",
     "more_body renamed": "`more_body`",
+    "waiting_for_100_continue renamed": "has no `waiting_for_100_continue`",
+    "cycle's body renamed": "has no `body`",
+    "receive bound on the class": "(the cycle's `receive`)",
 }
 
 

@@ -3,16 +3,19 @@
 ``render(data)`` takes what the JSON would be (one worker's snapshot, or the
 ``workers=all`` answer) and returns the page: links to the other views (the
 JSON, every worker, one worker), the counts and totals at the top, then per
-worker its settings line, (with ``workers=all``) its own counts and totals,
-and one table of its connections (``COLUMNS``, from the worker's ``all``
-list).  Counts, totals and their names are rendered from the data, key by
-key, so a new state or total shows up without a change here.  The page only
-presents: what a connection's state is, and which timeout runs for it and
-when, come with the data (``connlist.debug.describe``, from the list and the
-enforcer).  Each part of the page is one function returning its markup
-(``_links``, ``_numbers_table``, ``_settings``, ``_connections_table``), and
-``_summary`` / ``_worker_section`` list the parts in order: a new line goes
-into one of those lists.
+worker (with ``workers=all``) its own counts and totals, its mode line (with
+the integration off: why, and the timeouts it leaves unenforced, which its
+settings line marks too) and settings line, and one table of its
+connections (``COLUMNS``, from the worker's ``all`` list).  Counts, totals
+and their names are rendered from the data, key by key, so a new state or
+total shows up without a change here.  The page only presents: what a
+connection's state is, which timeout runs for it and when, and which
+timeouts the worker enforces come with the data (``connlist.debug``, from
+the list and the enforcer).  Each part of the page is one function
+returning its markup (``_links``, ``_numbers_table``, ``_settings`` with its
+``_mode`` line, ``_connections_table``), and ``_summary`` /
+``_worker_section`` list the parts in order: a new line goes into one of
+those lists.
 
 * **No script at all.**  The page refreshes itself with ``<meta
   http-equiv="refresh">``, which a browser honours without JavaScript.
@@ -58,6 +61,7 @@ STYLE = (
     "td.n{text-align:right;font-variant-numeric:tabular-nums}"
     "td.path,td.client{font-family:ui-monospace,monospace;word-break:break-all}"
     ".unreachable{color:#a00}"
+    ".off{color:#a00;font-weight:600}"
 )
 _STYLE_HASH = base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
 
@@ -120,11 +124,49 @@ def _connections_table(connections: Iterable[dict[str, Any]]) -> str:
 
 
 def _settings(worker: dict[str, Any]) -> str:
+    """The mode line (``_mode``), then the settings, each marked if configured but not enforced."""
+    shown = {
+        "headers_timeout": _seconds(worker.get("headers_timeout")),
+        "request_timeout": _seconds(worker.get("request_timeout")),
+        "send_timeout": _seconds(worker.get("send_timeout")),
+        "body_min_rate": _rate(worker.get("body_min_rate")),
+    }
+    unenforced = _unenforced(worker)
+    marked = (
+        f"{label} {shown[key]}" + (' <span class="off">(not enforced)</span>' if key in unenforced else "")
+        for key, _kind, label in _ENFORCEABLE
+    )
+    return f"{_mode(worker, unenforced)}<p>{', '.join(marked)}</p>"
+
+
+# The settings, as the view's ``enforced`` names them (connlist.debug.enforced), and as the page does.
+_ENFORCEABLE = (
+    ("headers_timeout", "headers", "headers timeout"),
+    ("request_timeout", "request", "request timeout"),
+    ("send_timeout", "send", "send timeout"),
+    ("body_min_rate", "rate", "minimum body rate"),
+)
+
+
+def _unenforced(worker: dict[str, Any]) -> list[str]:
+    """The settings configured (not 0) that this worker does not enforce (its mode cannot)."""
+    enforced = worker.get("enforced")
+    if not isinstance(enforced, list):  # a view without it claims nothing
+        return []
+    return [key for key, kind, _label in _ENFORCEABLE if worker.get(key) and kind not in enforced]
+
+
+def _mode(worker: dict[str, Any], unenforced: list[str]) -> str:
+    """The worker's mode; with the integration off, why, and what is then not enforced."""
+    mode = worker.get("mode")
+    reason = worker.get("integration_off")
+    if reason is None:
+        on = isinstance(mode, str) and mode.startswith("uvicorn-")
+        return f"<p>mode {_text(mode)}{': the server integration is on' if on else ''}</p>"
+    lost = [label for key, _kind, label in _ENFORCEABLE if key in unenforced]
     return (
-        f"<p>mode {_text(worker.get('mode'))}, headers timeout {_seconds(worker.get('headers_timeout'))}, "
-        f"request timeout {_seconds(worker.get('request_timeout'))}, "
-        f"send timeout {_seconds(worker.get('send_timeout'))}, "
-        f"minimum body rate {_rate(worker.get('body_min_rate'))}</p>"
+        f'<p class="off">mode {_text(mode)}: the server integration is off: {_text(reason)}. '
+        f"Not enforced: {', '.join(lost) if lost else 'none of the configured timeouts'}</p>"
     )
 
 

@@ -14,13 +14,17 @@ of connlist's is handed to uvicorn, this module checks it, once per process:
 2. A conversation, with no socket: the protocol built as uvicorn builds it
    (a ``Config`` of its own, the lifespan state holding a private
    ``Enforcer`` on a clock of its own), on a ``MemoryTransport``, through
-   a whole request, one split over reads, a body in two reads, a response
-   written before its body is read, two pipelined requests, a websocket
-   upgrade, a connection lost mid-request, and a headers timeout.  After
-   each step the connection's record (state, requests, method and path) and
-   what was written are compared with what must be; after the first
-   request every attribute connlist reads (on the protocol, its cycle, its
-   flow control, h11's connection) is looked at.
+   a whole request, one split over reads, a body in two reads (the bytes
+   of the headers' read counted toward the rate), a response written
+   before its body is read, two pipelined requests, two requests that
+   expect ``100 Continue`` (the body's clock starts at the app's first
+   ``receive()``, when uvicorn writes ``100 Continue``, or at its answer
+   without reading; not before), a websocket upgrade, a connection lost
+   mid-request, and a headers timeout.  After each step the connection's
+   record (state, requests, method and path, the body's clock) and what
+   was written are compared with what must be; after the first request
+   every attribute connlist reads (on the protocol, its cycle, its flow
+   control, h11's connection) is looked at.
 
 Any difference is a failure, described in one sentence; an exception
 anywhere is one too.  ``connlist.uvicorn`` then serves uvicorn's own class
@@ -138,12 +142,23 @@ _silent.setLevel(logging.CRITICAL + 1)
 class _Gate:
     def __init__(self) -> None:
         self.event = asyncio.Event()
+        # Set by the /wait request's app when it waits: what the script waits for.
+        self.reached = False
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """The check's application (HTTP only): reads the body (not for /early), /hold waits for the script."""
+    """The check's application (HTTP only).
+
+    It reads the body, then answers; /early answers without reading it;
+    /hold waits for the script after reading, /wait before reading (and,
+    with ``?answer``, answers without reading).
+    """
     path = scope["path"]
-    if path != "/early":
+    if path == "/wait":
+        gate = scope["state"]["connlist.selfcheck.gate"]
+        gate.reached = True
+        await gate.event.wait()
+    if path != "/early" and not (path == "/wait" and scope["query_string"] == b"answer"):
         more = True
         while more:
             message = await receive()
@@ -160,6 +175,11 @@ GET = b"GET /a?x=1 HTTP/1.1\r\nHost: t\r\n\r\n"
 POST = b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
 EARLY = b"POST /early HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
 HOLD = b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n"
+# A client that waits for 100 Continue before it sends the body; the app
+# works before it reads it (CONTINUE), or answers without reading (ANSWER).
+EXPECT = b"Host: t\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n"
+CONTINUE = b"POST /wait HTTP/1.1\r\n" + EXPECT
+ANSWER = b"POST /wait?answer HTTP/1.1\r\n" + EXPECT
 UPGRADE = (
     b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
@@ -236,6 +256,13 @@ class _Script:
         for _ in range(20):
             await asyncio.sleep(0)
 
+    async def until(self, done: Any) -> None:
+        """Let the app's task run until ``done()``, for as long as ``settle`` at most."""
+        for _ in range(20):
+            if done():
+                return
+            await asyncio.sleep(0)
+
     async def feed(self, protocol: Any, data: bytes) -> None:
         protocol.data_received(data)
         await self.settle()
@@ -266,10 +293,20 @@ class _Script:
         cycle = protocol.cycle
         if cycle is None:
             raise CheckFailed("uvicorn's protocol has no `cycle` after a request")
-        names = ("scope", "response_started", "response_complete", "disconnected", "message_event", "logger")
+        names: tuple[str, ...] = ("scope", "response_started", "response_complete", "disconnected")
+        names += ("message_event", "logger", "body", "waiting_for_100_continue", "receive", "send")
         _has(cycle, names, "uvicorn's request cycle (`cycle`)")
+        # The body bytes a read brought (counted toward the rate), and whether
+        # the client waits for 100 Continue (the body is not timed until then).
+        if not isinstance(cycle.body, (bytes, bytearray)):
+            raise CheckFailed(f"uvicorn's request cycle's `body` is a {type(cycle.body).__name__}, not bytes")
+        if cycle.waiting_for_100_continue is not False:
+            raise CheckFailed(
+                "uvicorn's request cycle's `waiting_for_100_continue` is not False for a request without "
+                f"`Expect: 100-continue` ({cycle.waiting_for_100_continue!r})"
+            )
         if self.parser == "httptools":
-            _has(cycle, ("more_body", "body"), "uvicorn's request cycle (`cycle`)")
+            _has(cycle, ("more_body",), "uvicorn's request cycle (`cycle`)")
             _has(protocol, ("scope", "pipeline"), "uvicorn's protocol")
             if cycle.scope is not protocol.scope:
                 raise CheckFailed("`cycle.scope` is not the protocol's scope")
@@ -304,6 +341,12 @@ class _Script:
         self.expect("the rest of that request", record, "idle", 2)
         await self.feed(protocol, POST + b"0123")
         self.expect("headers and part of a body", record, "reading_body", 2)
+        # The body bytes of the headers' read count toward the rate (the cycle's `body`).
+        if not record.receiving_body or record.body_received != 4:
+            raise CheckFailed(
+                f"the body's clock counts {record.body_received} bytes of the 4 that came with the headers "
+                "(the cycle's `body`)"
+            )
         await self.feed(protocol, b"456789")
         self.expect("the rest of the body", record, "idle", 3)
         # A response written before the body is read.
@@ -324,6 +367,7 @@ class _Script:
         self.expect("both pipelined responses", record, "idle", 6)
         if self.responses(transport) != 6:
             raise CheckFailed(f"{self.responses(transport)} responses were written for 6 requests")
+        await self.expect_100_continue()
         # A websocket upgrade: the connection leaves the list.
         upgraded, _ = self.connect()
         upgraded_record = self.record(upgraded)
@@ -355,6 +399,58 @@ class _Script:
         if not bytes(silent_transport.written).startswith(b"HTTP/1.1 408 ") or not silent_transport.closing:
             raise CheckFailed("a connection past the headers timeout was not answered 408 and closed")
         self.steps.append("a headers timeout")
+
+    async def expect_100_continue(self) -> None:
+        """Bodies behind ``Expect: 100-continue``: timed from the app's first receive(), or its answer.
+
+        uvicorn writes ``100 Continue`` when the app first calls the cycle's
+        ``receive``, and drops it when the app answers first (the cycle's
+        ``send``): connlist's wrappers of both start the body's clock.  The
+        script's clock moves while the app works, so a clock started at the
+        headers is told from one started then.
+        """
+        await self.body_after_continue(
+            CONTINUE, "the app's first receive(), when uvicorn sent `100 Continue`", "receive"
+        )
+        await self.body_after_continue(ANSWER, "the app's answer without reading the body", "send")
+
+    async def body_after_continue(self, request: bytes, step: str, hook: str) -> None:
+        """One of ``expect_100_continue``'s requests, on a connection of its own.
+
+        The script waits only until what it waits for is there (``until``),
+        not for ``settle``'s full round of the loop: that keeps the check's
+        cost small.
+        """
+        protocol, transport = self.connect()
+        record = self.record(protocol)
+        gate = self.gate
+        gate.event, gate.reached = asyncio.Event(), False
+        protocol.data_received(request)
+        await self.until(lambda: gate.reached)  # the app works before it reads the body
+        self.expect("the headers of a request that expects `100 Continue`", record, "reading_body", 0)
+        if protocol.cycle.waiting_for_100_continue is not True:
+            raise CheckFailed(
+                "uvicorn's request cycle's `waiting_for_100_continue` is not True for a request with "
+                "`Expect: 100-continue`"
+            )
+        if record.receiving_body or b" 100 " in transport.written:
+            raise CheckFailed("a body that waits for `100 Continue` was timed before the app asked for it")
+        self.now += 1.0
+        self.gate.event.set()
+        await self.until(lambda: bool(transport.written))  # 100 Continue, or the answer
+        continued = bytes(transport.written).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if continued != (request is CONTINUE):
+            raise CheckFailed(
+                f"uvicorn {'did not write' if request is CONTINUE else 'wrote'} `100 Continue` at {step}"
+            )
+        if not record.receiving_body or record.body_started != self.now:
+            raise CheckFailed(f"the body's clock did not start at {step} (the cycle's `{hook}`)")
+        protocol.data_received(b"0123456789")
+        await self.until(lambda: self.responses(transport) == 1 and connection_state(record) == "idle")
+        self.expect(f"the body after {step}", record, "idle", 1)
+        if self.responses(transport) != 1:
+            raise CheckFailed(f"{self.responses(transport)} responses were written after {step}")
+        protocol.connection_lost(None)
 
     async def close(self) -> None:
         """Lose every connection still in the list, and leave no timer behind."""

@@ -335,9 +335,12 @@ class _Tracking:
         if not enforcer.settings.body_min_rate:
             return
         cycle: Any = self.cycle  # type: ignore[attr-defined]
+        # Read directly: the self-check found both on uvicorn's cycle, with
+        # these meanings, before this class was handed to uvicorn (a default
+        # here would hide a rename and time a body the client may not send).
         # (bytes or a bytearray, as uvicorn's release has it)
-        record.body_received = len(getattr(cycle, "body", b""))
-        if getattr(cycle, "waiting_for_100_continue", False):
+        record.body_received = len(cycle.body)
+        if cycle.waiting_for_100_continue:
             self._connlist_after_continue(record, cycle)
         else:
             enforcer.connections.body_begin(record, record.body_received)
@@ -348,7 +351,10 @@ class _Tracking:
         uvicorn hands the app the cycle's ``receive`` and ``send`` when its
         task first runs, after this read: the cycle gets its own, which note
         the moment and call uvicorn's.  (Only for a request that expects
-        ``100 Continue``; the bytes received meanwhile go on counting.)
+        ``100 Continue``; the bytes received meanwhile go on counting.)  A
+        uvicorn that called the app with other callables would bypass them:
+        the self-check drives both cases, and falls back if they do not
+        start the clock.
         """
         receive = cycle.receive
         send = cycle.send
