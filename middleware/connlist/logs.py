@@ -156,24 +156,32 @@ class Summary:
         room, self._room = self._room, {}
         examples, self._examples = self._examples, []
         failures, self.failures = self.failures, 0
-        total = sum(counts.values())
-        parts = []
-        if total:
-            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
-            plural = "" if total == 1 else "s"
-            parts.append(f"{total} connection{plural} timed out ({kinds}); e.g. {', '.join(examples)}")
-        refused = room.pop("refused", 0)
-        made = sum(room.values())
-        if made:
-            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(room.items()))
-            plural = "" if made == 1 else "s"
-            parts.append(f"{made} connection{plural} closed for max_connections ({kinds})")
-        if refused:
-            plural = "" if refused == 1 else "s"
-            parts.append(f"{refused} new connection{plural} refused with 503 (every connection busy serving)")
-        if failures:
-            parts.append(f"on_timeout raised {failures} time{'' if failures == 1 else 's'}")
-        if not total and examples and (made or refused):
-            parts[0] += f"; e.g. {', '.join(examples)}"
-        logger.warning("connlist: %s", "; ".join(parts))
+        logger.warning("connlist: %s", "; ".join(_summary_parts(counts, room, examples, failures)))
         self.due = now + self._interval
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _summary_parts(
+    counts: dict[str, int], room: dict[str, int], examples: list[str], failures: int
+) -> list[str]:
+    """The parts of one summary line: timeouts, room made, refusals, failed callbacks."""
+    total = sum(counts.values())
+    parts = []
+    if total:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+        parts.append(f"{_plural(total, 'connection')} timed out ({kinds}); e.g. {', '.join(examples)}")
+    refused = room.pop("refused", 0)
+    made = sum(room.values())
+    if made:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(room.items()))
+        parts.append(f"{_plural(made, 'connection')} closed for max_connections ({kinds})")
+    if refused:
+        parts.append(f"{_plural(refused, 'new connection')} refused with 503 (every connection busy serving)")
+    if failures:
+        parts.append(f"on_timeout raised {_plural(failures, 'time')}")
+    if not total and examples and (made or refused):
+        parts[0] += f"; e.g. {', '.join(examples)}"
+    return parts

@@ -255,32 +255,38 @@ class ConnectionsMiddleware:
             await AsgiOnly.__call__(self, scope, receive, send)  # type: ignore[arg-type]
             return
         if scope_type == "lifespan":
-            # A server is starting: forget a timer left on the loop of an
-            # earlier run of this app, then hand the enforcer to the server's
-            # protocols (uvicorn passes this state dict to every protocol).
-            # Its protocols announce their mode before the first request.
-            if type(self) is _PassThrough or type(self) is _AsgiOnly:
-                self.__class__ = ConnectionsMiddleware  # type: ignore[assignment]
-            self._enforcer.cancel()
-            state = scope.get("state")
-            if state is not None:
-                state[STATE_KEY] = self._enforcer
-            route_to_uvicorn()
-            refusal = self._integration_at_start(receive)
-            if refusal is not None:
-                await self._refuse_start(refusal, receive, send)
-                return
-            receive = self._lifespan_receive(receive)
-            workers = self._workers
-            if workers is not None:
-                # This worker's socket for its siblings, for as long as the server runs.
-                await workers.start()
-                try:
-                    await self.app(scope, receive, send)
-                finally:
-                    workers.stop()
-                return
+            await self._lifespan(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A server is starting: forget a timer left on the loop of an earlier run, hand the enforcer over.
+
+        uvicorn passes the lifespan's state dict to every protocol; its
+        protocols announce their mode before the first request.
+        """
+        if type(self) is _PassThrough or type(self) is _AsgiOnly:
+            self.__class__ = ConnectionsMiddleware  # type: ignore[assignment]
+        self._enforcer.cancel()
+        state = scope.get("state")
+        if state is not None:
+            state[STATE_KEY] = self._enforcer
+        route_to_uvicorn()
+        refusal = self._integration_at_start(receive)
+        if refusal is not None:
+            await self._refuse_start(refusal, receive, send)
+            return
+        receive = self._lifespan_receive(receive)
+        workers = self._workers
+        if workers is None:
+            await self.app(scope, receive, send)
+            return
+        # This worker's socket for its siblings, for as long as the server runs.
+        await workers.start()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            workers.stop()
 
     def _integration_at_start(self, receive: Receive) -> str | None:
         """Tell the mode at the server's start (connlist.integration); the refusal to start, if one is due.

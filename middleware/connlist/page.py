@@ -34,6 +34,8 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
 
+from connlist.enforcer import TIMEOUT_KINDS
+
 __all__ = ["COLUMNS", "CSP", "HEADERS", "LABELS", "REFRESH", "STYLE", "render"]
 
 # Seconds between two reloads of the page.
@@ -120,12 +122,17 @@ def _connections_table(connections: Iterable[dict[str, Any]]) -> str:
 
 
 def _settings(worker: dict[str, Any]) -> str:
-    return (
-        f"<p>mode {_text(worker.get('mode'))}, headers timeout {_seconds(worker.get('headers_timeout'))}, "
-        f"request timeout {_seconds(worker.get('request_timeout'))}, "
-        f"send timeout {_seconds(worker.get('send_timeout'))}, "
-        f"minimum body rate {_rate(worker.get('body_min_rate'))}</p>"
+    """The mode and every timeout's setting (the rows of ``TIMEOUT_KINDS``)."""
+    timeouts = ", ".join(
+        f"{kind.label} {_setting(kind.unit, worker.get(kind.setting))}"
+        for kind in TIMEOUT_KINDS
+        if kind.setting is not None
     )
+    return f"<p>mode {_text(worker.get('mode'))}, {timeouts}</p>"
+
+
+def _setting(unit: str, value: object) -> str:
+    return _seconds(value) if unit == "s" else _rate(value)
 
 
 def _rate(value: object) -> str:
