@@ -142,6 +142,7 @@ __all__ = [
     "ConnectionHandle",
     "ConnectionsList",
     "connection_state",
+    "message_on_idle",
     "send_allowance",
 ]
 
@@ -430,6 +431,30 @@ class Received(Connection):
         return self.id in self._table
 
 
+# -- the servers' fast path ----------------------------------------------------
+#
+# ``ConnectionsList.message`` for the state a server layer has already told
+# apart, as a module function (found as a global, where a method is found
+# through the list's type).  uvicorn's h11 protocol calls it once per
+# request; the httptools protocol, the hot one, writes it out (measured:
+# see ``connlist.uvicorn``).
+
+
+def message_on_idle(connections: ConnectionsList, conn: Connection) -> None:
+    """``ConnectionsList.message`` on an idle connection: a whole request in one read, the common case.
+
+    ``conn`` is tracked and idle (``last_message_start == 0``: the caller
+    reads it to choose this path), so its headers were completed (a record
+    becomes idle only through ``message_complete``, which a feeder sends
+    only after ``headers_complete``) and no link moves: one request more,
+    and responding (the request goes to the app).
+    """
+    conn.requests += 1
+    if not conn._responding:
+        conn._responding = True
+        connections._n_idle_responding += 1
+
+
 # The send timeout's allowance for a client whose window opens in large steps
 # (see send_allowance): the step a client must take within a send timeout,
 # and the longest allowance, in send timeouts.
@@ -654,10 +679,7 @@ class ConnectionsList:
             self.response_begin(conn)
             return
         conn.headers_completed = True
-        conn.requests += 1
-        if not conn._responding:
-            conn._responding = True
-            self._n_idle_responding += 1
+        message_on_idle(self, conn)
 
     def response_begin(self, conn: Connection) -> None:
         """A received request went to the app: ``responding`` until ``response_complete``."""
