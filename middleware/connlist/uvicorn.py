@@ -290,13 +290,13 @@ class _Tracking:
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
-        self._connlist_recordect()
+        self._connlist_connect()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connlist_remove()
         super().connection_lost(exc)  # type: ignore[misc]
 
-    def _connlist_recordect(self) -> Connection:
+    def _connlist_connect(self) -> Connection:
         enforcer = self._connlist
         record = enforcer.connections.connect(client=self.client, server=self.server, handle=self)
         self._connlist_record = record
@@ -682,9 +682,11 @@ else:
 
 if httptools_impl is not None:
     _HttpTools = httptools_impl.HttpToolsProtocol
-    # uvicorn's methods, called directly: a module global is found faster
-    # than a class attribute, and these run for every read and response.
-    # (A release that lacks one fails the self-check before any is called.)
+    # The two methods of uvicorn's that every read and every response go
+    # through, as module globals: one lookup each, where
+    # ``_HttpTools.data_received`` is two (a global, then a class attribute)
+    # and ``super()`` more.  (A release that lacks one fails the self-check
+    # before any is called.)
     _httptools_data_received: Any = getattr(_HttpTools, "data_received", None)
     _httptools_on_response_complete: Any = getattr(_HttpTools, "on_response_complete", None)
 
@@ -755,7 +757,7 @@ if httptools_impl is not None:
                     tail: Any = _BodyTail()
                     self.cycle = tail
                     try:
-                        _HttpTools.data_received(self, data)
+                        _httptools_data_received(self, data)
                     finally:
                         if self.cycle is tail:
                             self.cycle = cycle
@@ -763,7 +765,7 @@ if httptools_impl is not None:
                         cycle.more_body = False
                     self._connlist_events(phase, scope, cycle)
                     return
-            _HttpTools.data_received(self, data)
+            _httptools_data_received(self, data)
             if phase != _UPGRADED:
                 self._connlist_events(phase, scope, cycle)
 
