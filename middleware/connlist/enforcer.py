@@ -72,7 +72,7 @@ from dataclasses import dataclass, fields
 from typing import Literal, get_args
 
 from connlist.connections import Connection, ConnectionsList, send_allowance
-from connlist.logs import Summary, logger
+from connlist.logs import Summary, log, logger
 from connlist.settings import Settings
 
 __all__ = [
@@ -800,8 +800,8 @@ class Enforcer:
         # Counted without opening one (listing /proc/self/fd would need a
         # descriptor, and there is none); once per worker, so the cost is fine.
         open_fds = sum(_is_open(fd) for fd in range(min(soft, 1 << 16)))
-        logger.error(
-            "connlist: accept() failed for want of file descriptors (%s): %d connections tracked, "
+        log.error(
+            "accept() failed for want of file descriptors (%s): %d connections tracked, "
             "max_connections %d, RLIMIT_NOFILE %d, %d descriptors open. The budget leaves too few "
             "descriptors to the rest of the worker: lower max_connections or raise the limit (ulimit -n). "
             "Later failures are counted in the view (accept_failures), not logged.",
@@ -840,8 +840,8 @@ class Enforcer:
             elapsed = self.clock() - started
             if elapsed > SLOW_CALLBACK and not self._slow_callback_warned:
                 self._slow_callback_warned = True
-                logger.warning(
-                    "connlist: on_timeout took %.0f ms; it runs on the event loop and delays every "
+                log.warning(
+                    "on_timeout took %.0f ms; it runs on the event loop and delays every "
                     "connection behind it: keep it short (this warning is not repeated)",
                     elapsed * 1000,
                 )

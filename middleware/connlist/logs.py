@@ -22,19 +22,43 @@ logger keeps connlist's lines beside its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "PREFIX",
     "SUMMARY_INTERVAL",
     "Summary",
     "follow_uvicorn_logger",
     "format_address",
+    "log",
     "logger",
     "route_to_uvicorn",
     "uvicorn_logger",
 ]
 
 logger = logging.getLogger("connlist")
+
+# What starts connlist's lines that stand on their own in a server's log
+# (the per-connection DEBUG lines start with the client instead).  The one
+# place of the log's format: ``log`` writes it, and the start-up refusals,
+# which are messages rather than log calls, begin with it.
+PREFIX = "connlist: "
+
+if TYPE_CHECKING:
+    _Adapter = logging.LoggerAdapter[logging.Logger]
+else:
+    _Adapter = logging.LoggerAdapter  # subscriptable at run time only from Python 3.11
+
+
+class _Prefixed(_Adapter):
+    """The ``connlist`` logger, with ``PREFIX`` before each message."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        return f"{PREFIX}{msg}", kwargs
+
+
+log = _Prefixed(logger, {})
 
 # The logger uvicorn writes its error log to (its protocols' ``logger``).
 _uvicorn_logger_name = "uvicorn.error"
@@ -156,7 +180,7 @@ class Summary:
         room, self._room = self._room, {}
         examples, self._examples = self._examples, []
         failures, self.failures = self.failures, 0
-        logger.warning("connlist: %s", "; ".join(_summary_parts(counts, room, examples, failures)))
+        log.warning("%s", "; ".join(_summary_parts(counts, room, examples, failures)))
         self.due = now + self._interval
 
 

@@ -42,7 +42,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from connlist.connections import PHASES
 from connlist.enforcer import BUDGET_KINDS as ENFORCER_BUDGET_KINDS
 from connlist.enforcer import STATE_KEY, TIMEOUT_KINDS, Enforcer, Totals
-from connlist.logs import logger
+from connlist.logs import log
 from connlist.processes import process_info
 from connlist.settings import check_number
 
@@ -283,7 +283,7 @@ def mark_dead_processes(path: str | None = None) -> list[int]:
         with contextlib.suppress(FileNotFoundError):
             mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
     if dead:
-        logger.info("connlist: dropped the Prometheus gauges of dead processes %s", dead)
+        log.info("dropped the Prometheus gauges of dead processes %s", dead)
     return dead
 
 
@@ -379,7 +379,7 @@ class MetricsMiddleware:
             try:
                 self.refresh()
             except Exception:  # pragma: no cover - never let the exporter die
-                logger.exception("connlist: refreshing the Prometheus metrics failed")
+                log.exception("refreshing the Prometheus metrics failed")
 
     async def _stop(self) -> None:
         task, self._task = self._task, None

@@ -102,7 +102,7 @@ from connlist import integration, selfcheck
 from connlist.connections import Connection, message_on_idle
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.integration import TESTED_RANGE, TESTED_UVICORN
-from connlist.logs import follow_uvicorn_logger, logger, route_to_uvicorn
+from connlist.logs import follow_uvicorn_logger, log, logger, route_to_uvicorn
 
 try:  # Linux: the bytes in a socket's send queue that the peer has not acknowledged
     import fcntl
@@ -184,30 +184,30 @@ def _enforcer_for(app_state: dict[str, Any], protocol: Any = None) -> Enforcer:
         )
         if lifespan == "off":
             # The middleware adopts the fallback at its first request (and says so).
-            logger.warning(
-                "connlist: the ASGI lifespan is off, so no ConnectionsMiddleware handed over its settings; "
+            log.warning(
+                "the ASGI lifespan is off, so no ConnectionsMiddleware handed over its settings; "
                 "%s until the first request. Serve with --lifespan on.",
                 defaults,
             )
         elif declared is False or lifespan == "on":
             # (With --lifespan on, a failed lifespan would have stopped the server.)
-            logger.warning(
-                "connlist: no ConnectionsMiddleware in the ASGI lifespan state; %s. Add "
+            log.warning(
+                "no ConnectionsMiddleware in the ASGI lifespan state; %s. Add "
                 "ConnectionsMiddleware to the app, with the lifespan on, to configure them and serve the "
                 "debug endpoint.",
                 defaults,
             )
         elif declared:
-            logger.error(
-                "connlist: the app's ASGI lifespan failed, so its ConnectionsMiddleware never started "
+            log.error(
+                "the app's ASGI lifespan failed, so its ConnectionsMiddleware never started "
                 "(uvicorn's --lifespan auto takes an exception at startup, such as a bad connlist option, "
                 "for a lifespan the app does not support); %s and every request may fail with that "
                 "exception. Serve with --lifespan on to see it and stop at start.",
                 defaults,
             )
         else:
-            logger.error(
-                "connlist: no ConnectionsMiddleware in the ASGI lifespan state: the app has none, or its "
+            log.error(
+                "no ConnectionsMiddleware in the ASGI lifespan state: the app has none, or its "
                 "lifespan failed (uvicorn's --lifespan auto takes an exception at startup, such as a bad "
                 "connlist option, for a lifespan the app does not support); %s. Serve with --lifespan on "
                 "to see the exception and stop at start.",
@@ -1061,8 +1061,8 @@ def _fall_back(parser: str, name: str, base: type | None, failure: str) -> type[
     route_to_uvicorn()
     if integration.require_integration():
         # One line, the server's own exit status for a failed start, no traceback.
-        logger.error(
-            "connlist: refusing to start (%s=1): the server integration would be off: %s. %s",
+        log.error(
+            "refusing to start (%s=1): the server integration would be off: %s. %s",
             integration.REQUIRE_ENV,
             what,
             advice,
@@ -1076,8 +1076,8 @@ def _fall_back(parser: str, name: str, base: type | None, failure: str) -> type[
         base = import_from_string(HTTP_PROTOCOLS[parser])
     assert base is not None
     integration.record_failure(base, f"uvicorn {uvicorn.__version__}: {name}: {failure}")
-    logger.error(
-        "connlist: the server integration is off: %s. The server runs uvicorn's own %s protocol and connlist "
+    log.error(
+        "the server integration is off: %s. The server runs uvicorn's own %s protocol and connlist "
         "runs in ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but "
         "the headers timeout and the send timeout are not enforced. %s Set %s=1 to refuse to start instead.",
         what,
