@@ -83,11 +83,8 @@ that pass are exactly the code above; nothing of the check runs per request.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import re
-import socket
-import struct
 import sys
 import threading
 from collections import deque
@@ -96,35 +93,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import h11
 import uvicorn
-from starlette.requests import ClientDisconnect
 
 from connlist import integration, selfcheck
 from connlist.connections import Connection, message_on_idle
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.integration import TESTED_RANGE, TESTED_UVICORN
 from connlist.logs import follow_uvicorn_logger, log, logger, route_to_uvicorn
-
-try:  # Linux: the bytes in a socket's send queue that the peer has not acknowledged
-    import fcntl
-    import termios
-
-    _OUTQ: int | None = termios.TIOCOUTQ  # SIOCOUTQ
-except (ImportError, AttributeError):  # pragma: no cover - not Linux
-    _OUTQ = None
-
-# Linux's TCP_INFO (include/uapi/linux/tcp.h, struct tcp_info): the bytes the
-# peer acknowledged (tcpi_bytes_acked, a __u64 at offset 120, since Linux
-# 4.1) and the window it advertises now (tcpi_snd_wnd, a __u32 at offset
-# 228, in newer kernels; 0 where the kernel's struct is shorter).
-_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
-_TCP_INFO_LEN = 232
-_BYTES_ACKED = struct.Struct("=Q")
-_BYTES_ACKED_AT = 120
-_SND_WND = struct.Struct("=I")
-_SND_WND_AT = 228
-# SO_LINGER on with a zero timeout: close() then resets the connection and
-# the kernel drops what is queued for it (nginx's reset_timedout_connection).
-_LINGER_ZERO = struct.pack("ii", 1, 0)
+from connlist.server import AfterCut, TransportHandle, enforcer_in
 
 try:
     from uvicorn.protocols.http import h11_impl
@@ -136,10 +111,6 @@ except ImportError:  # httptools is not installed
     httptools_impl = None  # type: ignore[assignment]
 
 __all__ = ["AutoProtocol", "H11Protocol", "HttpToolsProtocol"]
-
-RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-# A new connection refused at max_connections, every connection being a request being served.
-RESPONSE_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 # The methods of uvicorn's protocols that connlist overrides (the self-check
 # looks for them before it builds a class on them).
@@ -169,7 +140,7 @@ def _enforcer_for(app_state: dict[str, Any], protocol: Any = None) -> Enforcer:
     in it, had its lifespan fail; one without ConnectionsMiddleware declared
     simply has none.
     """
-    enforcer = app_state.get(STATE_KEY)
+    enforcer = enforcer_in(app_state)
     if enforcer is None:
         enforcer = Enforcer()
         app_state[STATE_KEY] = enforcer
@@ -243,8 +214,12 @@ def _declares_middleware(app: Any) -> bool | None:
     return None
 
 
-class _Tracking:
-    """What both protocols add to uvicorn's: the list events and the connection handle."""
+class _Tracking(TransportHandle):
+    """What both protocols add to uvicorn's: the list events, and what the handle reads of uvicorn's state.
+
+    The handle's transport methods are ``connlist.server.TransportHandle``'s;
+    the duties of a feeder are ``connlist.server.Feeder``'s.
+    """
 
     # Slots, not instance attributes: CPython (3.11, 3.12) shares the keys
     # of an instance dict only up to 30 of them, and uvicorn's httptools
@@ -453,130 +428,17 @@ class _Tracking:
         per request.
         """
         for cycle in self._connlist_cycles():
-            if not isinstance(cycle.logger, _AfterCut):
-                cycle.logger = _AfterCut(cycle.logger)
+            if not isinstance(cycle.logger, AfterCut):
+                cycle.logger = AfterCut(cycle.logger)
             if not cycle.response_complete:
                 cycle.disconnected = True
                 cycle.message_event.set()
-
-    def _connlist_linger(self) -> None:
-        """A close connlist decided outside a sweep: abort the connection if it has not gone in time."""
-        record = self._connlist_record
-        if record is not None:
-            enforcer = self._connlist
-            enforcer.connections.linger(record)
-            enforcer.bring_forward(enforcer.clock() + enforcer.linger)
-
-    def connlist_close_expired(self) -> None:
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        record = self._connlist_record
-        if record is not None and not self._connlist_response_written(record):
-            transport.write(RESPONSE_408)
-        self._connlist_mark_cut()
-        # A close waits for the write buffer to drain, which a client that
-        # reads nothing never lets happen: the enforcer aborts it after the linger.
-        transport.close()
-
-    def connlist_close_idle(self) -> bool:
-        transport = self.transport
-        if transport is None or transport.is_closing() or self._connlist_responding():
-            return False
-        transport.close()
-        self._connlist_linger()
-        return True
-
-    def connlist_close(self) -> None:
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.close()
-            self._connlist_linger()
-
-    def connlist_abort(self) -> None:
-        transport = self.transport
-        if transport is not None:
-            self._connlist_mark_cut()
-            # A cut is a release: without this the kernel keeps the socket
-            # (FIN-WAIT-1) and everything queued for a client that reads
-            # nothing, for as long as the client keeps the connection.  With
-            # it, the close that abort() makes sends a reset, and the client
-            # sees ECONNRESET, not a response that seems to end.  (asyncio's
-            # transport closes its socket at the next iteration, uvloop's
-            # handle at once: both after this.)
-            sock = transport.get_extra_info("socket")
-            if sock is not None:
-                # (Closed meanwhile, or not a socket: the abort alone, then.)
-                with contextlib.suppress(OSError, AttributeError, TypeError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
-            transport.abort()
-
-    def connlist_refuse(self) -> None:
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(RESPONSE_503)
-            transport.close()
-            self._connlist_linger()
 
     def connlist_reading_paused(self) -> bool:
         # uvicorn stops reading a body the app does not consume (64 KiB
         # buffered), and a request queued behind a pipelined one.
         flow: Any = getattr(self, "flow", None)
         return flow is not None and bool(flow.read_paused)
-
-    def connlist_acked(self) -> tuple[int, int] | None:
-        if _TCP_INFO is None:
-            return None
-        transport = self.transport
-        sock = None if transport is None else transport.get_extra_info("socket")
-        if sock is None:
-            return None
-        try:
-            info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_LEN)
-        except (OSError, AttributeError, TypeError):  # closed meanwhile, or a socket without TCP_INFO
-            return None
-        if len(info) < _BYTES_ACKED_AT + 8:
-            return None  # a kernel before 4.1
-        window = _SND_WND.unpack_from(info, _SND_WND_AT)[0] if len(info) >= _SND_WND_AT + 4 else 0
-        return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_AT)[0], window
-
-    def connlist_pending(self) -> int:
-        transport = self.transport
-        if transport is None:
-            return 0
-        pending: int = transport.get_write_buffer_size()
-        if _OUTQ is not None:
-            sock = transport.get_extra_info("socket")
-            if sock is not None:
-                try:
-                    queued = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
-                except OSError:  # closed meanwhile, or not a socket that has a send queue
-                    pass
-                else:
-                    pending += struct.unpack("i", queued)[0]
-        return pending
-
-
-class _AfterCut:
-    """uvicorn's logger, as a request cycle of a connection connlist cut off sees it.
-
-    The app's ``ClientDisconnect`` there is expected (its body was cut
-    short), so uvicorn's "Exception in ASGI application" for it is left
-    out; everything else goes to uvicorn's logger as before.
-    """
-
-    __slots__ = ("_logger",)
-
-    def __init__(self, logger: Any) -> None:
-        self._logger = logger
-
-    def error(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if isinstance(kwargs.get("exc_info"), ClientDisconnect):
-            return
-        self._logger.error(msg, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._logger, name)
 
 
 # Where the message being received on a connection stands (both protocols).
