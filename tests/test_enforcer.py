@@ -22,9 +22,12 @@ from connlist.enforcer import (
     _BATCH,
     _SLACK,
     BUDGET,
+    BUDGET_KINDS,
     RATE_RESOLUTION,
     SLOW_CALLBACK,
+    TIMEOUT_KINDS,
     Enforcer,
+    RoomKind,
     TimeoutKind,
     Totals,
 )
@@ -537,8 +540,15 @@ def test_a_record_without_a_handle_is_counted_and_nothing_is_closed(clock: FakeC
 
 
 def test_every_timeout_kind_has_its_total() -> None:
-    # A kind added to TimeoutKind takes a <kind>_timeouts field in Totals: the views list those by name.
-    kinds = set(typing.get_args(TimeoutKind))
-    names = [field.name for field in dataclasses.fields(Totals)]
-    totals = {name.removesuffix("_timeouts") for name in names if name.endswith("_timeouts")}
-    assert kinds == totals == {"headers", "request", "rate", "send"}
+    # Each row of the kinds' tables names its Totals field; the views and the metrics list the rows.
+    names = {field.name for field in dataclasses.fields(Totals)}
+    assert [kind.name for kind in TIMEOUT_KINDS] == list(typing.get_args(TimeoutKind))
+    assert {kind.name for kind in TIMEOUT_KINDS} == {"headers", "request", "rate", "send"}
+    assert set(typing.get_args(RoomKind)) < {kind.name for kind in BUDGET_KINDS}
+    for kind in (*TIMEOUT_KINDS, *BUDGET_KINDS):
+        assert kind.counter in names, kind
+    assert {kind.counter for kind in (*TIMEOUT_KINDS, *BUDGET_KINDS)} == names - {
+        "connections",
+        "requests",
+        "accept_failures",
+    }

@@ -234,7 +234,7 @@ def test_a_newer_uvicorn_that_passes_is_warned_about_once(
 
 
 def _untracked(cls: type) -> type:
-    return type("Broken", (cls,), {"_connlist_recordect": lambda self: None})
+    return type("Broken", (cls,), {"_connlist_connect": lambda self: None})
 
 
 def _events_skipped(cls: type) -> type:

@@ -12,8 +12,8 @@ says what each mode can enforce.
   (``ConnectionsList.received``), from its arrival until the app returns;
   the list hands it to the view as a record in the ``handling`` state, and
   counts it like any other connection.  ``AsgiOnly.__call__`` writes the
-  entry itself: it runs for most requests, and in Python a call costs as
-  much as the entry.
+  entry itself, with no call into the list: it runs for most requests
+  (docs/benchmarks.md, "Where the remaining instructions go").
 * A request with a body (``Content-Length`` other than 0, or
   ``Transfer-Encoding``) is a record of its own, active, and
   timed, until its last chunk arrives: ``serve_with_body`` wraps the app's
@@ -119,8 +119,8 @@ class AsgiOnly:
             await feed.route(scope, receive, send)
             return
         # Does the request have a body?  The first framing header decides.
-        # (Written out: a call costs as much as the loop; and one test per
-        # header, a set's, costs less than two comparisons.)
+        # (Written out, as the entry is: see above; and one test per header,
+        # a set's, costs less than two comparisons.)
         for name, value in scope["headers"]:
             if name in _FRAMING:
                 if name == b"transfer-encoding" or value.strip() not in (b"0", b""):

@@ -142,6 +142,7 @@ __all__ = [
     "ConnectionHandle",
     "ConnectionsList",
     "connection_state",
+    "message_on_idle",
     "send_allowance",
 ]
 
@@ -430,6 +431,30 @@ class Received(Connection):
         return self.id in self._table
 
 
+# -- the servers' fast path ----------------------------------------------------
+#
+# ``ConnectionsList.message`` for the state a server layer has already told
+# apart, as a module function (found as a global, where a method is found
+# through the list's type).  uvicorn's h11 protocol calls it once per
+# request; the httptools protocol, the hot one, writes it out (measured:
+# see ``connlist.uvicorn``).
+
+
+def message_on_idle(connections: ConnectionsList, conn: Connection) -> None:
+    """``ConnectionsList.message`` on an idle connection: a whole request in one read, the common case.
+
+    ``conn`` is tracked and idle (``last_message_start == 0``: the caller
+    reads it to choose this path), so its headers were completed (a record
+    becomes idle only through ``message_complete``, which a feeder sends
+    only after ``headers_complete``) and no link moves: one request more,
+    and responding (the request goes to the app).
+    """
+    conn.requests += 1
+    if not conn._responding:
+        conn._responding = True
+        connections._n_idle_responding += 1
+
+
 # The send timeout's allowance for a client whose window opens in large steps
 # (see send_allowance): the step a client must take within a send timeout,
 # and the longest allowance, in send timeouts.
@@ -517,6 +542,28 @@ class ConnectionsList:
         return self._clock
 
     # -- links -------------------------------------------------------------
+    #
+    # Every list's append (at the tail) and unlink, each once.  Only
+    # message_begin and message_complete write theirs out: they run for every
+    # request that does not arrive whole in one read, and a Python call costs
+    # as much as the link it makes (docs/benchmarks.md, "Where the remaining
+    # instructions go": a no-op method call is about 420 instructions).
+
+    def _all_append(self, conn: Connection) -> None:
+        root = self._all_root
+        last = root._all_prev
+        conn._all_prev = last
+        conn._all_next = root
+        last._all_next = conn
+        root._all_prev = conn
+
+    @staticmethod
+    def _all_unlink(conn: Connection) -> None:
+        prev = conn._all_prev
+        nxt = conn._all_next
+        prev._all_next = nxt
+        nxt._all_prev = prev
+        conn._all_prev = conn._all_next = conn
 
     def _active_append(self, conn: Connection) -> None:
         root = self._active_root
@@ -558,15 +605,20 @@ class ConnectionsList:
         last._out_next = conn
         root._out_prev = conn
 
-    def _out_unlink(self, conn: Connection) -> None:
-        if conn.out_state == OUT_STALLED:
-            self._n_stalled -= 1
-        conn.out_state = OUT_NONE
+    @staticmethod
+    def _out_detach(conn: Connection) -> None:
         prev = conn._out_prev
         nxt = conn._out_next
         prev._out_next = nxt
         nxt._out_prev = prev
         conn._out_prev = conn._out_next = conn
+
+    def _out_unlink(self, conn: Connection) -> None:
+        """Out of ``stalled`` or ``closing``, and its state with it."""
+        if conn.out_state == OUT_STALLED:
+            self._n_stalled -= 1
+        conn.out_state = OUT_NONE
+        self._out_detach(conn)
 
     # -- events --------------------------------------------------------------
 
@@ -574,12 +626,7 @@ class ConnectionsList:
         """A new connection: joins ``all`` and ``active``; its clock starts now."""
         now = self._clock()
         conn = Connection(connected_at=now, **details)
-        root = self._all_root
-        last = root._all_prev
-        conn._all_prev = last
-        conn._all_next = root
-        last._all_next = conn
-        root._all_prev = conn
+        self._all_append(conn)
         self._n_all += 1
         conn.last_message_start = now
         self._active_append(conn)
@@ -591,8 +638,7 @@ class ConnectionsList:
         """The first byte of a request: clock restarted, moved to the tail of ``active``."""
         if conn._all_next is conn:
             return  # removed (closed or upgraded): never rejoin
-        # The link operations are written out here and below, not called:
-        # these run once per request, and a call costs as much as the rest.
+        # The links written out (see "links" above).
         nxt = conn._active_next
         if nxt is not conn:
             prev = conn._active_prev
@@ -654,10 +700,7 @@ class ConnectionsList:
             self.response_begin(conn)
             return
         conn.headers_completed = True
-        conn.requests += 1
-        if not conn._responding:
-            conn._responding = True
-            self._n_idle_responding += 1
+        message_on_idle(self, conn)
 
     def response_begin(self, conn: Connection) -> None:
         """A received request went to the app: ``responding`` until ``response_complete``."""
@@ -700,12 +743,7 @@ class ConnectionsList:
         if conn._idle_next is conn:
             # Joins the tail of ``idle``; a record still in it (idle before
             # this request) stays where it is, ``idle_oldest`` sees it was used.
-            root = self._idle_root
-            last = root._idle_prev
-            conn._idle_prev = last
-            conn._idle_next = root
-            last._idle_next = conn
-            root._idle_prev = conn
+            self._idle_append(conn)
             conn.idle_requests = conn.requests
             conn.idle_since = 0.0
 
@@ -732,11 +770,7 @@ class ConnectionsList:
                 self._idle_unlink(conn)
             if conn.gone:
                 self._n_gone -= 1
-            prev = conn._all_prev
-            nxt = conn._all_next
-            prev._all_next = nxt
-            nxt._all_prev = prev
-            conn._all_prev = conn._all_next = conn
+            self._all_unlink(conn)
             self._n_all -= 1
 
     # -- the connection budget: idle order, and letting connections go --------
@@ -1054,10 +1088,8 @@ class ConnectionsList:
             conn.out_step = step
         conn.out_pending = pending
         conn.out_sampled = now
-        prev = conn._out_prev
-        nxt = conn._out_next
-        prev._out_next = nxt
-        nxt._out_prev = prev
+        # To the tail of ``stalled``: the least recently sampled stay ahead.
+        self._out_detach(conn)
         self._out_append(self._stalled_root, conn)
         return now - conn.out_since
 
@@ -1268,10 +1300,7 @@ class ConnectionsList:
             if start < request_deadline or (not node.headers_completed and start < headers_deadline):
                 if len(expired) == limit:
                     break
-                prev = node._active_prev
-                prev._active_next = nxt
-                nxt._active_prev = prev
-                node._active_prev = node._active_next = node
+                self._active_unlink(node)
                 if not node.headers_completed:
                     self._n_headers_pending -= 1
                 elif node._body_next is not node:

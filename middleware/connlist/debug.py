@@ -61,8 +61,8 @@ from urllib.parse import parse_qsl
 from starlette.types import Receive, Scope, Send
 
 from connlist import page
-from connlist.connections import Connection, connection_state
-from connlist.enforcer import Enforcer, shrink
+from connlist.connections import Connection, ConnectionsList, connection_state
+from connlist.enforcer import TIMEOUT_KINDS, Enforcer, shrink
 from connlist.logs import format_address
 from connlist.settings import check_whole
 from connlist.slices import STEP, cooperatively, json_cooperatively
@@ -154,22 +154,15 @@ def describe(
     }
 
 
-# The timeouts ASGI-only mode can enforce: it sees a request once its headers
-# are in, and never sees the response stall (docs/how-it-works.md).
-_ASGI_ENFORCES = frozenset({"request", "rate"})
-
-
 def enforced(enforcer: Enforcer) -> list[str]:
-    """The timeouts this worker enforces (on, and possible in its mode): of headers, request, rate, send."""
+    """The timeouts this worker enforces (on, and possible in its mode): the rows of ``TIMEOUT_KINDS``."""
     settings = enforcer.settings
-    on = {
-        "headers": settings.headers_timeout,
-        "request": settings.request_timeout,
-        "rate": settings.body_min_rate,
-        "send": settings.send_timeout,
-    }
     asgi = enforcer.mode == "asgi"
-    return [kind for kind, value in on.items() if value and not (asgi and kind not in _ASGI_ENFORCES)]
+    return [
+        kind.name
+        for kind in TIMEOUT_KINDS
+        if kind.setting is not None and getattr(settings, kind.setting) and (kind.asgi or not asgi)
+    ]
 
 
 def snapshot(enforcer: Enforcer, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
@@ -209,39 +202,9 @@ def snapshot_steps(
     n_all, n_active, n_idle = counts["all"], counts["active"], counts["idle"]
 
     # Each connection is described once; a second list gets a copy.
-    described: dict[int, dict[str, Any]] = {}
-    servers: dict[Any, str | None] = {}
-    all_list: list[dict[str, Any]] = []
-    idle_list: list[dict[str, Any]] = []
-    want_idle = min(limit, connections.idle_count)
-    scan = limit * IDLE_SCAN
-    for seen, conn in enumerate(connections.iter_all()):
-        if seen % STEP == STEP - 1:
-            yield
-            if not conn.tracked:
-                continue  # removed while the caller had the loop
-        if seen < limit:
-            entry = describe(conn, now, servers, deadline)
-            described[conn.id] = entry
-            all_list.append(entry)
-            if conn.last_message_start == 0 and len(idle_list) < want_idle:
-                idle_list.append(dict(entry))
-        elif len(idle_list) >= want_idle or seen >= scan:
-            break
-        elif conn.last_message_start == 0:
-            idle_list.append(describe(conn, now, servers, deadline))
-
-    active_list: list[dict[str, Any]] = []
-    if limit:
-        for seen, conn in enumerate(connections.iter_active()):
-            if seen % STEP == STEP - 1:
-                yield
-                if not conn.is_active:
-                    continue
-            known = described.get(conn.id)
-            active_list.append(describe(conn, now, servers, deadline) if known is None else dict(known))
-            if len(active_list) >= limit:
-                break
+    describe_one = _Describer(now, deadline)
+    all_list, idle_list = yield from _walk_all(connections, limit, describe_one)
+    active_list = (yield from _walk_active(connections, limit, describe_one)) if limit else []
 
     return {
         "pid": os.getpid(),
@@ -259,6 +222,66 @@ def snapshot_steps(
         "idle": idle_list,
         "active": active_list,
     }
+
+
+class _Describer:
+    """``describe`` for one snapshot: each connection once (a second list gets a copy)."""
+
+    def __init__(self, now: float, deadline: Callable[[Connection], tuple[str, float] | None]) -> None:
+        self.now = now
+        self.deadline = deadline
+        self.servers: dict[Any, str | None] = {}
+        self.described: dict[int, dict[str, Any]] = {}
+
+    def __call__(self, conn: Connection, *, keep: bool = False) -> dict[str, Any]:
+        known = self.described.get(conn.id)
+        if known is not None:
+            return dict(known)
+        entry = describe(conn, self.now, self.servers, self.deadline)
+        if keep:
+            self.described[conn.id] = entry
+        return entry
+
+
+def _walk_all(
+    connections: ConnectionsList, limit: int, describe_one: _Describer
+) -> Generator[None, None, tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """``all`` (the first ``limit``), and ``idle`` among the first ``IDLE_SCAN * limit``."""
+    all_list: list[dict[str, Any]] = []
+    idle_list: list[dict[str, Any]] = []
+    want_idle = min(limit, connections.idle_count)
+    scan = limit * IDLE_SCAN
+    for seen, conn in enumerate(connections.iter_all()):
+        if seen % STEP == STEP - 1:
+            yield
+            if not conn.tracked:
+                continue  # removed while the caller had the loop
+        if seen < limit:
+            entry = describe_one(conn, keep=True)
+            all_list.append(entry)
+            if conn.last_message_start == 0 and len(idle_list) < want_idle:
+                idle_list.append(dict(entry))
+        elif len(idle_list) >= want_idle or seen >= scan:
+            break
+        elif conn.last_message_start == 0:
+            idle_list.append(describe_one(conn))
+    return all_list, idle_list
+
+
+def _walk_active(
+    connections: ConnectionsList, limit: int, describe_one: _Describer
+) -> Generator[None, None, list[dict[str, Any]]]:
+    """``active``, from its head (the next to expire first), at most ``limit``."""
+    active_list: list[dict[str, Any]] = []
+    for seen, conn in enumerate(connections.iter_active()):
+        if seen % STEP == STEP - 1:
+            yield
+            if not conn.is_active:
+                continue
+        active_list.append(describe_one(conn))
+        if len(active_list) >= limit:
+            break
+    return active_list
 
 
 def budget_view(enforcer: Enforcer) -> dict[str, Any]:

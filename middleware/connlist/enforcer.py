@@ -68,20 +68,23 @@ import os
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, fields
+from typing import Literal, get_args
 
 from connlist.connections import Connection, ConnectionsList, send_allowance
-from connlist.logs import Summary, logger
+from connlist.logs import Summary, log, logger
 from connlist.settings import Settings
 
 __all__ = [
     "BUDGET",
+    "BUDGET_KINDS",
     "LINGER",
     "PRESSURE_FLOOR",
     "PRESSURE_WATERMARK",
     "STATE_KEY",
+    "TIMEOUT_KINDS",
     "Enforcer",
+    "Kind",
     "RoomKind",
     "TimeoutKind",
     "Totals",
@@ -109,6 +112,7 @@ RATE_RESOLUTION = 0.1
 # An on_timeout callback that runs longer than this is warned about, once.
 SLOW_CALLBACK = 0.010
 
+# The names of the rows of TIMEOUT_KINDS, as on_timeout receives them.
 TimeoutKind = Literal["headers", "request", "rate", "send"]
 # What went to make room for a new connection at the budget (see Enforcer.admit).
 RoomKind = Literal["idle", "headers", "body", "refused"]
@@ -194,6 +198,273 @@ class Totals:
     accept_failures: int = 0
 
 
+# -- the kinds -----------------------------------------------------------------
+#
+# Every way the enforcer cuts a connection, or lets one go, is one row of
+# TIMEOUT_KINDS or BUDGET_KINDS: the enforcer counts, logs and sweeps by the
+# rows, the views (connlist.debug, connlist.page) and the metrics
+# (connlist.prometheus) list them from the rows.  A new kind is a row here,
+# its Totals field, its step (if a sweep finds it), and the list and the
+# feeder's event that give it its connections.
+
+# A step of the sweep: cuts what is due in one list, within the budget
+# (``stop``, a clock value); whether it finished (see Enforcer._drain).
+Step = Callable[["Enforcer", float, float], bool]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One row of TIMEOUT_KINDS or BUDGET_KINDS."""
+
+    # The name on_timeout, the log lines and the metrics' ``kind`` label use.
+    name: str
+    # Its field of Totals.
+    counter: str
+    # The Settings field that turns it on (a value of 0 turns it off), and
+    # what the views call it; None: on with max_connections.
+    setting: str | None
+    label: str
+    # The unit of the setting's value, as the views write it.
+    unit: str
+    # The ConnectionsList list its connections are found in.
+    list: str
+    # Its DEBUG line, formatted with ``s`` (the Settings) and ``now`` (the
+    # headers timeout the last sweep applied, shortened under pressure).
+    message: str
+    # What the metrics' help says of it, and whether it is a row of
+    # BUDGET_KINDS (let go for max_connections: the summary's budget part).
+    help: str = ""
+    room: bool = False
+    # Whether ASGI-only mode can enforce it: it sees a request once its
+    # headers are in, and never sees the response stall (docs/how-it-works.md).
+    asgi: bool = False
+    # The sweep's step that finds and cuts it (None: admit's, Enforcer._make_room).
+    step: Step | None = None
+
+    def detail(self, enforcer: Enforcer) -> Callable[[], str]:
+        """Its DEBUG line for ``enforcer``, built only if it is written."""
+        return lambda: self.message.format(s=enforcer.settings, now=enforcer.headers_timeout_now)
+
+
+def _step_keepalive(enforcer: Enforcer, now: float, stop: float) -> bool:
+    """Under pressure: keep-alive connections idle longer than the shrunk idle time, closed."""
+    idle_time = enforcer.idle_time_now
+    if idle_time >= enforcer.keep_alive:
+        return True
+    connections = enforcer.connections
+    kind = BUDGET_BY_NAME["keepalive"]
+
+    def close(conn: Connection) -> None:
+        connections.let_go(conn)
+        enforcer.count(kind, conn)
+        if conn.handle is not None:
+            enforcer._call(conn.handle.connlist_close_idle)
+
+    return enforcer._drain(lambda n: connections.idle_expired(idle_time, now, n), close, stop)
+
+
+def _step_active(enforcer: Enforcer, now: float, stop: float) -> bool:
+    """Headers and request timeouts, one walk of ``active`` (Node's rule)."""
+    settings = enforcer.settings
+    headers_timeout = enforcer.headers_timeout_now
+    if not (headers_timeout or settings.request_timeout):
+        return True
+    connections = enforcer.connections
+
+    def cut(conn: Connection) -> None:
+        headers = settings.headers_timeout and not conn.headers_completed
+        enforcer._cut(conn, "headers" if headers else "request")
+
+    return enforcer._drain(
+        lambda n: connections.expired(headers_timeout, settings.request_timeout, n), cut, stop
+    )
+
+
+def _step_rate(enforcer: Enforcer, now: float, stop: float) -> bool:
+    """Bodies behind the minimum rate, past their grace (``body``)."""
+    settings = enforcer.settings
+    if not settings.body_min_rate:
+        return True
+    connections = enforcer.connections
+
+    def take(n: int) -> list[Connection]:
+        batch, enforcer._rate_next, enforcer._grace_end = connections.rate_expired(
+            settings.body_min_rate, settings.body_grace, now, n, _reading_paused
+        )
+        return batch
+
+    return enforcer._drain(take, lambda conn: enforcer._cut(conn, "rate"), stop)
+
+
+def _step_send(enforcer: Enforcer, now: float, stop: float) -> bool:
+    """Stalled responses: sampled, and those without progress for their allowance aborted."""
+    send_timeout = enforcer.settings.send_timeout
+    if not send_timeout:
+        return True
+    connections = enforcer.connections
+    # Samples are stamped now, and a stall that began during this sweep (a
+    # callback wrote) may be stamped later than its start.
+    now = enforcer.clock()
+
+    def sample(conn: Connection) -> None:
+        handle = conn.handle
+        if handle is None:
+            pending, acked = 0, None
+        else:
+            pending, acked = handle.connlist_pending(), handle.connlist_acked()
+        still = connections.stall_sample(conn, pending, now, acked)
+        if still >= send_allowance(send_timeout, conn.out_step):
+            connections.unstall(conn)
+            enforcer._record(conn, "send")
+            if handle is not None:
+                enforcer._call(handle.connlist_abort)
+
+    return enforcer._drain(lambda n: connections.stalled_due(send_timeout / 4, now, n), sample, stop)
+
+
+def _step_linger(enforcer: Enforcer, now: float, stop: float) -> bool:
+    """Closed connections that did not go within the linger, aborted."""
+    connections = enforcer.connections
+
+    # Read again: the steps before may have taken a while.
+    now = enforcer.clock()
+
+    def abort(conn: Connection) -> None:
+        if conn.handle is not None:
+            enforcer._call(conn.handle.connlist_abort)
+
+    return enforcer._drain(lambda n: connections.lingered(enforcer.linger, now, n), abort, stop)
+
+
+TIMEOUT_KINDS = (
+    Kind(
+        "headers",
+        "headers_timeouts",
+        "headers_timeout",
+        "headers timeout",
+        "s",
+        "active",
+        "headers not received within {now:g}s, closing",
+        step=_step_active,
+    ),
+    Kind(
+        "request",
+        "request_timeouts",
+        "request_timeout",
+        "request timeout",
+        "s",
+        "active",
+        "request not received within {s.request_timeout:g}s, closing",
+        asgi=True,
+        step=_step_active,
+    ),
+    Kind(
+        "rate",
+        "rate_timeouts",
+        "body_min_rate",
+        "minimum body rate",
+        "bytes/s",
+        "body",
+        "body slower than {s.body_min_rate:g} bytes/s, closing",
+        asgi=True,
+        step=_step_rate,
+    ),
+    Kind(
+        "send",
+        "send_timeouts",
+        "send_timeout",
+        "send timeout",
+        "s",
+        "stalled",
+        "response not taken for {s.send_timeout:g}s or more, aborting",
+        step=_step_send,
+    ),
+)
+
+# In the order admit looks for room (keepalive is the sweep's, under pressure).
+BUDGET_KINDS = (
+    Kind(
+        "idle",
+        "idle_evictions",
+        None,
+        "max_connections",
+        "connections",
+        "idle",
+        "longest-idle keep-alive connection closed at {s.max_connections} connections",
+        help="closed to make room",
+        room=True,
+    ),
+    Kind(
+        "headers",
+        "headers_evictions",
+        None,
+        "max_connections",
+        "connections",
+        "active",
+        "oldest connection sending its headers cut at {s.max_connections} connections (408)",
+        help="closed to make room",
+        room=True,
+    ),
+    Kind(
+        "body",
+        "body_evictions",
+        "body_min_rate",
+        "max_connections",
+        "connections",
+        "body",
+        "slowest body cut at {s.max_connections} connections (408)",
+        help="closed to make room",
+        room=True,
+    ),
+    Kind(
+        "keepalive",
+        "keepalive_evictions",
+        None,
+        "max_connections",
+        "connections",
+        "idle",
+        "idle keep-alive connection closed under pressure",
+        help="idle past the keep-alive time shortened under pressure",
+        room=True,
+        step=_step_keepalive,
+    ),
+    Kind(
+        "refused",
+        "refused",
+        None,
+        "max_connections",
+        "connections",
+        "all",
+        "refused with 503: {s.max_connections} connections all serving requests",
+        help="503",
+        room=True,
+    ),
+)
+
+TIMEOUT_BY_NAME = {kind.name: kind for kind in TIMEOUT_KINDS}
+BUDGET_BY_NAME = {kind.name: kind for kind in BUDGET_KINDS}
+# The sweep's steps, in order: each list once, the closing connections last.
+STEPS: tuple[Step, ...] = (
+    *dict.fromkeys(kind.step for kind in (*BUDGET_KINDS, *TIMEOUT_KINDS) if kind.step is not None),
+    _step_linger,
+)
+
+
+def _check_kinds() -> None:
+    # The rows, their names for on_timeout and their counters agree.
+    counters = {field.name for field in fields(Totals)}
+    for kind in (*TIMEOUT_KINDS, *BUDGET_KINDS):
+        if kind.counter not in counters:  # pragma: no cover - a row without its Totals field
+            raise AssertionError(f"Totals has no field {kind.counter!r} for the kind {kind.name!r}")
+    if tuple(TIMEOUT_BY_NAME) != get_args(TimeoutKind):  # pragma: no cover - a row without its name
+        raise AssertionError("TimeoutKind must list the names of TIMEOUT_KINDS, in order")
+    if set(get_args(RoomKind)) - set(BUDGET_BY_NAME):  # pragma: no cover
+        raise AssertionError("every RoomKind must be a row of BUDGET_KINDS")
+
+
+_check_kinds()
+
+
 class Enforcer:
     """One worker's ConnectionsList, its settings, its timer, its counters and its log summary.
 
@@ -257,24 +528,8 @@ class Enforcer:
         # Connections up to which admit has nothing to do.
         budget = settings.max_connections
         self._quiet_below = budget * PRESSURE_WATERMARK if budget else math.inf
-        # What each kind's DEBUG line says (built only when one is written).
-        self._details: dict[str, Callable[[], str]] = {
-            "headers": lambda: f"headers not received within {self.headers_timeout_now:g}s, closing",
-            "request": lambda: f"request not received within {settings.request_timeout:g}s, closing",
-            "rate": lambda: f"body slower than {settings.body_min_rate:g} bytes/s, closing",
-            "send": lambda: f"response not taken for {settings.send_timeout:g}s or more, aborting",
-            "keepalive": lambda: "idle keep-alive connection closed under pressure",
-            "idle": lambda: (
-                f"longest-idle keep-alive connection closed at {settings.max_connections} connections"
-            ),
-            "room_headers": lambda: (
-                f"oldest connection sending its headers cut at {settings.max_connections} connections (408)"
-            ),
-            "body": lambda: f"slowest body cut at {settings.max_connections} connections (408)",
-            "refused": lambda: (
-                f"refused with 503: {settings.max_connections} connections all serving requests"
-            ),
-        }
+        # The keep-alive idle time the last sweep applied (shortened under pressure).
+        self.idle_time_now = math.inf
 
     @property
     def headers_timeout(self) -> float:
@@ -417,92 +672,34 @@ class Enforcer:
 
     def _work(self) -> bool:
         """Cut off what is due, within ``BUDGET``; whether everything due was done."""
-        clock = self.clock
-        now = clock()
+        now = self.clock()
         stop = now + BUDGET
         settings = self.settings
-        connections = self.connections
         headers_timeout = settings.headers_timeout
+        self.idle_time_now = math.inf
         if self.pressed:
             pressure = self.pressure
             self.pressed = pressure > PRESSURE_WATERMARK
             headers_timeout = shrink(headers_timeout, pressure)
-            # Keep-alive connections idle longer than the shrunk idle time.
-            idle_time = shrink(self.keep_alive, pressure)
-            if idle_time < self.keep_alive:
-                while True:
-                    batch = connections.idle_expired(idle_time, now, _BATCH)
-                    for conn in batch:
-                        connections.let_go(conn)
-                        self.totals.keepalive_evictions += 1
-                        self.summary.add("keepalive", conn.client, self._details["keepalive"], room=True)
-                        if conn.handle is not None:
-                            self._call(conn.handle.connlist_close_idle)
-                    if len(batch) < _BATCH:
-                        break
-                    if clock() > stop:
-                        return False
+            self.idle_time_now = shrink(self.keep_alive, pressure)
         self.headers_timeout_now = headers_timeout
-        # Headers and request timeouts (Node's rule).
-        if headers_timeout or settings.request_timeout:
-            while True:
-                batch = connections.expired(headers_timeout, settings.request_timeout, _BATCH)
-                for conn in batch:
-                    kind: TimeoutKind = (
-                        "headers" if settings.headers_timeout and not conn.headers_completed else "request"
-                    )
-                    self._cut(conn, kind)
-                if len(batch) < _BATCH:
-                    break
-                if clock() > stop:
-                    return False
-        # Minimum body rate.
-        if settings.body_min_rate:
-            while True:
-                batch, self._rate_next, self._grace_end = connections.rate_expired(
-                    settings.body_min_rate, settings.body_grace, now, _BATCH, _reading_paused
-                )
-                for conn in batch:
-                    self._cut(conn, "rate")
-                if len(batch) < _BATCH:
-                    break
-                if clock() > stop:
-                    return False
-        # Stalled responses: sample, cut those without progress.
-        if settings.send_timeout:
-            interval = settings.send_timeout / 4
-            # Samples are stamped now, and a stall that began during this
-            # sweep (a callback wrote) may be stamped later than its start.
-            now = clock()
-            while True:
-                batch = connections.stalled_due(interval, now, _BATCH)
-                for conn in batch:
-                    handle = conn.handle
-                    if handle is None:
-                        pending, acked = 0, None
-                    else:
-                        pending, acked = handle.connlist_pending(), handle.connlist_acked()
-                    still = connections.stall_sample(conn, pending, now, acked)
-                    if still >= send_allowance(settings.send_timeout, conn.out_step):
-                        connections.unstall(conn)
-                        self._record(conn, "send")
-                        if handle is not None:
-                            self._call(handle.connlist_abort)
-                if len(batch) < _BATCH:
-                    break
-                if clock() > stop:
-                    return False
-        # Closed connections that did not go within the linger.
+        return all(step(self, now, stop) for step in STEPS)
+
+    def _drain(
+        self, take: Callable[[int], list[Connection]], act: Callable[[Connection], object], stop: float
+    ) -> bool:
+        """A step's loop: ``act`` on the batches ``take`` finds, until one is short or ``stop`` passed.
+
+        Whether the list has nothing more due (False: the budget ran out).
+        """
         while True:
-            batch = connections.lingered(self.linger, now, _BATCH)
+            batch = take(_BATCH)
             for conn in batch:
-                if conn.handle is not None:
-                    self._call(conn.handle.connlist_abort)
+                act(conn)
             if len(batch) < _BATCH:
-                break
-            if clock() > stop:
+                return True
+            if self.clock() > stop:
                 return False
-        return True
 
     # -- the connection budget ------------------------------------------------
 
@@ -552,11 +749,7 @@ class Enforcer:
                 kind = "body"
             else:
                 victim, kind = record, "refused"
-        counter = "refused" if kind == "refused" else f"{kind}_evictions"
-        setattr(self.totals, counter, getattr(self.totals, counter) + 1)
-        self.summary.add(
-            kind, victim.client, self._details["room_headers" if kind == "headers" else kind], room=True
-        )
+        self.count(BUDGET_BY_NAME[kind], victim)
         connections.let_go(victim)
         handle = victim.handle
         if handle is not None:
@@ -608,8 +801,8 @@ class Enforcer:
         # Counted without opening one (listing /proc/self/fd would need a
         # descriptor, and there is none); once per worker, so the cost is fine.
         open_fds = sum(_is_open(fd) for fd in range(min(soft, 1 << 16)))
-        logger.error(
-            "connlist: accept() failed for want of file descriptors (%s): %d connections tracked, "
+        log.error(
+            "accept() failed for want of file descriptors (%s): %d connections tracked, "
             "max_connections %d, RLIMIT_NOFILE %d, %d descriptors open. The budget leaves too few "
             "descriptors to the rest of the worker: lower max_connections or raise the limit (ulimit -n). "
             "Later failures are counted in the view (accept_failures), not logged.",
@@ -622,12 +815,15 @@ class Enforcer:
 
     # -- closing -------------------------------------------------------------
 
+    def count(self, kind: Kind, conn: Connection) -> None:
+        """Count ``conn`` in ``kind``'s total, and in the log summary (a DEBUG line)."""
+        totals = self.totals
+        setattr(totals, kind.counter, getattr(totals, kind.counter) + 1)
+        self.summary.add(kind.name, conn.client, kind.detail(self), room=kind.room)
+
     def _record(self, conn: Connection, kind: TimeoutKind) -> None:
         """Count a timeout, log it, and call ``on_timeout``."""
-        # Each kind has its ``<kind>_timeouts`` total, which the views list by name.
-        counter = f"{kind}_timeouts"
-        setattr(self.totals, counter, getattr(self.totals, counter) + 1)
-        self.summary.add(kind, conn.client, self._details[kind])
+        self.count(TIMEOUT_BY_NAME[kind], conn)
         on_timeout = self.on_timeout
         if on_timeout is not None:
             started = self.clock()
@@ -645,8 +841,8 @@ class Enforcer:
             elapsed = self.clock() - started
             if elapsed > SLOW_CALLBACK and not self._slow_callback_warned:
                 self._slow_callback_warned = True
-                logger.warning(
-                    "connlist: on_timeout took %.0f ms; it runs on the event loop and delays every "
+                log.warning(
+                    "on_timeout took %.0f ms; it runs on the event loop and delays every "
                     "connection behind it: keep it short (this warning is not repeated)",
                     elapsed * 1000,
                 )

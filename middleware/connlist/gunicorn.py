@@ -42,7 +42,7 @@ import logging
 from typing import Any
 
 from connlist import integration, workers
-from connlist.logs import logger
+from connlist.logs import PREFIX, logger
 
 try:
     import uvicorn_worker  # type: ignore[import-untyped, import-not-found, unused-ignore]
@@ -65,7 +65,7 @@ def _base_kwargs(cls: Any, http: str) -> dict[str, Any] | None:
         return {**kwargs, "http": http, "lifespan": "on"}
     version = getattr(uvicorn_worker, "__version__", "?")
     message = (
-        f"connlist: the server integration is off: connlist cannot configure uvicorn-worker {version}: "
+        f"{PREFIX}the server integration is off: connlist cannot configure uvicorn-worker {version}: "
         f"{cls.__qualname__} has no CONFIG_KWARGS dict (connlist is tested with uvicorn-worker 0.4). The "
         "workers run uvicorn-worker's own protocol and connlist runs in ASGI-only mode: request bodies are "
         "still timed, but the headers timeout and the send timeout are not enforced. Pin uvicorn-worker "

@@ -22,19 +22,43 @@ logger keeps connlist's lines beside its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "PREFIX",
     "SUMMARY_INTERVAL",
     "Summary",
     "follow_uvicorn_logger",
     "format_address",
+    "log",
     "logger",
     "route_to_uvicorn",
     "uvicorn_logger",
 ]
 
 logger = logging.getLogger("connlist")
+
+# What starts connlist's lines that stand on their own in a server's log
+# (the per-connection DEBUG lines start with the client instead).  The one
+# place of the log's format: ``log`` writes it, and the start-up refusals,
+# which are messages rather than log calls, begin with it.
+PREFIX = "connlist: "
+
+if TYPE_CHECKING:
+    _Adapter = logging.LoggerAdapter[logging.Logger]
+else:
+    _Adapter = logging.LoggerAdapter  # subscriptable at run time only from Python 3.11
+
+
+class _Prefixed(_Adapter):
+    """The ``connlist`` logger, with ``PREFIX`` before each message."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        return f"{PREFIX}{msg}", kwargs
+
+
+log = _Prefixed(logger, {})
 
 # The logger uvicorn writes its error log to (its protocols' ``logger``).
 _uvicorn_logger_name = "uvicorn.error"
@@ -156,24 +180,32 @@ class Summary:
         room, self._room = self._room, {}
         examples, self._examples = self._examples, []
         failures, self.failures = self.failures, 0
-        total = sum(counts.values())
-        parts = []
-        if total:
-            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
-            plural = "" if total == 1 else "s"
-            parts.append(f"{total} connection{plural} timed out ({kinds}); e.g. {', '.join(examples)}")
-        refused = room.pop("refused", 0)
-        made = sum(room.values())
-        if made:
-            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(room.items()))
-            plural = "" if made == 1 else "s"
-            parts.append(f"{made} connection{plural} closed for max_connections ({kinds})")
-        if refused:
-            plural = "" if refused == 1 else "s"
-            parts.append(f"{refused} new connection{plural} refused with 503 (every connection busy serving)")
-        if failures:
-            parts.append(f"on_timeout raised {failures} time{'' if failures == 1 else 's'}")
-        if not total and examples and (made or refused):
-            parts[0] += f"; e.g. {', '.join(examples)}"
-        logger.warning("connlist: %s", "; ".join(parts))
+        log.warning("%s", "; ".join(_summary_parts(counts, room, examples, failures)))
         self.due = now + self._interval
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _summary_parts(
+    counts: dict[str, int], room: dict[str, int], examples: list[str], failures: int
+) -> list[str]:
+    """The parts of one summary line: timeouts, room made, refusals, failed callbacks."""
+    total = sum(counts.values())
+    parts = []
+    if total:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+        parts.append(f"{_plural(total, 'connection')} timed out ({kinds}); e.g. {', '.join(examples)}")
+    refused = room.pop("refused", 0)
+    made = sum(room.values())
+    if made:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(room.items()))
+        parts.append(f"{_plural(made, 'connection')} closed for max_connections ({kinds})")
+    if refused:
+        parts.append(f"{_plural(refused, 'new connection')} refused with 503 (every connection busy serving)")
+    if failures:
+        parts.append(f"on_timeout raised {_plural(failures, 'time')}")
+    if not total and examples and (made or refused):
+        parts[0] += f"; e.g. {', '.join(examples)}"
+    return parts

@@ -37,7 +37,7 @@ from connlist.asgi import AsgiOnly, Feed
 from connlist.connections import ConnectionsList
 from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
 from connlist.enforcer import STATE_KEY, Enforcer, OnTimeout
-from connlist.logs import logger, route_to_uvicorn
+from connlist.logs import PREFIX, log, route_to_uvicorn
 from connlist.settings import (
     DEFAULT_BODY_GRACE,
     DEFAULT_BODY_MIN_RATE,
@@ -255,32 +255,38 @@ class ConnectionsMiddleware:
             await AsgiOnly.__call__(self, scope, receive, send)  # type: ignore[arg-type]
             return
         if scope_type == "lifespan":
-            # A server is starting: forget a timer left on the loop of an
-            # earlier run of this app, then hand the enforcer to the server's
-            # protocols (uvicorn passes this state dict to every protocol).
-            # Its protocols announce their mode before the first request.
-            if type(self) is _PassThrough or type(self) is _AsgiOnly:
-                self.__class__ = ConnectionsMiddleware  # type: ignore[assignment]
-            self._enforcer.cancel()
-            state = scope.get("state")
-            if state is not None:
-                state[STATE_KEY] = self._enforcer
-            route_to_uvicorn()
-            refusal = self._integration_at_start(receive)
-            if refusal is not None:
-                await self._refuse_start(refusal, receive, send)
-                return
-            receive = self._lifespan_receive(receive)
-            workers = self._workers
-            if workers is not None:
-                # This worker's socket for its siblings, for as long as the server runs.
-                await workers.start()
-                try:
-                    await self.app(scope, receive, send)
-                finally:
-                    workers.stop()
-                return
+            await self._lifespan(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A server is starting: forget a timer left on the loop of an earlier run, hand the enforcer over.
+
+        uvicorn passes the lifespan's state dict to every protocol; its
+        protocols announce their mode before the first request.
+        """
+        if type(self) is _PassThrough or type(self) is _AsgiOnly:
+            self.__class__ = ConnectionsMiddleware  # type: ignore[assignment]
+        self._enforcer.cancel()
+        state = scope.get("state")
+        if state is not None:
+            state[STATE_KEY] = self._enforcer
+        route_to_uvicorn()
+        refusal = self._integration_at_start(receive)
+        if refusal is not None:
+            await self._refuse_start(refusal, receive, send)
+            return
+        receive = self._lifespan_receive(receive)
+        workers = self._workers
+        if workers is None:
+            await self.app(scope, receive, send)
+            return
+        # This worker's socket for its siblings, for as long as the server runs.
+        await workers.start()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            workers.stop()
 
     def _integration_at_start(self, receive: Receive) -> str | None:
         """Tell the mode at the server's start (connlist.integration); the refusal to start, if one is due.
@@ -294,7 +300,7 @@ class ConnectionsMiddleware:
         try:
             require = integration.require_integration()
         except ValueError as exc:
-            return f"connlist: {exc}"  # (an exception here would only turn the lifespan off)
+            return f"{PREFIX}{exc}"  # (an exception here would only turn the lifespan off)
         mode, reason = integration.startup_status(receive)
         # What an earlier server of this app had does not hold for this one.
         enforcer.mode = "asgi" if mode is None else mode
@@ -304,7 +310,7 @@ class ConnectionsMiddleware:
             return None
         if require:
             return (
-                f"connlist: {integration.REQUIRE_ENV}=1 and the server integration is off ({reason}): "
+                f"{PREFIX}{integration.REQUIRE_ENV}=1 and the server integration is off ({reason}): "
                 "refusing to start"
             )
         self._tell_asgi_only()
@@ -328,8 +334,8 @@ class ConnectionsMiddleware:
                 "serve with `uvicorn ... --http connlist.uvicorn:HttpToolsProtocol` "
                 "(or connlist.uvicorn:H11Protocol)"
             )
-        logger.warning(
-            "connlist: ASGI-only mode: the request timeout (%gs) and the minimum body rate apply to "
+        log.warning(
+            "ASGI-only mode: the request timeout (%gs) and the minimum body rate apply to "
             "request bodies, but the headers timeout and the send timeout need the server integration: "
             "%s. Why it is off: %s",
             enforcer.request_timeout,
@@ -361,8 +367,8 @@ class ConnectionsMiddleware:
             # of its own: give it our settings and serve its list.
             found.configure(self._enforcer.settings, on_timeout=self._enforcer.on_timeout)
             self._enforcer = found
-            logger.warning(
-                "connlist: the ASGI lifespan is off, so the server integration ran with the default "
+            log.warning(
+                "the ASGI lifespan is off, so the server integration ran with the default "
                 "timeouts until this first request; turn the lifespan on to apply them from the start"
             )
         enforcer = self._enforcer

@@ -37,6 +37,8 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
 
+from connlist.enforcer import TIMEOUT_KINDS
+
 __all__ = ["COLUMNS", "CSP", "HEADERS", "LABELS", "REFRESH", "STYLE", "render"]
 
 # Seconds between two reloads of the page.
@@ -124,36 +126,34 @@ def _connections_table(connections: Iterable[dict[str, Any]]) -> str:
 
 
 def _settings(worker: dict[str, Any]) -> str:
-    """The mode line (``_mode``), then the settings, each marked if configured but not enforced."""
-    shown = {
-        "headers_timeout": _seconds(worker.get("headers_timeout")),
-        "request_timeout": _seconds(worker.get("request_timeout")),
-        "send_timeout": _seconds(worker.get("send_timeout")),
-        "body_min_rate": _rate(worker.get("body_min_rate")),
-    }
+    """The mode line (``_mode``), then every timeout's setting (the rows of ``TIMEOUT_KINDS``).
+
+    Each setting that is configured but not enforced in the worker's mode is marked.
+    """
     unenforced = _unenforced(worker)
     marked = (
-        f"{label} {shown[key]}" + (' <span class="off">(not enforced)</span>' if key in unenforced else "")
-        for key, _kind, label in _ENFORCEABLE
+        f"{kind.label} {_setting(kind.unit, worker.get(kind.setting))}"
+        + (' <span class="off">(not enforced)</span>' if kind.name in unenforced else "")
+        for kind in TIMEOUT_KINDS
+        if kind.setting is not None
     )
     return f"{_mode(worker, unenforced)}<p>{', '.join(marked)}</p>"
 
 
-# The settings, as the view's ``enforced`` names them (connlist.debug.enforced), and as the page does.
-_ENFORCEABLE = (
-    ("headers_timeout", "headers", "headers timeout"),
-    ("request_timeout", "request", "request timeout"),
-    ("send_timeout", "send", "send timeout"),
-    ("body_min_rate", "rate", "minimum body rate"),
-)
+def _setting(unit: str, value: object) -> str:
+    return _seconds(value) if unit == "s" else _rate(value)
 
 
 def _unenforced(worker: dict[str, Any]) -> list[str]:
-    """The settings configured (not 0) that this worker does not enforce (its mode cannot)."""
+    """The timeouts configured (not 0) that this worker does not enforce (its mode cannot), by kind name."""
     enforced = worker.get("enforced")
     if not isinstance(enforced, list):  # a view without it claims nothing
         return []
-    return [key for key, kind, _label in _ENFORCEABLE if worker.get(key) and kind not in enforced]
+    return [
+        kind.name
+        for kind in TIMEOUT_KINDS
+        if kind.setting is not None and worker.get(kind.setting) and kind.name not in enforced
+    ]
 
 
 def _mode(worker: dict[str, Any], unenforced: list[str]) -> str:
@@ -163,7 +163,7 @@ def _mode(worker: dict[str, Any], unenforced: list[str]) -> str:
     if reason is None:
         on = isinstance(mode, str) and mode.startswith("uvicorn-")
         return f"<p>mode {_text(mode)}{': the server integration is on' if on else ''}</p>"
-    lost = [label for key, _kind, label in _ENFORCEABLE if key in unenforced]
+    lost = [kind.label for kind in TIMEOUT_KINDS if kind.name in unenforced]
     return (
         f'<p class="off">mode {_text(mode)}: the server integration is off: {_text(reason)}. '
         f"Not enforced: {', '.join(lost) if lost else 'none of the configured timeouts'}</p>"

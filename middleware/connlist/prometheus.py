@@ -40,8 +40,9 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from connlist.connections import PHASES
-from connlist.enforcer import STATE_KEY, Enforcer, Totals
-from connlist.logs import logger
+from connlist.enforcer import BUDGET_KINDS as ENFORCER_BUDGET_KINDS
+from connlist.enforcer import STATE_KEY, TIMEOUT_KINDS, Enforcer, Totals
+from connlist.logs import log
 from connlist.processes import process_info
 from connlist.settings import check_number
 
@@ -67,14 +68,12 @@ __all__ = [
     "multiprocess_mode",
 ]
 
-# The timeout kinds, from the totals' names: a kind added to Totals is counted here too.
 _TOTALS = tuple(field.name for field in dataclasses.fields(Totals))
-KINDS = tuple(name.removesuffix("_timeouts") for name in _TOTALS if name.endswith("_timeouts"))
-# What went for max_connections, by kind: the ``<kind>_evictions`` totals, and ``refused``.
-BUDGET_KINDS = (
-    *(name.removesuffix("_evictions") for name in _TOTALS if name.endswith("_evictions")),
-    "refused",
-)
+# The ``kind`` labels of connlist_timeouts and connlist_budget: the rows of the enforcer's tables.
+KINDS = tuple(kind.name for kind in TIMEOUT_KINDS)
+BUDGET_KINDS = tuple(kind.name for kind in ENFORCER_BUDGET_KINDS)
+_TIMEOUTS_HELP = f"{', '.join(KINDS[:-1])} or {KINDS[-1]}"
+_BUDGET_HELP = ", ".join(f"{kind.name} ({kind.help})" for kind in ENFORCER_BUDGET_KINDS)
 DEFAULT_INTERVAL = 1.0
 
 
@@ -115,7 +114,7 @@ class ConnlistMetrics:
         )
         self.timeouts = Counter(
             "connlist_timeouts",
-            "Connections cut off by a timeout, by kind (headers, request, rate or send).",
+            f"Connections cut off by a timeout, by kind ({_TIMEOUTS_HELP}).",
             ["kind"],
             registry=registry,
         )
@@ -130,8 +129,7 @@ class ConnlistMetrics:
         )
         self.budget = Counter(
             "connlist_budget",
-            "Connections let go for max_connections, by kind: idle, headers, body (closed to make room), "
-            "keepalive (idle past the keep-alive time shortened under pressure), refused (503).",
+            f"Connections let go for max_connections, by kind: {_BUDGET_HELP}.",
             ["kind"],
             registry=registry,
         )
@@ -187,10 +185,10 @@ class ConnlistMetrics:
             if self._integration:
                 self.integration.set(min(self._integration.values()))
             self.max_connections.set(sum(self._budgets.values()))
-            for kind in BUDGET_KINDS:
-                grew = deltas.get("refused" if kind == "refused" else f"{kind}_evictions", 0)
+            for row in ENFORCER_BUDGET_KINDS:
+                grew = deltas.get(row.counter, 0)
                 if grew > 0:
-                    self.budget.labels(kind).inc(grew)
+                    self.budget.labels(row.name).inc(grew)
             if deltas.get("accept_failures", 0) > 0:
                 self.accept_failures.inc(deltas["accept_failures"])
             sums = dict.fromkeys(PHASES, 0)
@@ -203,10 +201,10 @@ class ConnlistMetrics:
                 self.accepted.inc(deltas["connections"])
             if deltas.get("requests", 0) > 0:
                 self.requests.inc(deltas["requests"])
-            for kind in KINDS:
-                grew = deltas.get(f"{kind}_timeouts", 0)
+            for row in TIMEOUT_KINDS:
+                grew = deltas.get(row.counter, 0)
                 if grew > 0:
-                    self.timeouts.labels(kind).inc(grew)
+                    self.timeouts.labels(row.name).inc(grew)
 
 
 _metrics: weakref.WeakKeyDictionary[CollectorRegistry, ConnlistMetrics] = weakref.WeakKeyDictionary()
@@ -285,7 +283,7 @@ def mark_dead_processes(path: str | None = None) -> list[int]:
         with contextlib.suppress(FileNotFoundError):
             mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
     if dead:
-        logger.info("connlist: dropped the Prometheus gauges of dead processes %s", dead)
+        log.info("dropped the Prometheus gauges of dead processes %s", dead)
     return dead
 
 
@@ -381,7 +379,7 @@ class MetricsMiddleware:
             try:
                 self.refresh()
             except Exception:  # pragma: no cover - never let the exporter die
-                logger.exception("connlist: refreshing the Prometheus metrics failed")
+                log.exception("refreshing the Prometheus metrics failed")
 
     async def _stop(self) -> None:
         task, self._task = self._task, None

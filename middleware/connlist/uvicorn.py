@@ -83,11 +83,8 @@ that pass are exactly the code above; nothing of the check runs per request.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import re
-import socket
-import struct
 import sys
 import threading
 from collections import deque
@@ -96,35 +93,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import h11
 import uvicorn
-from starlette.requests import ClientDisconnect
 
 from connlist import integration, selfcheck
-from connlist.connections import Connection
+from connlist.connections import Connection, message_on_idle
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.integration import TESTED_RANGE, TESTED_UVICORN
-from connlist.logs import follow_uvicorn_logger, logger, route_to_uvicorn
-
-try:  # Linux: the bytes in a socket's send queue that the peer has not acknowledged
-    import fcntl
-    import termios
-
-    _OUTQ: int | None = termios.TIOCOUTQ  # SIOCOUTQ
-except (ImportError, AttributeError):  # pragma: no cover - not Linux
-    _OUTQ = None
-
-# Linux's TCP_INFO (include/uapi/linux/tcp.h, struct tcp_info): the bytes the
-# peer acknowledged (tcpi_bytes_acked, a __u64 at offset 120, since Linux
-# 4.1) and the window it advertises now (tcpi_snd_wnd, a __u32 at offset
-# 228, in newer kernels; 0 where the kernel's struct is shorter).
-_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
-_TCP_INFO_LEN = 232
-_BYTES_ACKED = struct.Struct("=Q")
-_BYTES_ACKED_AT = 120
-_SND_WND = struct.Struct("=I")
-_SND_WND_AT = 228
-# SO_LINGER on with a zero timeout: close() then resets the connection and
-# the kernel drops what is queued for it (nginx's reset_timedout_connection).
-_LINGER_ZERO = struct.pack("ii", 1, 0)
+from connlist.logs import follow_uvicorn_logger, log, logger, route_to_uvicorn
+from connlist.server import AfterCut, TransportHandle, enforcer_in
 
 try:
     from uvicorn.protocols.http import h11_impl
@@ -136,10 +111,6 @@ except ImportError:  # httptools is not installed
     httptools_impl = None  # type: ignore[assignment]
 
 __all__ = ["AutoProtocol", "H11Protocol", "HttpToolsProtocol"]
-
-RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-# A new connection refused at max_connections, every connection being a request being served.
-RESPONSE_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 # The methods of uvicorn's protocols that connlist overrides (the self-check
 # looks for them before it builds a class on them).
@@ -169,7 +140,7 @@ def _enforcer_for(app_state: dict[str, Any], protocol: Any = None) -> Enforcer:
     in it, had its lifespan fail; one without ConnectionsMiddleware declared
     simply has none.
     """
-    enforcer = app_state.get(STATE_KEY)
+    enforcer = enforcer_in(app_state)
     if enforcer is None:
         enforcer = Enforcer()
         app_state[STATE_KEY] = enforcer
@@ -184,30 +155,30 @@ def _enforcer_for(app_state: dict[str, Any], protocol: Any = None) -> Enforcer:
         )
         if lifespan == "off":
             # The middleware adopts the fallback at its first request (and says so).
-            logger.warning(
-                "connlist: the ASGI lifespan is off, so no ConnectionsMiddleware handed over its settings; "
+            log.warning(
+                "the ASGI lifespan is off, so no ConnectionsMiddleware handed over its settings; "
                 "%s until the first request. Serve with --lifespan on.",
                 defaults,
             )
         elif declared is False or lifespan == "on":
             # (With --lifespan on, a failed lifespan would have stopped the server.)
-            logger.warning(
-                "connlist: no ConnectionsMiddleware in the ASGI lifespan state; %s. Add "
+            log.warning(
+                "no ConnectionsMiddleware in the ASGI lifespan state; %s. Add "
                 "ConnectionsMiddleware to the app, with the lifespan on, to configure them and serve the "
                 "debug endpoint.",
                 defaults,
             )
         elif declared:
-            logger.error(
-                "connlist: the app's ASGI lifespan failed, so its ConnectionsMiddleware never started "
+            log.error(
+                "the app's ASGI lifespan failed, so its ConnectionsMiddleware never started "
                 "(uvicorn's --lifespan auto takes an exception at startup, such as a bad connlist option, "
                 "for a lifespan the app does not support); %s and every request may fail with that "
                 "exception. Serve with --lifespan on to see it and stop at start.",
                 defaults,
             )
         else:
-            logger.error(
-                "connlist: no ConnectionsMiddleware in the ASGI lifespan state: the app has none, or its "
+            log.error(
+                "no ConnectionsMiddleware in the ASGI lifespan state: the app has none, or its "
                 "lifespan failed (uvicorn's --lifespan auto takes an exception at startup, such as a bad "
                 "connlist option, for a lifespan the app does not support); %s. Serve with --lifespan on "
                 "to see the exception and stop at start.",
@@ -243,8 +214,12 @@ def _declares_middleware(app: Any) -> bool | None:
     return None
 
 
-class _Tracking:
-    """What both protocols add to uvicorn's: the list events and the connection handle."""
+class _Tracking(TransportHandle):
+    """What both protocols add to uvicorn's: the list events, and what the handle reads of uvicorn's state.
+
+    The handle's transport methods are ``connlist.server.TransportHandle``'s;
+    the duties of a feeder are ``connlist.server.Feeder``'s.
+    """
 
     # Slots, not instance attributes: CPython (3.11, 3.12) shares the keys
     # of an instance dict only up to 30 of them, and uvicorn's httptools
@@ -290,13 +265,13 @@ class _Tracking:
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
-        self._connlist_recordect()
+        self._connlist_connect()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connlist_remove()
         super().connection_lost(exc)  # type: ignore[misc]
 
-    def _connlist_recordect(self) -> Connection:
+    def _connlist_connect(self) -> Connection:
         enforcer = self._connlist
         record = enforcer.connections.connect(client=self.client, server=self.server, handle=self)
         self._connlist_record = record
@@ -459,130 +434,17 @@ class _Tracking:
         per request.
         """
         for cycle in self._connlist_cycles():
-            if not isinstance(cycle.logger, _AfterCut):
-                cycle.logger = _AfterCut(cycle.logger)
+            if not isinstance(cycle.logger, AfterCut):
+                cycle.logger = AfterCut(cycle.logger)
             if not cycle.response_complete:
                 cycle.disconnected = True
                 cycle.message_event.set()
-
-    def _connlist_linger(self) -> None:
-        """A close connlist decided outside a sweep: abort the connection if it has not gone in time."""
-        record = self._connlist_record
-        if record is not None:
-            enforcer = self._connlist
-            enforcer.connections.linger(record)
-            enforcer.bring_forward(enforcer.clock() + enforcer.linger)
-
-    def connlist_close_expired(self) -> None:
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        record = self._connlist_record
-        if record is not None and not self._connlist_response_written(record):
-            transport.write(RESPONSE_408)
-        self._connlist_mark_cut()
-        # A close waits for the write buffer to drain, which a client that
-        # reads nothing never lets happen: the enforcer aborts it after the linger.
-        transport.close()
-
-    def connlist_close_idle(self) -> bool:
-        transport = self.transport
-        if transport is None or transport.is_closing() or self._connlist_responding():
-            return False
-        transport.close()
-        self._connlist_linger()
-        return True
-
-    def connlist_close(self) -> None:
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.close()
-            self._connlist_linger()
-
-    def connlist_abort(self) -> None:
-        transport = self.transport
-        if transport is not None:
-            self._connlist_mark_cut()
-            # A cut is a release: without this the kernel keeps the socket
-            # (FIN-WAIT-1) and everything queued for a client that reads
-            # nothing, for as long as the client keeps the connection.  With
-            # it, the close that abort() makes sends a reset, and the client
-            # sees ECONNRESET, not a response that seems to end.  (asyncio's
-            # transport closes its socket at the next iteration, uvloop's
-            # handle at once: both after this.)
-            sock = transport.get_extra_info("socket")
-            if sock is not None:
-                # (Closed meanwhile, or not a socket: the abort alone, then.)
-                with contextlib.suppress(OSError, AttributeError, TypeError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
-            transport.abort()
-
-    def connlist_refuse(self) -> None:
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(RESPONSE_503)
-            transport.close()
-            self._connlist_linger()
 
     def connlist_reading_paused(self) -> bool:
         # uvicorn stops reading a body the app does not consume (64 KiB
         # buffered), and a request queued behind a pipelined one.
         flow: Any = getattr(self, "flow", None)
         return flow is not None and bool(flow.read_paused)
-
-    def connlist_acked(self) -> tuple[int, int] | None:
-        if _TCP_INFO is None:
-            return None
-        transport = self.transport
-        sock = None if transport is None else transport.get_extra_info("socket")
-        if sock is None:
-            return None
-        try:
-            info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_LEN)
-        except (OSError, AttributeError, TypeError):  # closed meanwhile, or a socket without TCP_INFO
-            return None
-        if len(info) < _BYTES_ACKED_AT + 8:
-            return None  # a kernel before 4.1
-        window = _SND_WND.unpack_from(info, _SND_WND_AT)[0] if len(info) >= _SND_WND_AT + 4 else 0
-        return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_AT)[0], window
-
-    def connlist_pending(self) -> int:
-        transport = self.transport
-        if transport is None:
-            return 0
-        pending: int = transport.get_write_buffer_size()
-        if _OUTQ is not None:
-            sock = transport.get_extra_info("socket")
-            if sock is not None:
-                try:
-                    queued = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
-                except OSError:  # closed meanwhile, or not a socket that has a send queue
-                    pass
-                else:
-                    pending += struct.unpack("i", queued)[0]
-        return pending
-
-
-class _AfterCut:
-    """uvicorn's logger, as a request cycle of a connection connlist cut off sees it.
-
-    The app's ``ClientDisconnect`` there is expected (its body was cut
-    short), so uvicorn's "Exception in ASGI application" for it is left
-    out; everything else goes to uvicorn's logger as before.
-    """
-
-    __slots__ = ("_logger",)
-
-    def __init__(self, logger: Any) -> None:
-        self._logger = logger
-
-    def error(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if isinstance(kwargs.get("exc_info"), ClientDisconnect):
-            return
-        self._logger.error(msg, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._logger, name)
 
 
 # Where the message being received on a connection stands (both protocols).
@@ -688,9 +550,11 @@ else:
 
 if httptools_impl is not None:
     _HttpTools = httptools_impl.HttpToolsProtocol
-    # uvicorn's methods, called directly: a module global is found faster
-    # than a class attribute, and these run for every read and response.
-    # (A release that lacks one fails the self-check before any is called.)
+    # The two methods of uvicorn's that every read and every response go
+    # through, as module globals: one lookup each, where
+    # ``_HttpTools.data_received`` is two (a global, then a class attribute)
+    # and ``super()`` more.  (A release that lacks one fails the self-check
+    # before any is called.)
     _httptools_data_received: Any = getattr(_HttpTools, "data_received", None)
     _httptools_on_response_complete: Any = getattr(_HttpTools, "on_response_complete", None)
 
@@ -731,11 +595,14 @@ if httptools_impl is not None:
                 # after connection_lost or an upgrade, so the record is tracked.
                 record: Connection = self._connlist_record  # type: ignore[assignment]
                 if record.last_message_start == 0.0:
-                    # ConnectionsList.message on an idle connection, written
-                    # out: in Python a call costs as much as all of this.
-                    # (headers_completed is True already: a record becomes
-                    # idle only through message_complete, which these
-                    # protocols send only after headers_complete.)
+                    # connlist.connections.message_on_idle, written out: the
+                    # list owns the rule, and this and on_response_complete
+                    # are the only code outside it that writes its state.
+                    # Calling the list instead costs about 850
+                    # instructions per request on uvloop, 540 on asyncio's
+                    # loop (0.47 and 0.24 points of benchmarks/per_request.py);
+                    # tests/test_protocol_differential.py holds the copies to
+                    # the list's events.
                     record.requests += 1
                     enforcer = self._connlist
                     if not record._responding:
@@ -758,7 +625,7 @@ if httptools_impl is not None:
                     tail: Any = _BodyTail()
                     self.cycle = tail
                     try:
-                        _HttpTools.data_received(self, data)
+                        _httptools_data_received(self, data)
                     finally:
                         if self.cycle is tail:
                             self.cycle = cycle
@@ -766,7 +633,7 @@ if httptools_impl is not None:
                         cycle.more_body = False
                     self._connlist_events(phase, scope, cycle)
                     return
-            _HttpTools.data_received(self, data)
+            _httptools_data_received(self, data)
             if phase != _UPGRADED:
                 self._connlist_events(phase, scope, cycle)
 
@@ -833,10 +700,11 @@ if httptools_impl is not None:
         def on_response_complete(self) -> None:
             _httptools_on_response_complete(self)
             record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
-            # ConnectionsList.response_complete, written out (once per request).
-            # self.cycle is the newest request's: if uvicorn has just started
-            # a pipelined one, or any is still queued, it is not complete.
-            # (A removed record is not responding: see _connlist_remove.)
+            # ConnectionsList.response_complete, written out (see
+            # data_received).  self.cycle is the newest request's: if uvicorn
+            # has just started a pipelined one, or any is still queued, it is
+            # not complete.  (A removed record is not responding: see
+            # _connlist_remove.)
             if record._responding and self.cycle.response_complete:
                 record._responding = False
                 if record.last_message_start == 0.0:
@@ -893,7 +761,7 @@ class _H11Tracking(_Tracking, _H11Base):
                 record = self._connlist_record
                 if record is not None and record.last_message_start == 0.0:
                     enforcer = self._connlist
-                    enforcer.connections.message(record)
+                    message_on_idle(enforcer.connections, record)
                     enforcer.totals.requests += 1
                     return
         self._connlist_events(_BETWEEN, cycle)
@@ -1061,8 +929,8 @@ def _fall_back(parser: str, name: str, base: type | None, failure: str) -> type[
     route_to_uvicorn()
     if integration.require_integration():
         # One line, the server's own exit status for a failed start, no traceback.
-        logger.error(
-            "connlist: refusing to start (%s=1): the server integration would be off: %s. %s",
+        log.error(
+            "refusing to start (%s=1): the server integration would be off: %s. %s",
             integration.REQUIRE_ENV,
             what,
             advice,
@@ -1076,8 +944,8 @@ def _fall_back(parser: str, name: str, base: type | None, failure: str) -> type[
         base = import_from_string(HTTP_PROTOCOLS[parser])
     assert base is not None
     integration.record_failure(base, f"uvicorn {uvicorn.__version__}: {name}: {failure}")
-    logger.error(
-        "connlist: the server integration is off: %s. The server runs uvicorn's own %s protocol and connlist "
+    log.error(
+        "the server integration is off: %s. The server runs uvicorn's own %s protocol and connlist "
         "runs in ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but "
         "the headers timeout and the send timeout are not enforced. %s Set %s=1 to refuse to start instead.",
         what,

@@ -62,7 +62,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
-from connlist.logs import logger
+from connlist.logs import log
 from connlist.processes import process_info
 from connlist.slices import json_cooperatively
 
@@ -332,7 +332,7 @@ class WorkerGroup:
         except OSError as exc:
             if not self._warned:
                 self._warned = True
-                logger.warning("connlist: workers=all will show this worker only: %s", exc)
+                log.warning("workers=all will show this worker only: %s", exc)
             return
         self.directory, self._path, self._server = directory, path, server
         atexit.register(self._remove)

@@ -1,0 +1,257 @@
+"""What any server integration needs: the feeder's contract, and the parts of it that are not the server's.
+
+A server integration feeds the worker's ``ConnectionsList`` from inside the
+server, where it sees what the ASGI app never does: a connection before its
+first byte, a request's headers arriving, a response the client stopped
+taking.  ``connlist.uvicorn`` is the one connlist ships; an integration for
+another asyncio server (hypercorn, zttp) implements the same contract,
+``Feeder``, and takes the rest from here:
+
+* ``enforcer_in``: the enforcer ``ConnectionsMiddleware`` hands over in the
+  ASGI lifespan state, under ``STATE_KEY``;
+* ``RESPONSE_408`` and ``RESPONSE_503``: what a connection cut at a timeout,
+  or refused at ``max_connections``, is answered before it is closed;
+* ``TransportHandle``: the handle methods the enforcer calls to close a
+  connection, for a protocol that writes to an asyncio transport; the
+  server's part is three methods that read its own request state;
+* ``AfterCut``: the logger a request of a cut connection is given, so that
+  the app's ``ClientDisconnect`` (connlist's doing, not the app's failure)
+  is not logged as an error.
+
+What stays in the integration is what only the server has: how it tells
+the list's events from its own state, and its request cycles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import sys
+from collections.abc import MutableMapping
+from typing import Any, ClassVar, Protocol, cast
+
+from starlette.requests import ClientDisconnect
+
+from connlist.connections import Connection, ConnectionHandle
+from connlist.enforcer import STATE_KEY, Enforcer
+
+try:  # Linux: the bytes in a socket's send queue that the peer has not acknowledged
+    import fcntl
+    import termios
+
+    _OUTQ: int | None = termios.TIOCOUTQ  # SIOCOUTQ
+except (ImportError, AttributeError):  # pragma: no cover - not Linux
+    _OUTQ = None
+
+__all__ = [
+    "RESPONSE_408",
+    "RESPONSE_503",
+    "STATE_KEY",
+    "AfterCut",
+    "Feeder",
+    "TransportHandle",
+    "enforcer_in",
+]
+
+RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+# A new connection refused at max_connections, every connection being a request being served.
+RESPONSE_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+# Linux's TCP_INFO (include/uapi/linux/tcp.h, struct tcp_info): the bytes the
+# peer acknowledged (tcpi_bytes_acked, a __u64 at offset 120, since Linux
+# 4.1) and the window it advertises now (tcpi_snd_wnd, a __u32 at offset
+# 228, in newer kernels; 0 where the kernel's struct is shorter).
+_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
+_TCP_INFO_LEN = 232
+_BYTES_ACKED = struct.Struct("=Q")
+_BYTES_ACKED_AT = 120
+_SND_WND = struct.Struct("=I")
+_SND_WND_AT = 228
+# SO_LINGER on with a zero timeout: close() then resets the connection and
+# the kernel drops what is queued for it (nginx's reset_timedout_connection).
+_LINGER_ZERO = struct.pack("ii", 1, 0)
+
+
+def enforcer_in(state: MutableMapping[str, Any]) -> Enforcer | None:
+    """The enforcer ``ConnectionsMiddleware`` put in the lifespan ``state``; None without one."""
+    # (Not checked: it runs for every connection, and only the middleware writes the key.)
+    return cast("Enforcer | None", state.get(STATE_KEY))
+
+
+class Feeder(ConnectionHandle, Protocol):
+    """A server integration's protocol object: it feeds the list, and is each connection's handle.
+
+    Its duties, each the one place where its event is seen:
+
+    1. **Mode.**  When the server starts using it, it sets
+       ``enforcer.mode`` to its ``connlist_mode`` (the view's ``mode``: any
+       value but ``"asgi"`` says the integration is in use), and takes the
+       enforcer from the lifespan state (``enforcer_in``) or, without one,
+       makes its own and says so once.
+    2. **Connections.**  At connect: ``connections.connect(handle=self)``,
+       ``totals.connections += 1``, ``enforcer.admit(record)`` (the budget),
+       ``enforcer.watch()``.  When the connection is lost, or leaves HTTP
+       (a websocket upgrade): ``connections.remove(record)``,
+       ``enforcer.unwatch()``.
+    3. **Requests.**  The list's events in order, each at the instant the
+       server saw it: ``message_begin`` (a request's first byte),
+       ``headers_complete`` then ``response_begin`` (the request goes to the
+       app), ``message_complete`` (its last byte), ``response_complete`` (no
+       response unfinished); or ``message`` / ``message_on_idle`` for a
+       whole request seen at once.  ``totals.requests += 1`` once per
+       request whose headers are complete.  ``enforcer.watch()`` after
+       ``message_begin`` and a stall, ``enforcer.unwatch()`` after
+       ``message_complete``.
+    4. **Bodies and stalls.**  ``body_begin`` / ``body_bytes`` where the
+       minimum rate applies; ``stall`` when the transport asks it to pause
+       writing, ``unstall`` when it resumes.
+    5. **Handle.**  The methods of ``ConnectionHandle`` (``TransportHandle``
+       has them for an asyncio transport): the enforcer calls them to cut,
+       close and sample the connection, on the event loop.
+
+    The counts are explicit increments by the one feeder that sees the
+    event (``connlist.asgi`` is the other, in ASGI-only mode), so they stay
+    exact when one feeder takes over from the other at a lifespan restart.
+    """
+
+    connlist_mode: ClassVar[str]
+
+
+class TransportHandle:
+    """``ConnectionHandle`` for a protocol that writes to an asyncio transport (mixed into it).
+
+    The protocol provides ``transport``, ``_connlist`` (the enforcer) and
+    ``_connlist_record`` (None before connect), and these three, which read
+    the server's request state: ``_connlist_response_written(record)``
+    (whether a 408 now would corrupt the response stream), and
+    ``_connlist_responding()`` and ``_connlist_mark_cut()``.
+    """
+
+    __slots__ = ()
+
+    transport: Any
+    _connlist: Enforcer
+    _connlist_record: Connection | None
+
+    def _connlist_response_written(self, record: Connection) -> bool:
+        raise NotImplementedError
+
+    def _connlist_responding(self) -> bool:
+        raise NotImplementedError
+
+    def _connlist_mark_cut(self) -> None:
+        raise NotImplementedError
+
+    def _connlist_linger(self) -> None:
+        """A close connlist decided outside a sweep: abort the connection if it has not gone in time."""
+        record = self._connlist_record
+        if record is not None:
+            enforcer = self._connlist
+            enforcer.connections.linger(record)
+            enforcer.bring_forward(enforcer.clock() + enforcer.linger)
+
+    def connlist_close_expired(self) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        record = self._connlist_record
+        if record is not None and not self._connlist_response_written(record):
+            transport.write(RESPONSE_408)
+        self._connlist_mark_cut()
+        # A close waits for the write buffer to drain, which a client that
+        # reads nothing never lets happen: the enforcer aborts it after the linger.
+        transport.close()
+
+    def connlist_close_idle(self) -> bool:
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._connlist_responding():
+            return False
+        transport.close()
+        self._connlist_linger()
+        return True
+
+    def connlist_close(self) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+            self._connlist_linger()
+
+    def connlist_abort(self) -> None:
+        transport = self.transport
+        if transport is not None:
+            self._connlist_mark_cut()
+            # A cut is a release: without this the kernel keeps the socket
+            # (FIN-WAIT-1) and everything queued for a client that reads
+            # nothing, for as long as the client keeps the connection.  With
+            # it, the close that abort() makes sends a reset, and the client
+            # sees ECONNRESET, not a response that seems to end.  (asyncio's
+            # transport closes its socket at the next iteration, uvloop's
+            # handle at once: both after this.)
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                # (Closed meanwhile, or not a socket: the abort alone, then.)
+                with contextlib.suppress(OSError, AttributeError, TypeError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
+            transport.abort()
+
+    def connlist_refuse(self) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(RESPONSE_503)
+            transport.close()
+            self._connlist_linger()
+
+    def connlist_acked(self) -> tuple[int, int] | None:
+        if _TCP_INFO is None:
+            return None
+        transport = self.transport
+        sock = None if transport is None else transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_LEN)
+        except (OSError, AttributeError, TypeError):  # closed meanwhile, or a socket without TCP_INFO
+            return None
+        if len(info) < _BYTES_ACKED_AT + 8:
+            return None  # a kernel before 4.1
+        window = _SND_WND.unpack_from(info, _SND_WND_AT)[0] if len(info) >= _SND_WND_AT + 4 else 0
+        return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_AT)[0], window
+
+    def connlist_pending(self) -> int:
+        transport = self.transport
+        if transport is None:
+            return 0
+        pending: int = transport.get_write_buffer_size()
+        if _OUTQ is not None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                try:
+                    queued = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
+                except OSError:  # closed meanwhile, or not a socket that has a send queue
+                    pass
+                else:
+                    pending += struct.unpack("i", queued)[0]
+        return pending
+
+
+class AfterCut:
+    """A server's logger, as a request of a connection connlist cut off sees it.
+
+    The app's ``ClientDisconnect`` there is expected (its body was cut
+    short), so the server's "Exception in ASGI application" for it is left
+    out; everything else goes to the server's logger as before.
+    """
+
+    __slots__ = ("_logger",)
+
+    def __init__(self, logger: Any) -> None:
+        self._logger = logger
+
+    def error(self, msg: object, *args: object, **kwargs: Any) -> None:
+        if isinstance(kwargs.get("exc_info"), ClientDisconnect):
+            return
+        self._logger.error(msg, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
