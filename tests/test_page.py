@@ -199,11 +199,44 @@ def test_counts_totals_and_states_come_from_the_data() -> None:
     assert [row["state"] for row in dom.connection_rows()] == ["stalled", "some_new_state"]
     assert dom.connection_rows()[1]["duration"] == "0.250 s"
     assert ["all", "stalled"] in [cells for _, cells in dom.rows]
-    assert ["requests", "rate_timeouts"] in [cells for _, cells in dom.rows]
+    # The totals by group, each a table of its own: what is not a kind's counter in "totals".
+    rows = [cells for _, cells in dom.rows]
+    assert rows[rows.index(["requests"]) : rows.index(["requests"]) + 4] == [
+        ["requests"],
+        ["3"],
+        ["rate_timeouts"],
+        ["2"],
+    ]
     assert "worker 10: unreachable (no answer within 0.5 s)" in dom.headings
     assert "worker 9" in dom.headings
     # The sums at the top, then each worker's own counts and totals.
-    assert [cells for _, cells in dom.rows].count(["requests", "rate_timeouts"]) == 2
+    assert rows.count(["requests"]) == 2 and rows.count(["rate_timeouts"]) == 2
+
+
+def test_the_totals_are_grouped_so_that_no_table_is_wider_than_a_screen() -> None:
+    totals = {
+        "connections": 5,
+        "requests": 7,
+        "headers_timeouts": 1,
+        "request_timeouts": 0,
+        "rate_timeouts": 0,
+        "send_timeouts": 0,
+        "idle_evictions": 2,
+        "headers_evictions": 0,
+        "body_evictions": 0,
+        "keepalive_evictions": 0,
+        "refused": 0,
+        "accept_failures": 0,
+        "some_new_total": 4,
+    }
+    markup = page.render({"pid": 1, "counts": {}, "totals": totals, "all": []}).decode()
+    dom = Dom(markup)
+    rows = [cells for _, cells in dom.rows]
+    assert ["connections", "requests", "accept_failures", "some_new_total"] in rows
+    assert ["headers_timeouts", "request_timeouts", "rate_timeouts", "send_timeouts"] in rows
+    assert ["idle_evictions", "headers_evictions", "body_evictions", "keepalive_evictions", "refused"] in rows
+    for caption in ("totals", "timeouts", "made room"):
+        assert f"<caption>{caption}</caption>" in markup
 
 
 def test_each_connection_shows_its_timeout_and_the_time_left() -> None:

@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
 
-from connlist.enforcer import TIMEOUT_KINDS
+from connlist.enforcer import BUDGET_KINDS, TIMEOUT_KINDS
 
 __all__ = ["COLUMNS", "CSP", "HEADERS", "LABELS", "REFRESH", "STYLE", "render"]
 
@@ -106,6 +106,24 @@ def _numbers_table(caption: str, numbers: dict[str, Any]) -> str:
     names = "".join(f"<th>{_text(name)}</th>" for name in numbers)
     values = "".join(f'<td class="n">{_text(value)}</td>' for value in numbers.values())
     return f"<table><caption>{_text(caption)}</caption><tr>{names}</tr><tr>{values}</tr></table>"
+
+
+# The totals' groups, each a table of its own so that none is wider than a
+# screen: the timeouts' and the budget's counters (the rows of the table of
+# kinds), and everything else (connections, requests, and any total a newer
+# version adds) as "totals".
+_TOTALS_GROUPS = (
+    ("timeouts", frozenset(kind.counter for kind in TIMEOUT_KINDS)),
+    ("made room", frozenset(kind.counter for kind in BUDGET_KINDS)),
+)
+
+
+def _totals_tables(totals: dict[str, Any]) -> str:
+    grouped = frozenset().union(*(names for _, names in _TOTALS_GROUPS))
+    groups = [("totals", {n: v for n, v in totals.items() if n not in grouped})]
+    for caption, names in _TOTALS_GROUPS:
+        groups.append((caption, {n: v for n, v in totals.items() if n in names}))
+    return "".join(_numbers_table(caption, numbers) for caption, numbers in groups if numbers)
 
 
 def _connections_table(connections: Iterable[dict[str, Any]]) -> str:
@@ -217,7 +235,7 @@ def _worker_section(worker: dict[str, Any], *, heading: bool) -> str:
         parts += [
             f"<h2>worker {pid}</h2>",
             _numbers_table("counts", worker.get("counts", {})),
-            _numbers_table("totals", worker.get("totals", {})),
+            _totals_tables(worker.get("totals", {})),
         ]
     parts += [
         _settings(worker),
@@ -249,7 +267,7 @@ def _summary(data: dict[str, Any], endpoint: str, query: dict[str, str], every_w
     return [
         _links(endpoint, query, every_worker),
         _numbers_table("counts", data.get("counts", {})),
-        _numbers_table("totals", data.get("totals", {})),
+        _totals_tables(data.get("totals", {})),
     ]
 
 
