@@ -14,16 +14,6 @@ from connlist.settings import default_max_connections, resolve
 from tests.fakes import RESPONSE_408, RESPONSE_503, FakeClock, MemoryHandle, MockLoop
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def loop(clock: FakeClock) -> MockLoop:
-    return MockLoop(clock)
-
-
 def make(clock: FakeClock, loop: MockLoop, budget: int, **options: float) -> Enforcer:
     return Enforcer(resolve(max_connections=budget, **options), clock=clock, loop=loop)  # type: ignore[arg-type]
 
