@@ -153,6 +153,23 @@ def test_a_slow_body_goes_before_a_refusal_and_a_served_request_never(
     consistent(connections)
 
 
+def test_a_body_the_server_stopped_reading_is_not_taken_for_slow(clock: FakeClock, loop: MockLoop) -> None:
+    # The app has not consumed its body, so uvicorn paused reading: the server's doing, not the client's.
+    enforcer = make(clock, loop, 1, body_min_rate=1000)
+    connections = enforcer.connections
+    body, body_handle = arrive(enforcer)
+    connections.message_begin(body)
+    connections.headers_complete(body, "POST", "/upload")
+    connections.body_begin(body)
+    body_handle.transport.read_paused = True
+    clock.advance(1)
+    _, refused_handle = arrive(enforcer)
+    assert not body_handle.transport.closed
+    assert refused_handle.transport.buffer == RESPONSE_503
+    assert enforcer.totals.body_evictions == 0 and enforcer.totals.refused == 1
+    consistent(connections)
+
+
 def test_a_body_keeping_up_with_the_rate_is_not_cut(clock: FakeClock, loop: MockLoop) -> None:
     enforcer = make(clock, loop, 1, body_min_rate=1000)
     connections = enforcer.connections

@@ -886,13 +886,20 @@ class ConnectionsList:
             node = node._active_next
         return None
 
-    def body_slowest(self, min_rate: float, now: float, look: int) -> Connection | None:
+    def body_slowest(
+        self,
+        min_rate: float,
+        now: float,
+        look: int,
+        excused: Callable[[Connection], bool] | None = None,
+    ) -> Connection | None:
         """Of the ``look`` oldest bodies, the one furthest behind ``min_rate`` since it began, or None.
 
         Grace is not granted here (this chooses what goes when there is no
         room, it does not time anything out): a body is behind if fewer than
         ``min_rate`` bytes per second have arrived since it began.  A body
-        the server itself stopped reading is not behind.
+        for which ``excused(conn)`` is true (the server itself stopped
+        reading it, as for ``rate_expired``) is not behind.
         """
         root = self._body_root
         node = root._body_next
@@ -900,7 +907,7 @@ class ConnectionsList:
         worst_lag = 0.0
         while node is not root and look > 0:
             lag = (now - node.body_started) * min_rate - node.body_received
-            if lag > worst_lag and not (node.handle is not None and node.handle.connlist_reading_paused()):
+            if lag > worst_lag and not (excused is not None and excused(node)):
                 worst, worst_lag = node, lag
             node = node._body_next
             look -= 1

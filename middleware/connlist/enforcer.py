@@ -744,7 +744,9 @@ class Enforcer:
             if victim is not None:
                 kind = "headers"
             elif settings.body_min_rate and (
-                victim := connections.body_slowest(settings.body_min_rate, self.clock(), BODY_LOOK)
+                victim := connections.body_slowest(
+                    settings.body_min_rate, self.clock(), BODY_LOOK, _reading_paused
+                )
             ):
                 kind = "body"
             else:
