@@ -35,7 +35,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from connlist.connections import Connection
+from connlist.connections import Connection, ConnectionsList
 from connlist.enforcer import Enforcer
 from connlist.logs import logger
 
@@ -165,6 +165,36 @@ async def serve_with_body(
     handle = AsgiRequest(conn, send)
     conn.handle = handle
     enforcer.watch()
+    receive_tracked, send_tracked = _tracked(connections, conn, handle, continuing, receive, send)
+    try:
+        await app(scope, receive_tracked, send_tracked)
+    except ClientDisconnect:
+        if not handle.cut:
+            raise  # not connlist's doing
+    finally:
+        connections.remove(conn)
+        enforcer.unwatch()
+        if handle.task is not None:
+            await handle.task
+        # Break the record <-> handle cycle: the handle holds the server's
+        # send, and a server may hold the connection open until that is freed.
+        conn.handle = None
+
+
+def _tracked(
+    connections: ConnectionsList,
+    conn: Connection,
+    handle: AsgiRequest,
+    continuing: bool,
+    receive: Receive,
+    send: Send,
+) -> tuple[Receive, Send]:
+    """``serve_with_body``'s wrappers of the app's ``receive`` and ``send``, which feed ``conn``.
+
+    ``continuing``: the client waits for 100 Continue, so the body's timing
+    starts at the app's first ``receive()`` or its response, whichever
+    comes first (see ``serve_with_body``).
+    """
 
     async def receive_tracked() -> Message:
         nonlocal continuing
@@ -204,19 +234,7 @@ async def serve_with_body(
                 connections.body_begin(conn, conn.body_received)
         await send(message)
 
-    try:
-        await app(scope, receive_tracked, send_tracked)
-    except ClientDisconnect:
-        if not handle.cut:
-            raise  # not connlist's doing
-    finally:
-        connections.remove(conn)
-        enforcer.unwatch()
-        if handle.task is not None:
-            await handle.task
-        # Break the record <-> handle cycle: the handle holds the server's
-        # send, and a server may hold the connection open until that is freed.
-        conn.handle = None
+    return receive_tracked, send_tracked
 
 
 def _expects_continue(scope: Scope) -> bool:

@@ -462,6 +462,66 @@ def _headers_received(record: Connection, enforcer: Enforcer) -> None:
     enforcer.totals.requests += 1
 
 
+def _end_open_message(
+    record: Connection,
+    enforcer: Enforcer,
+    phase0: int,
+    got_headers: bool,
+    begun: int,
+    upgraded: bool,
+    cycle: Any,
+) -> int:
+    """httptools: the events of the message that was open when a read began; where it stands after.
+
+    ``phase0`` is where it stood (``_HEADERS`` or ``_BODY``), ``got_headers``
+    whether its headers came in, ``begun`` how many messages began after it
+    in the read, ``cycle`` uvicorn's newest cycle.
+    """
+    # Its headers came in: a new cycle, or the upgrade (which makes none) if it was the last.
+    if got_headers or (upgraded and not begun and phase0 == _HEADERS):
+        _headers_received(record, enforcer)
+        phase0 = _BODY
+    # It ended if a later message began, or (as the last) if its body is in.
+    if begun or (phase0 == _BODY and (upgraded or not cycle.more_body)):
+        enforcer.connections.message_complete(record)
+        return _BETWEEN
+    return phase0
+
+
+def _begun_messages(
+    record: Connection,
+    enforcer: Enforcer,
+    with_headers: int,
+    begun: int,
+    upgraded: bool,
+    cycle: Any,
+    last: int,
+) -> int:
+    """httptools: the events of the ``begun`` messages a read began; where the last stands after.
+
+    The first ``with_headers`` of them got their headers (each a cycle); the
+    one after them, if any, is still reading its headers, unless the read
+    ended in an upgrade: then it is the upgrade request (whole, but no
+    cycle).  ``last`` is where the connection stood before them.
+    """
+    connections = enforcer.connections
+    for i in range(begun):
+        connections.message_begin(record)
+        if i < with_headers:
+            _headers_received(record, enforcer)
+            if i < begun - 1 or not cycle.more_body:
+                connections.message_complete(record)
+                last = _BETWEEN
+            else:
+                last = _BODY
+        elif upgraded:
+            _headers_received(record, enforcer)
+            connections.message_complete(record)
+        else:
+            last = _HEADERS
+    return last
+
+
 class _Discard:
     """A body that keeps nothing: ``+=`` drops the bytes and the length stays 0."""
 
@@ -638,64 +698,56 @@ if httptools_impl is not None:
                 self._connlist_events(phase, scope, cycle)
 
         def _connlist_events(self, phase0: int, scope0: Any, cycle0: Any) -> None:
-            """Replay the list events of the read that just ended, from uvicorn's state before and after."""
+            """Replay the list events of the read that just ended, from uvicorn's state before and after.
+
+            In order: the message open at the read's start (``phase0``) gets
+            its headers and ends; then the messages begun in the read, each
+            begun, given its headers and ended, but the last, which may still
+            be reading its headers or body; then where the read left the
+            connection (or, after an upgrade, its removal).
+            """
             record = self._connlist_record
             if record is None:
                 return
             enforcer = self._connlist
-            connections = enforcer.connections
             upgraded = self._connlist_phase == _UPGRADED
             scope = self.scope
             cycle = self.cycle
-            # Cycles made in this read: the queued ones newer than cycle0,
-            # and the one started directly if cycle0 was complete (then
-            # nothing was queued before the read).
-            new_cycles = 0
-            if cycle is not cycle0:
-                for queued, _app in self.pipeline:  # newest first
-                    if queued is cycle0:
-                        break
-                    new_cycles += 1
-                else:
-                    if cycle0 is None or cycle0.response_complete:
-                        new_cycles += 1
+            new_cycles = self._connlist_new_cycles(cycle0, cycle)
             # The open message's headers came in: the first new cycle is its.
             open_got_headers = phase0 == _HEADERS and new_cycles > 0
             begun_with_headers = new_cycles - open_got_headers
             # A message begun here and still reading its headers (or upgraded: no cycle).
             partial = scope is not scope0 and (cycle is None or cycle.scope is not scope)
             begun = begun_with_headers + partial
+            last = _BETWEEN
             if phase0 != _BETWEEN:
-                if open_got_headers or (upgraded and not begun and phase0 == _HEADERS):
-                    _headers_received(record, enforcer)
-                    phase0 = _BODY
-                # It ended if a later message began, or (as the last) if its body is in.
-                if begun or (phase0 == _BODY and (upgraded or not cycle.more_body)):
-                    connections.message_complete(record)
-                    last = _BETWEEN
-                else:
-                    last = phase0
-            else:
-                last = _BETWEEN
-            for i in range(begun):
-                connections.message_begin(record)
-                if i < begun_with_headers:
-                    _headers_received(record, enforcer)
-                    if i < begun - 1 or not cycle.more_body:
-                        connections.message_complete(record)
-                        last = _BETWEEN
-                    else:
-                        last = _BODY
-                elif upgraded:
-                    _headers_received(record, enforcer)
-                    connections.message_complete(record)
-                else:
-                    last = _HEADERS
+                last = _end_open_message(record, enforcer, phase0, open_got_headers, begun, upgraded, cycle)
+            last = _begun_messages(record, enforcer, begun_with_headers, begun, upgraded, cycle, last)
             if upgraded:
                 self._connlist_remove()
                 return
+            # A body began in this read: a message begun here, or the open
+            # one's, if its headers came in (it was not in its body before).
             body_begins = last == _BODY and bool(begun or phase0 != _BODY or open_got_headers)
             self._connlist_settle(record, last, body_begins)
+
+        def _connlist_new_cycles(self, cycle0: Any, cycle: Any) -> int:
+            """How many cycles the read made, from the newest before it (``cycle0``) and after (``cycle``).
+
+            The queued ones newer than cycle0, and the one started directly
+            if cycle0 was complete (then nothing was queued before the read).
+            """
+            if cycle is cycle0:
+                return 0
+            n = 0
+            for queued, _app in self.pipeline:  # newest first
+                if queued is cycle0:
+                    return n
+                n += 1
+            if cycle0 is None or cycle0.response_complete:
+                n += 1
+            return n
 
         def on_response_complete(self) -> None:
             _httptools_on_response_complete(self)
