@@ -10,7 +10,7 @@ import pytest
 
 from connlist.connections import Connection, ConnectionsList, connection_state
 from connlist.enforcer import PRESSURE_FLOOR, PRESSURE_WATERMARK, Enforcer, shrink
-from connlist.settings import default_max_connections, resolve
+from connlist.kinds import default_max_connections, resolve
 from tests.fakes import RESPONSE_408, RESPONSE_503, FakeClock, MemoryHandle, MockLoop
 
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import pytest
 
+from connlist.checks import check_timeout
 from connlist.connections import (
     SEND_STEP,
     SEND_STEP_LIMIT,
@@ -21,7 +22,7 @@ from connlist.connections import (
     ConnectionsList,
     send_allowance,
 )
-from connlist.settings import check_timeout
+from connlist.kinds import Settings
 from tests.fakes import T0, FakeClock
 
 
@@ -1371,33 +1372,40 @@ def test_removed_walk_does_not_reach_the_requests_received_whole(lst: Connection
     assert [conn.id for conn in lst.iter_all()] == [c.id, 1]
 
 
+def settings(
+    headers: float, request: float, send: float = 0.0, rate: float = 0.0, grace: float = 0.0
+) -> Settings:
+    """The options ``deadline`` reads, 0 (off) unless given."""
+    return Settings(headers, request, send, rate, grace, 0)
+
+
 def test_deadline_names_the_timeout_that_cuts_first_and_when(lst: ConnectionsList, clock: FakeClock) -> None:
-    # (headers, request, send, min rate, grace): the enforcer's settings.
-    timeouts = (10.0, 30.0, 60.0, 100.0, 5.0)
+    # The enforcer's settings: headers, request, send, min rate, grace.
+    timeouts = settings(10.0, 30.0, 60.0, 100.0, 5.0)
     new = lst.connect()
-    assert lst.deadline(new, *timeouts) == ("headers", T0 + 10)
-    assert lst.deadline(new, 0.0, 30.0) == ("request", T0 + 30)  # headers timeout off
-    assert lst.deadline(new, 0.0, 0.0) is None
+    assert lst.deadline(new, timeouts) == ("headers", T0 + 10)
+    assert lst.deadline(new, settings(0.0, 30.0)) == ("request", T0 + 30)  # headers timeout off
+    assert lst.deadline(new, settings(0.0, 0.0)) is None
     clock.advance(2)
     upload = lst.connect()
     lst.message_begin(upload)
     lst.headers_complete(upload)
-    assert lst.deadline(upload, *timeouts) == ("request", T0 + 32)  # headers in: the request timeout
+    assert lst.deadline(upload, timeouts) == ("request", T0 + 32)  # headers in: the request timeout
     lst.body_begin(upload)
     # The rate's deadline: grace, then 1 s per 100 bytes received; it moves on as they arrive.
-    assert lst.deadline(upload, *timeouts) == ("rate", T0 + 7)
+    assert lst.deadline(upload, timeouts) == ("rate", T0 + 7)
     lst.body_bytes(upload, 1000)
-    assert lst.deadline(upload, *timeouts) == ("rate", T0 + 17)
+    assert lst.deadline(upload, timeouts) == ("rate", T0 + 17)
     lst.body_bytes(upload, 10_000)
-    assert lst.deadline(upload, *timeouts) == ("request", T0 + 32)  # ahead of the rate
-    assert lst.deadline(upload, 10.0, 30.0, 60.0, 0.0, 5.0) == ("request", T0 + 32)  # rate off
+    assert lst.deadline(upload, timeouts) == ("request", T0 + 32)  # ahead of the rate
+    assert lst.deadline(upload, settings(10.0, 30.0, 60.0, 0.0, 5.0)) == ("request", T0 + 32)  # rate off
     lst.message_complete(upload)
-    assert lst.deadline(upload, *timeouts) is None  # handling: nothing runs
+    assert lst.deadline(upload, timeouts) is None  # handling: nothing runs
     clock.advance(1)
     lst.stall(upload, 5000)
-    assert lst.deadline(upload, *timeouts) == ("send", T0 + 63)  # from its last progress
-    assert lst.deadline(upload, 10.0, 30.0, 0.0, 100.0, 5.0) is None  # send timeout off
+    assert lst.deadline(upload, timeouts) == ("send", T0 + 63)  # from its last progress
+    assert lst.deadline(upload, settings(10.0, 30.0, 0.0, 100.0, 5.0)) is None  # send timeout off
     # An expired connection is cut already: none.
     clock.now = T0 + 11
     assert lst.expired(10.0, 30.0) == [new]
-    assert lst.deadline(new, *timeouts) is None
+    assert lst.deadline(new, timeouts) is None

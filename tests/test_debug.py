@@ -26,7 +26,7 @@ from connlist.debug import (
     snapshot_steps,
 )
 from connlist.enforcer import Enforcer
-from connlist.settings import resolve
+from connlist.kinds import resolve
 from connlist.slices import STEP
 from tests.fakes import T0, FakeClock
 

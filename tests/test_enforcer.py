@@ -18,21 +18,18 @@ import typing
 import pytest
 
 from connlist.connections import Connection
-from connlist.enforcer import (
-    _BATCH,
-    _SLACK,
-    BUDGET,
+from connlist.enforcer import _BATCH, BUDGET, SLOW_CALLBACK, Enforcer
+from connlist.kinds import (
     BUDGET_KINDS,
     RATE_RESOLUTION,
-    SLOW_CALLBACK,
+    SLACK,
     TIMEOUT_KINDS,
-    Enforcer,
     RoomKind,
     TimeoutKind,
     Totals,
+    resolve,
 )
 from connlist.logs import SUMMARY_INTERVAL
-from connlist.settings import resolve
 from tests.fakes import RESPONSE_408, T0, FakeClock, MemoryHandle, MockLoop
 
 LINGER = 1.0
@@ -117,8 +114,8 @@ def test_with_only_the_rate_on_a_body_is_looked_at_after_its_grace(clock: FakeCl
     # No deadline yet (no headers or request timeout), but the body can be due: in a grace.
     assert loop.armed == [T0 + 2]
     loop.run_until(T0 + 2)
-    assert loop.armed == [T0 + 2 + _SLACK]
-    loop.run_until(T0 + 2 + _SLACK)
+    assert loop.armed == [T0 + 2 + SLACK]
+    loop.run_until(T0 + 2 + SLACK)
     assert handle.transport.buffer == RESPONSE_408 and enforcer.totals.rate_timeouts == 1
 
 
@@ -133,12 +130,12 @@ def test_the_timer_is_armed_just_after_the_earliest_deadline(clock: FakeClock, l
     # timeout), so the timer is armed just after the deadline ...
     assert loop.run_until(T0 + 10) == 1
     assert handle.transport.buffer == b"" and conn.is_active
-    assert loop.armed == [T0 + 10 + _SLACK]
+    assert loop.armed == [T0 + 10 + SLACK]
     # ... where the connection is cut: counted, 408 and close, then it lingers.
-    loop.run_until(T0 + 10 + _SLACK)
+    loop.run_until(T0 + 10 + SLACK)
     assert handle.transport.buffer == RESPONSE_408 and handle.transport.closed
     assert enforcer.totals.headers_timeouts == 1 and not conn.is_active
-    assert loop.armed == [pytest.approx(T0 + 10 + _SLACK + LINGER)]
+    assert loop.armed == [pytest.approx(T0 + 10 + SLACK + LINGER)]
 
 
 def test_a_deadline_nearer_than_the_shortest_wins(clock: FakeClock, loop: MockLoop) -> None:
@@ -150,13 +147,13 @@ def test_a_deadline_nearer_than_the_shortest_wins(clock: FakeClock, loop: MockLo
     enforcer.cancel()
     enforcer.watch()
     # The first connection's deadline (T0 + 10) is nearer than now + shortest (T0 + 17).
-    assert loop.armed == [T0 + 10 + _SLACK]
-    loop.run_until(T0 + 10 + _SLACK)
+    assert loop.armed == [T0 + 10 + SLACK]
+    loop.run_until(T0 + 10 + SLACK)
     assert (first.is_active, second.is_active) == (False, True)
     # Next: the first one's linger, before the second one's deadline.
-    assert loop.armed == [pytest.approx(T0 + 10 + _SLACK + LINGER)]
+    assert loop.armed == [pytest.approx(T0 + 10 + SLACK + LINGER)]
     loop.run_until(T0 + 16)
-    assert loop.armed == [pytest.approx(T0 + 17 + _SLACK)]
+    assert loop.armed == [pytest.approx(T0 + 17 + SLACK)]
 
 
 def test_a_far_deadline_is_reached_in_sleeps_of_the_shortest(clock: FakeClock, loop: MockLoop) -> None:
@@ -168,7 +165,7 @@ def test_a_far_deadline_is_reached_in_sleeps_of_the_shortest(clock: FakeClock, l
     assert loop.run_until(T0 + 29) == 2
     assert loop.armed == [T0 + 30]
     assert handle.transport.buffer == b""
-    loop.run_until(T0 + 30 + _SLACK)
+    loop.run_until(T0 + 30 + SLACK)
     assert handle.transport.buffer == RESPONSE_408
     assert (enforcer.totals.headers_timeouts, enforcer.totals.request_timeouts) == (0, 1)
 
@@ -182,13 +179,13 @@ def test_a_request_begun_after_the_timer_was_armed_never_moves_it(clock: FakeClo
     clock.advance(3)
     lst.message_begin(second)  # the hot path: no watch(), the timer already fires by T0 + 13
     assert loop.armed == [T0 + 10]
-    loop.run_until(T0 + 10 + _SLACK)
+    loop.run_until(T0 + 10 + SLACK)
     assert not first.is_active
     # The sweep armed the timer at the earlier of the first one's linger and the second one's deadline.
-    assert loop.armed == [pytest.approx(T0 + 10 + _SLACK + LINGER)]
+    assert loop.armed == [pytest.approx(T0 + 10 + SLACK + LINGER)]
     lst.remove(first)
     loop.run_until(T0 + 12)
-    assert loop.armed == [pytest.approx(T0 + 13 + _SLACK)]
+    assert loop.armed == [pytest.approx(T0 + 13 + SLACK)]
 
 
 def test_configure_rearms_with_the_new_settings(clock: FakeClock, loop: MockLoop) -> None:
@@ -240,7 +237,7 @@ def test_each_kind_of_mass_cut_off_keeps_to_the_budget(clock: FakeClock, loop: M
             enforcer.watch()
         handles.append(handle)
     # Due after the grace (rate), at the sample 4 s without progress (send), after the linger.
-    due = {"rate": T0 + 1 + _SLACK, "send": T0 + 4, "linger": T0 + LINGER}[kind]
+    due = {"rate": T0 + 1 + SLACK, "send": T0 + 4, "linger": T0 + LINGER}[kind]
     loop.run_until(due - 0.0001)
     assert not any(h.transport.closed for h in handles)
     costly(enforcer, clock)  # each reading of the clock costs half the budget from now on
@@ -256,7 +253,7 @@ def test_each_kind_of_mass_cut_off_keeps_to_the_budget(clock: FakeClock, loop: M
 
 def test_a_mass_timeout_is_spread_over_loop_iterations(clock: FakeClock, loop: MockLoop) -> None:
     enforcer, handles = mass_timeout(clock, loop, 3 * _BATCH + 4)
-    loop.run_until(T0 + 1 + _SLACK)
+    loop.run_until(T0 + 1 + SLACK)
     # Three batches, then the budget was spent: the rest waits for the next
     # iteration (call_soon), and no timer is armed meanwhile.
     assert enforcer.totals.headers_timeouts == 3 * _BATCH
@@ -274,7 +271,7 @@ def test_a_mass_timeout_is_spread_over_loop_iterations(clock: FakeClock, loop: M
 
 def test_cancel_forgets_the_sweep_that_carries_on(clock: FakeClock, loop: MockLoop) -> None:
     enforcer, _ = mass_timeout(clock, loop, 3 * _BATCH + 4)
-    loop.run_until(T0 + 1 + _SLACK)
+    loop.run_until(T0 + 1 + SLACK)
     assert loop.queued == 1
     enforcer.cancel()  # a server starting, or nothing due any more
     assert (loop.queued, loop.run_soon()) == (0, 0)
@@ -332,11 +329,11 @@ def test_without_a_loop_the_timer_runs_on_the_running_loop() -> None:
 def test_a_cut_connection_that_lingers_is_aborted_once(clock: FakeClock, loop: MockLoop) -> None:
     enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
     _, handle = connect(enforcer)
-    loop.run_until(T0 + 10 + _SLACK)
+    loop.run_until(T0 + 10 + SLACK)
     assert handle.transport.closed and not handle.transport.aborted
     loop.run_until(T0 + 10 + LINGER)
     assert not handle.transport.aborted
-    loop.run_until(T0 + 10 + _SLACK + LINGER)
+    loop.run_until(T0 + 10 + SLACK + LINGER)
     assert handle.transport.aborted
     # It left the closing list: nothing more to watch.
     assert loop.armed == []
@@ -345,7 +342,7 @@ def test_a_cut_connection_that_lingers_is_aborted_once(clock: FakeClock, loop: M
 def test_a_connection_that_goes_within_the_linger_is_not_aborted(clock: FakeClock, loop: MockLoop) -> None:
     enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
     conn, handle = connect(enforcer)
-    loop.run_until(T0 + 10 + _SLACK)
+    loop.run_until(T0 + 10 + SLACK)
     enforcer.connections.remove(conn)  # the server reports the connection lost
     enforcer.unwatch()
     assert loop.armed == []
@@ -371,7 +368,7 @@ def test_a_body_behind_the_minimum_rate_is_cut_at_its_deadline(clock: FakeClock,
     enforcer.connections.body_bytes(conn, 300)  # enough until T0 + 2 + 300 / 100
     loop.run_until(T0 + 5)
     assert (handle.transport.buffer, enforcer.totals.rate_timeouts) == (b"", 0)
-    loop.run_until(T0 + 5 + _SLACK)
+    loop.run_until(T0 + 5 + SLACK)
     assert handle.transport.buffer == RESPONSE_408 and enforcer.totals.rate_timeouts == 1
     assert not conn.is_active and not conn.receiving_body
 
@@ -382,8 +379,8 @@ def test_a_body_just_ahead_of_the_rate_is_looked_at_every_resolution(
     enforcer = make(clock, loop, headers_timeout=10, request_timeout=60, body_min_rate=100, body_grace=2)
     conn, _ = receiving(enforcer)
     enforcer.connections.body_bytes(conn, 5)  # due at T0 + 2.05
-    loop.run_until(T0 + 2 + _SLACK)  # past the grace period: its rate deadline is now known
-    assert loop.armed == [pytest.approx(T0 + 2 + _SLACK + RATE_RESOLUTION)]
+    loop.run_until(T0 + 2 + SLACK)  # past the grace period: its rate deadline is now known
+    assert loop.armed == [pytest.approx(T0 + 2 + SLACK + RATE_RESOLUTION)]
 
 
 def test_a_body_held_up_by_the_server_gets_a_new_grace(clock: FakeClock, loop: MockLoop) -> None:
@@ -393,7 +390,7 @@ def test_a_body_held_up_by_the_server_gets_a_new_grace(clock: FakeClock, loop: M
     loop.run_until(T0 + 3)
     assert enforcer.totals.rate_timeouts == 0 and conn.receiving_body
     handle.transport.read_paused = False
-    # Its clock started again when it was found behind (T0 + 2 + _SLACK).
+    # Its clock started again when it was found behind (T0 + 2 + SLACK).
     loop.run_until(T0 + 4)
     assert enforcer.totals.rate_timeouts == 0
     loop.run_until(T0 + 4.01)
@@ -456,7 +453,7 @@ def test_a_pending_summary_keeps_the_timer_until_it_is_written(
     caplog.set_level(logging.WARNING, logger="connlist")
     enforcer = make(clock, loop, headers_timeout=3, request_timeout=6)
     first, _ = connect(enforcer)
-    loop.run_until(T0 + 3 + _SLACK)
+    loop.run_until(T0 + 3 + SLACK)
     assert warnings(caplog) == ["connlist: 1 connection timed out (1 headers); e.g. 127.0.0.1:5000"]
     enforcer.connections.remove(first)
     enforcer.unwatch()
@@ -464,11 +461,11 @@ def test_a_pending_summary_keeps_the_timer_until_it_is_written(
     # A second timeout within the interval waits for the next summary ...
     loop.run_until(T0 + 5)
     second, _ = connect(enforcer)
-    loop.run_until(T0 + 8 + _SLACK)
+    loop.run_until(T0 + 8 + SLACK)
     enforcer.connections.remove(second)
     enforcer.unwatch()
     # ... which keeps the timer armed with nothing else due, and is written on time.
-    due = T0 + 3 + _SLACK + SUMMARY_INTERVAL
+    due = T0 + 3 + SLACK + SUMMARY_INTERVAL
     loop.run_until(due - 0.01)
     assert len(warnings(caplog)) == 1 and loop.armed == [pytest.approx(due)]
     loop.run_until(due)
@@ -489,7 +486,7 @@ def test_a_failing_callback_is_logged_once_then_counted(
     enforcer = make(clock, loop, headers_timeout=1, request_timeout=2)
     enforcer.on_timeout = on_timeout
     handles = [connect(enforcer)[1] for _ in range(3)]
-    loop.run_until(T0 + 1 + _SLACK)
+    loop.run_until(T0 + 1 + SLACK)
     # Every connection is closed anyway; one traceback, the other failures in the summary.
     assert calls == ["headers"] * 3
     assert all(h.transport.buffer == RESPONSE_408 for h in handles)
@@ -510,7 +507,7 @@ def test_a_slow_callback_is_warned_about_once(
     enforcer.on_timeout = on_timeout
     for _ in range(2):
         connect(enforcer)
-    loop.run_until(T0 + 1 + _SLACK)
+    loop.run_until(T0 + 1 + SLACK)
     slow = [message for message in warnings(caplog) if "on_timeout took" in message]
     assert len(slow) == 1
     assert slow[0].startswith(f"connlist: on_timeout took {SLOW_CALLBACK * 2000:.0f} ms; ")

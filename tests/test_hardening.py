@@ -294,7 +294,7 @@ def test_body_that_keeps_twice_the_rate_is_served(parser: str) -> None:
 def test_upload_of_megabytes_at_a_healthy_rate_is_served(parser: str) -> None:
     # The defaults' rate with a short grace, so the rate is checked during the upload.
     mw = middleware(headers_timeout=5, request_timeout=30, body_grace=0.5)
-    assert mw.body_min_rate == 500.0
+    assert mw.settings.body_min_rate == 500.0
     with serve(mw, INTEGRATED[parser]) as running:
         sock = connect(running.port)
         size = 2 * 1024 * 1024

@@ -29,8 +29,8 @@ from uvicorn.server import ServerState
 
 from connlist.connections import Connection, connection_state
 from connlist.enforcer import STATE_KEY, Enforcer
+from connlist.kinds import resolve
 from connlist.selfcheck import MemoryTransport
-from connlist.settings import resolve
 from connlist.uvicorn import H11Protocol, HttpToolsProtocol, _Tracking
 from tests.fakes import FakeClock
 
@@ -338,7 +338,7 @@ async def run_steps(parser: str, steps: list[Step]) -> list[dict[str, Any]]:
             elif kind == "advance":
                 clock.now += step[1]
                 for conn in side.enforcer.connections.expired(HEADERS_TIMEOUT, REQUEST_TIMEOUT):
-                    side.enforcer._cut(conn, "request" if conn.headers_completed else "headers")
+                    side.enforcer.cut(conn, "request" if conn.headers_completed else "headers")
             elif kind == "release":
                 pass
             elif kind == "lost":

@@ -133,7 +133,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from connlist.settings import check_timeout
+from connlist.checks import check_timeout
 
 __all__ = [
     "PHASES",
@@ -141,6 +141,7 @@ __all__ = [
     "Connection",
     "ConnectionHandle",
     "ConnectionsList",
+    "Timeouts",
     "connection_state",
     "message_on_idle",
     "send_allowance",
@@ -150,6 +151,21 @@ __all__ = [
 STATES = ("new", "reading_headers", "reading_body", "handling", "stalled", "idle", "timed_out")
 # The phases of ``ConnectionsList.counts``; they add up to ``all``.
 PHASES = ("reading", "writing", "waiting", "timed_out")
+
+
+class Timeouts(Protocol):
+    """The settings ``ConnectionsList.deadline`` reads (``connlist.kinds.Settings``): 0 disables each."""
+
+    @property
+    def headers_timeout(self) -> float: ...
+    @property
+    def request_timeout(self) -> float: ...
+    @property
+    def send_timeout(self) -> float: ...
+    @property
+    def body_min_rate(self) -> float: ...
+    @property
+    def body_grace(self) -> float: ...
 
 
 class ConnectionHandle(Protocol):
@@ -1267,7 +1283,7 @@ class ConnectionsList:
         # As Node's list does (``ConnectionsList::Expired`` in
         # src/node_http_parser.cc swaps them): the shorter of two enabled
         # timeouts is the headers timeout.  Options are checked before they
-        # get here: ``settings.resolve_timeouts``, like Node's
+        # get here: ``kinds.resolve_timeouts``, like Node's
         # ``http.createServer``, rejects a headers timeout above the request
         # timeout, so the enforcer never passes a pair this changes.
         if headers_timeout and request_timeout and headers_timeout > request_timeout:
@@ -1279,9 +1295,9 @@ class ConnectionsList:
 
         0 disables a timeout; if both are set and ``headers_timeout >
         request_timeout`` they are swapped, as Node's list does (the
-        options reject such a pair: ``settings.resolve_timeouts``).
+        options reject such a pair: ``kinds.resolve_timeouts``).
         ``TypeError``/``ValueError`` for a timeout that is not a finite
-        number >= 0 (``settings.check_timeout``).  The cost is proportional to the
+        number >= 0 (``checks.check_timeout``).  The cost is proportional to the
         connections older than the shorter timeout, not to all active ones.
         At most ``limit`` are returned (``-1``: no limit); the rest stay for
         the next call.
@@ -1318,15 +1334,7 @@ class ConnectionsList:
         self._n_timed_out += len(expired)
         return expired
 
-    def deadline(
-        self,
-        conn: Connection,
-        headers_timeout: float,
-        request_timeout: float,
-        send_timeout: float = 0.0,
-        body_min_rate: float = 0.0,
-        body_grace: float = 0.0,
-    ) -> tuple[str, float] | None:
+    def deadline(self, conn: Connection, timeouts: Timeouts) -> tuple[str, float] | None:
         """The timeout that cuts ``conn`` off first if nothing changes, and when (a clock value); or None.
 
         The rules are those the checks apply: Node's for an active
@@ -1338,8 +1346,12 @@ class ConnectionsList:
         sampling can cut it; the latest is a quarter of ``send_timeout``
         later).  The kind is ``"headers"``, ``"request"``, ``"rate"`` or
         ``"send"``, as the enforcer names its cuts; 0 disables a timeout.
-        An idle, handling or timed-out connection has none.
+        An idle, handling or timed-out connection has none.  ``timeouts``
+        gives the settings (``connlist.kinds.Settings``, or anything with
+        their attributes).
         """
+        headers_timeout, request_timeout = timeouts.headers_timeout, timeouts.request_timeout
+        send_timeout, body_min_rate = timeouts.send_timeout, timeouts.body_min_rate
         if conn._active_next is not conn:
             headers_timeout, request_timeout = self._effective(headers_timeout, request_timeout)
             start = conn.last_message_start
@@ -1349,7 +1361,7 @@ class ConnectionsList:
             if headers_timeout and not conn.headers_completed and start + headers_timeout < when:
                 kind, when = "headers", start + headers_timeout
             if body_min_rate and conn._body_next is not conn:
-                due = conn.body_started + body_grace + conn.body_received / body_min_rate
+                due = conn.body_started + timeouts.body_grace + conn.body_received / body_min_rate
                 if due < when:
                     kind, when = "rate", due
             return None if when == _INF else (kind, when)

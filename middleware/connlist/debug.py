@@ -61,10 +61,11 @@ from urllib.parse import parse_qsl
 from starlette.types import Receive, Scope, Send
 
 from connlist import page
+from connlist.checks import check_whole
 from connlist.connections import Connection, ConnectionsList, connection_state
-from connlist.enforcer import TIMEOUT_KINDS, Enforcer, shrink
+from connlist.enforcer import Enforcer, shrink
+from connlist.kinds import TIMEOUT_KINDS
 from connlist.logs import format_address
-from connlist.settings import check_whole
 from connlist.slices import STEP, cooperatively, json_cooperatively
 from connlist.workers import WorkerGroup, combine
 

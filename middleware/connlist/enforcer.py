@@ -68,26 +68,29 @@ import os
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Literal, get_args
 
-from connlist.connections import Connection, ConnectionsList, send_allowance
+from connlist.connections import Connection, ConnectionsList
+from connlist.kinds import (
+    BUDGET_BY_NAME,
+    STEPS,
+    TIMEOUT_BY_NAME,
+    Kind,
+    RoomKind,
+    Settings,
+    TimeoutKind,
+    Totals,
+    reading_paused,
+)
 from connlist.logs import Summary, log, logger
-from connlist.settings import Settings
 
 __all__ = [
     "BUDGET",
-    "BUDGET_KINDS",
     "LINGER",
     "PRESSURE_FLOOR",
     "PRESSURE_WATERMARK",
     "STATE_KEY",
-    "TIMEOUT_KINDS",
     "Enforcer",
-    "Kind",
-    "RoomKind",
-    "TimeoutKind",
-    "Totals",
+    "OnTimeout",
     "shrink",
 ]
 
@@ -95,9 +98,6 @@ __all__ = [
 # protocols, in the ASGI lifespan state (uvicorn gives every protocol it).
 STATE_KEY = "connlist.enforcer"
 
-# A timer that fires exactly at a deadline finds nothing expired: Node's rule
-# is strict (``start < now - timeout``).  Fire this much later.
-_SLACK = 0.001
 # How long a connection connlist closed may take to go (long enough for a
 # well-behaved client to read the 408) before it is aborted.
 LINGER = 1.0
@@ -105,17 +105,8 @@ LINGER = 1.0
 # are taken from a list at a time between two looks at the clock.
 BUDGET = 0.008
 _BATCH = 32
-# A body that keeps just ahead of the minimum rate is looked at again no
-# sooner than this: the cost of watching it stays bounded, the cut-off at most
-# this late.
-RATE_RESOLUTION = 0.1
 # An on_timeout callback that runs longer than this is warned about, once.
 SLOW_CALLBACK = 0.010
-
-# The names of the rows of TIMEOUT_KINDS, as on_timeout receives them.
-TimeoutKind = Literal["headers", "request", "rate", "send"]
-# What went to make room for a new connection at the budget (see Enforcer.admit).
-RoomKind = Literal["idle", "headers", "body", "refused"]
 
 # Pressure: above this share of max_connections the headers timeout and the
 # keep-alive idle time shrink, linearly, to PRESSURE_FLOOR seconds at the
@@ -159,310 +150,7 @@ def _is_open(fd: int) -> bool:
     return True
 
 
-def _reading_paused(conn: Connection) -> bool:
-    """A body behind the rate is excused while the server, not the client, holds it up."""
-    handle = conn.handle
-    return handle is not None and handle.connlist_reading_paused()
-
-
 OnTimeout = Callable[[Connection, TimeoutKind], object]
-
-
-@dataclass
-class Totals:
-    """Counters since the worker started: one ``<kind>_timeouts`` per ``TimeoutKind``.
-
-    Every count is an explicit increment by the one feeder that sees the
-    event: ``connections`` and ``requests`` by the server integration's
-    protocols (``connlist.uvicorn``), or by ASGI-only mode (``connlist.asgi``),
-    which counts each request once in each (a request is a connection of its
-    own there); the timeouts by the enforcer.  So the counts stay exact when
-    one feeder takes over from the other at a lifespan restart.
-    """
-
-    connections: int = 0
-    requests: int = 0
-    headers_timeouts: int = 0
-    request_timeouts: int = 0
-    rate_timeouts: int = 0
-    send_timeouts: int = 0
-    # Connections let go to make room at max_connections, by kind
-    # (``<kind>_evictions``: RoomKind), idle ones closed under pressure (the
-    # keep-alive idle time shrunk), and new ones refused with 503.
-    idle_evictions: int = 0
-    headers_evictions: int = 0
-    body_evictions: int = 0
-    keepalive_evictions: int = 0
-    refused: int = 0
-    # accept() failed for want of descriptors (logged once).
-    accept_failures: int = 0
-
-
-# -- the kinds -----------------------------------------------------------------
-#
-# Every way the enforcer cuts a connection, or lets one go, is one row of
-# TIMEOUT_KINDS or BUDGET_KINDS: the enforcer counts, logs and sweeps by the
-# rows, the views (connlist.debug, connlist.page) and the metrics
-# (connlist.prometheus) list them from the rows.  A new kind is a row here,
-# its Totals field, its step (if a sweep finds it), and the list and the
-# feeder's event that give it its connections.
-
-# A step of the sweep: cuts what is due in one list, within the budget
-# (``stop``, a clock value); whether it finished (see Enforcer._drain).
-Step = Callable[["Enforcer", float, float], bool]
-
-
-@dataclass(frozen=True)
-class Kind:
-    """One row of TIMEOUT_KINDS or BUDGET_KINDS."""
-
-    # The name on_timeout, the log lines and the metrics' ``kind`` label use.
-    name: str
-    # Its field of Totals.
-    counter: str
-    # The Settings field that turns it on (a value of 0 turns it off), and
-    # what the views call it; None: on with max_connections.
-    setting: str | None
-    label: str
-    # The unit of the setting's value, as the views write it.
-    unit: str
-    # The ConnectionsList list its connections are found in.
-    list: str
-    # Its DEBUG line, formatted with ``s`` (the Settings) and ``now`` (the
-    # headers timeout the last sweep applied, shortened under pressure).
-    message: str
-    # What the metrics' help says of it, and whether it is a row of
-    # BUDGET_KINDS (let go for max_connections: the summary's budget part).
-    help: str = ""
-    room: bool = False
-    # Whether ASGI-only mode can enforce it: it sees a request once its
-    # headers are in, and never sees the response stall (docs/how-it-works.md).
-    asgi: bool = False
-    # The sweep's step that finds and cuts it (None: admit's, Enforcer._make_room).
-    step: Step | None = None
-
-    def detail(self, enforcer: Enforcer) -> Callable[[], str]:
-        """Its DEBUG line for ``enforcer``, built only if it is written."""
-        return lambda: self.message.format(s=enforcer.settings, now=enforcer.headers_timeout_now)
-
-
-def _step_keepalive(enforcer: Enforcer, now: float, stop: float) -> bool:
-    """Under pressure: keep-alive connections idle longer than the shrunk idle time, closed."""
-    idle_time = enforcer.idle_time_now
-    if idle_time >= enforcer.keep_alive:
-        return True
-    connections = enforcer.connections
-    kind = BUDGET_BY_NAME["keepalive"]
-
-    def close(conn: Connection) -> None:
-        connections.let_go(conn)
-        enforcer.count(kind, conn)
-        if conn.handle is not None:
-            enforcer._call(conn.handle.connlist_close_idle)
-
-    return enforcer._drain(lambda n: connections.idle_expired(idle_time, now, n), close, stop)
-
-
-def _step_active(enforcer: Enforcer, now: float, stop: float) -> bool:
-    """Headers and request timeouts, one walk of ``active`` (Node's rule)."""
-    settings = enforcer.settings
-    headers_timeout = enforcer.headers_timeout_now
-    if not (headers_timeout or settings.request_timeout):
-        return True
-    connections = enforcer.connections
-
-    def cut(conn: Connection) -> None:
-        headers = settings.headers_timeout and not conn.headers_completed
-        enforcer._cut(conn, "headers" if headers else "request")
-
-    return enforcer._drain(
-        lambda n: connections.expired(headers_timeout, settings.request_timeout, n), cut, stop
-    )
-
-
-def _step_rate(enforcer: Enforcer, now: float, stop: float) -> bool:
-    """Bodies behind the minimum rate, past their grace (``body``)."""
-    settings = enforcer.settings
-    if not settings.body_min_rate:
-        return True
-    connections = enforcer.connections
-
-    def take(n: int) -> list[Connection]:
-        batch, enforcer._rate_next, enforcer._grace_end = connections.rate_expired(
-            settings.body_min_rate, settings.body_grace, now, n, _reading_paused
-        )
-        return batch
-
-    return enforcer._drain(take, lambda conn: enforcer._cut(conn, "rate"), stop)
-
-
-def _step_send(enforcer: Enforcer, now: float, stop: float) -> bool:
-    """Stalled responses: sampled, and those without progress for their allowance aborted."""
-    send_timeout = enforcer.settings.send_timeout
-    if not send_timeout:
-        return True
-    connections = enforcer.connections
-    # Samples are stamped now, and a stall that began during this sweep (a
-    # callback wrote) may be stamped later than its start.
-    now = enforcer.clock()
-
-    def sample(conn: Connection) -> None:
-        handle = conn.handle
-        if handle is None:
-            pending, acked = 0, None
-        else:
-            pending, acked = handle.connlist_pending(), handle.connlist_acked()
-        still = connections.stall_sample(conn, pending, now, acked)
-        if still >= send_allowance(send_timeout, conn.out_step):
-            connections.unstall(conn)
-            enforcer._record(conn, "send")
-            if handle is not None:
-                enforcer._call(handle.connlist_abort)
-
-    return enforcer._drain(lambda n: connections.stalled_due(send_timeout / 4, now, n), sample, stop)
-
-
-def _step_linger(enforcer: Enforcer, now: float, stop: float) -> bool:
-    """Closed connections that did not go within the linger, aborted."""
-    connections = enforcer.connections
-
-    # Read again: the steps before may have taken a while.
-    now = enforcer.clock()
-
-    def abort(conn: Connection) -> None:
-        if conn.handle is not None:
-            enforcer._call(conn.handle.connlist_abort)
-
-    return enforcer._drain(lambda n: connections.lingered(enforcer.linger, now, n), abort, stop)
-
-
-TIMEOUT_KINDS = (
-    Kind(
-        "headers",
-        "headers_timeouts",
-        "headers_timeout",
-        "headers timeout",
-        "s",
-        "active",
-        "headers not received within {now:g}s, closing",
-        step=_step_active,
-    ),
-    Kind(
-        "request",
-        "request_timeouts",
-        "request_timeout",
-        "request timeout",
-        "s",
-        "active",
-        "request not received within {s.request_timeout:g}s, closing",
-        asgi=True,
-        step=_step_active,
-    ),
-    Kind(
-        "rate",
-        "rate_timeouts",
-        "body_min_rate",
-        "minimum body rate",
-        "bytes/s",
-        "body",
-        "body slower than {s.body_min_rate:g} bytes/s, closing",
-        asgi=True,
-        step=_step_rate,
-    ),
-    Kind(
-        "send",
-        "send_timeouts",
-        "send_timeout",
-        "send timeout",
-        "s",
-        "stalled",
-        "response not taken for {s.send_timeout:g}s or more, aborting",
-        step=_step_send,
-    ),
-)
-
-# In the order admit looks for room (keepalive is the sweep's, under pressure).
-BUDGET_KINDS = (
-    Kind(
-        "idle",
-        "idle_evictions",
-        None,
-        "max_connections",
-        "connections",
-        "idle",
-        "longest-idle keep-alive connection closed at {s.max_connections} connections",
-        help="closed to make room",
-        room=True,
-    ),
-    Kind(
-        "headers",
-        "headers_evictions",
-        None,
-        "max_connections",
-        "connections",
-        "active",
-        "oldest connection sending its headers cut at {s.max_connections} connections (408)",
-        help="closed to make room",
-        room=True,
-    ),
-    Kind(
-        "body",
-        "body_evictions",
-        "body_min_rate",
-        "max_connections",
-        "connections",
-        "body",
-        "slowest body cut at {s.max_connections} connections (408)",
-        help="closed to make room",
-        room=True,
-    ),
-    Kind(
-        "keepalive",
-        "keepalive_evictions",
-        None,
-        "max_connections",
-        "connections",
-        "idle",
-        "idle keep-alive connection closed under pressure",
-        help="idle past the keep-alive time shortened under pressure",
-        room=True,
-        step=_step_keepalive,
-    ),
-    Kind(
-        "refused",
-        "refused",
-        None,
-        "max_connections",
-        "connections",
-        "all",
-        "refused with 503: {s.max_connections} connections all serving requests",
-        help="503",
-        room=True,
-    ),
-)
-
-TIMEOUT_BY_NAME = {kind.name: kind for kind in TIMEOUT_KINDS}
-BUDGET_BY_NAME = {kind.name: kind for kind in BUDGET_KINDS}
-# The sweep's steps, in order: each list once, the closing connections last.
-STEPS: tuple[Step, ...] = (
-    *dict.fromkeys(kind.step for kind in (*BUDGET_KINDS, *TIMEOUT_KINDS) if kind.step is not None),
-    _step_linger,
-)
-
-
-def _check_kinds() -> None:
-    # The rows, their names for on_timeout and their counters agree.
-    counters = {field.name for field in fields(Totals)}
-    for kind in (*TIMEOUT_KINDS, *BUDGET_KINDS):
-        if kind.counter not in counters:  # pragma: no cover - a row without its Totals field
-            raise AssertionError(f"Totals has no field {kind.counter!r} for the kind {kind.name!r}")
-    if tuple(TIMEOUT_BY_NAME) != get_args(TimeoutKind):  # pragma: no cover - a row without its name
-        raise AssertionError("TimeoutKind must list the names of TIMEOUT_KINDS, in order")
-    if set(get_args(RoomKind)) - set(BUDGET_BY_NAME):  # pragma: no cover
-        raise AssertionError("every RoomKind must be a row of BUDGET_KINDS")
-
-
-_check_kinds()
 
 
 class Enforcer:
@@ -504,10 +192,11 @@ class Enforcer:
         # A sweep that ran out of its budget continues at the next iteration.
         self._continuing = False
         self._soon: asyncio.Handle | None = None
-        # From the last sweep: the earliest rate deadline of the bodies it
-        # kept, and the end of the next grace period (see rate_expired).
-        self._rate_next: float | None = None
-        self._grace_end: float | None = None
+        # The rate step's, from the last sweep: the earliest rate deadline of
+        # the bodies it kept, and the end of the next grace period (see
+        # ConnectionsList.rate_expired).
+        self.rate_next: float | None = None
+        self.grace_end: float | None = None
         self._slow_callback_warned = False
         self._failure_logged = False
         # Above the watermark of the budget (see admit and pressure).
@@ -544,10 +233,7 @@ class Enforcer:
 
         ``ConnectionsList.deadline`` has the rules; the debug view shows it.
         """
-        s = self.settings
-        return self.connections.deadline(
-            conn, s.headers_timeout, s.request_timeout, s.send_timeout, s.body_min_rate, s.body_grace
-        )
+        return self.connections.deadline(conn, self.settings)
 
     def configure(self, settings: Settings, *, on_timeout: OnTimeout | None) -> None:
         """Take over another owner's settings (already validated); re-arm the timer."""
@@ -602,40 +288,24 @@ class Enforcer:
 
     def _next_due(self, now: float) -> float | None:
         """The earliest clock value at which anything can be due, or None if nothing can."""
-        settings = self.settings
-        connections = self.connections
-        candidates: list[float] = []
-        headers_timeout = settings.headers_timeout
+        self._apply_pressure()
+        candidates = [due for step in STEPS if (due := step.due(self, now)) is not None]
         if self.pressed:
-            pressure = self.pressure
-            headers_timeout = shrink(headers_timeout, pressure)
-            idle_time = shrink(self.keep_alive, pressure)
-            since = connections.idle_head_since()
-            if idle_time < self.keep_alive:
-                # Unstamped records are stamped at the next sweep.
-                candidates.append(now + PRESSURE_TICK if since is None else since + idle_time + _SLACK)
             # Deadlines move earlier as the pressure rises.
             candidates.append(now + PRESSURE_TICK)
-        deadline = connections.next_deadline(headers_timeout, settings.request_timeout)
-        if deadline is not None:
-            candidates.append(deadline + _SLACK)
-        if settings.body_min_rate:
-            # Bodies begun since the last sweep cannot be due before
-            # ``Settings.shortest`` from now, which bounds every delay.
-            if self._rate_next is not None:
-                candidates.append(max(self._rate_next + _SLACK, now + RATE_RESOLUTION))
-            if self._grace_end is not None:
-                candidates.append(self._grace_end + _SLACK)
-        if settings.send_timeout:
-            sampled = connections.stalled_head_sampled()
-            if sampled is not None:
-                candidates.append(sampled + settings.send_timeout / 4)
-        since = connections.closing_head_since()
-        if since is not None:
-            candidates.append(since + self.linger)
         if self.summary.pending:
             candidates.append(self.summary.due)
         return min(candidates) if candidates else None
+
+    def _apply_pressure(self) -> None:
+        """The headers timeout and keep-alive idle time the steps apply now: shrunk while pressed."""
+        if self.pressed:
+            pressure = self.pressure
+            self.headers_timeout_now = shrink(self.settings.headers_timeout, pressure)
+            self.idle_time_now = shrink(self.keep_alive, pressure)
+        else:
+            self.headers_timeout_now = self.settings.headers_timeout
+            self.idle_time_now = math.inf
 
     def _arm(self) -> None:
         now = self.clock()
@@ -673,24 +343,18 @@ class Enforcer:
     def _work(self) -> bool:
         """Cut off what is due, within ``BUDGET``; whether everything due was done."""
         now = self.clock()
-        stop = now + BUDGET
-        settings = self.settings
-        headers_timeout = settings.headers_timeout
-        self.idle_time_now = math.inf
         if self.pressed:
-            pressure = self.pressure
-            self.pressed = pressure > PRESSURE_WATERMARK
-            headers_timeout = shrink(headers_timeout, pressure)
-            self.idle_time_now = shrink(self.keep_alive, pressure)
-        self.headers_timeout_now = headers_timeout
-        return all(step(self, now, stop) for step in STEPS)
+            self.pressed = self.pressure > PRESSURE_WATERMARK
+        self._apply_pressure()
+        stop = now + BUDGET
+        return all(step.run(self, now, stop) for step in STEPS)
 
-    def _drain(
+    def drain(
         self, take: Callable[[int], list[Connection]], act: Callable[[Connection], object], stop: float
     ) -> bool:
-        """A step's loop: ``act`` on the batches ``take`` finds, until one is short or ``stop`` passed.
+        """One step's loop (``connlist.kinds``): ``act`` on each batch ``take`` finds, until one is short.
 
-        Whether the list has nothing more due (False: the budget ran out).
+        Whether the list has nothing more due (False: the sweep's budget, ``stop``, ran out).
         """
         while True:
             batch = take(_BATCH)
@@ -745,7 +409,7 @@ class Enforcer:
                 kind = "headers"
             elif settings.body_min_rate and (
                 victim := connections.body_slowest(
-                    settings.body_min_rate, self.clock(), BODY_LOOK, _reading_paused
+                    settings.body_min_rate, self.clock(), BODY_LOOK, reading_paused
                 )
             ):
                 kind = "body"
@@ -759,13 +423,13 @@ class Enforcer:
                 # Closed, never aborted: one that will not close now is already
                 # closing, flushing its last response (``Connection: close``),
                 # and an abort is a reset that would drop that response.
-                self._call(handle.connlist_close_idle)
+                self.call(handle.connlist_close_idle)
             elif kind == "refused":
-                self._call(handle.connlist_refuse)
+                self.call(handle.connlist_refuse)
             else:
                 # The 408 is written first: a client that sent a request head in time reads why.
-                self._call(handle.connlist_close_expired)
-                self._call(handle.connlist_abort)
+                self.call(handle.connlist_close_expired)
+                self.call(handle.connlist_abort)
         self.watch()
 
     def attach(self, loop: asyncio.AbstractEventLoop, keep_alive: float | None) -> None:
@@ -823,7 +487,7 @@ class Enforcer:
         setattr(totals, kind.counter, getattr(totals, kind.counter) + 1)
         self.summary.add(kind.name, conn.client, kind.detail(self), room=kind.room)
 
-    def _record(self, conn: Connection, kind: TimeoutKind) -> None:
+    def record(self, conn: Connection, kind: TimeoutKind) -> None:
         """Count a timeout, log it, and call ``on_timeout``."""
         self.count(TIMEOUT_BY_NAME[kind], conn)
         on_timeout = self.on_timeout
@@ -849,16 +513,16 @@ class Enforcer:
                     elapsed * 1000,
                 )
 
-    def _cut(self, conn: Connection, kind: TimeoutKind) -> None:
+    def cut(self, conn: Connection, kind: TimeoutKind) -> None:
         """An expired connection: count, log, call back, then 408 (if possible) and close, and linger."""
-        self._record(conn, kind)
+        self.record(conn, kind)
         handle = conn.handle
         if handle is not None:
-            self._call(handle.connlist_close_expired)
+            self.call(handle.connlist_close_expired)
             self.connections.linger(conn)
 
     @staticmethod
-    def _call(method: Callable[[], object]) -> None:
+    def call(method: Callable[[], object]) -> None:
         try:
             method()
         except Exception:  # pragma: no cover - a handle must not stop the sweep

@@ -28,7 +28,7 @@ import inspect
 import sys
 from collections.abc import Awaitable, Callable
 from types import MethodType
-from typing import Any, ParamSpec
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -37,16 +37,13 @@ from connlist.asgi import AsgiOnly, Feed
 from connlist.connections import ConnectionsList
 from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
 from connlist.enforcer import STATE_KEY, Enforcer, OnTimeout
+from connlist.kinds import OPTIONS, Options, Settings, option_parameters, resolve
 from connlist.logs import PREFIX, log, route_to_uvicorn
-from connlist.settings import (
-    DEFAULT_BODY_GRACE,
-    DEFAULT_BODY_MIN_RATE,
-    DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_SEND_TIMEOUT,
-    Settings,
-    resolve,
-)
 from connlist.workers import WorkerGroup
+
+if TYPE_CHECKING:
+    # Annotations only (typing.Unpack is Python 3.11+).
+    from typing_extensions import Unpack
 
 __all__ = ["ConnectionsMiddleware"]
 
@@ -57,12 +54,19 @@ _P = ParamSpec("_P")
 def _named_options(init: Callable[_P, None]) -> Callable[_P, None]:
     """``__init__``, with a misspelled option answered by the nearest known one.
 
-    Python's own error is a bare "unexpected keyword argument".  A wrapper,
-    not a ``**kwargs`` parameter, so that type checkers and ``inspect`` still
-    see the explicit signature (``functools.wraps``).  It runs once per
-    middleware built, never per request.
+    Python's own error is a bare "unexpected keyword argument".  It runs
+    once per middleware built, never per request.  Type checkers read the
+    kinds' options from ``**options: Unpack[Options]``; ``inspect`` and
+    ``help()`` read them from the signature given here, each with its
+    default (``connlist.kinds.option_parameters``), so the signature still
+    shows every option.
     """
-    options = sorted(name for name in inspect.signature(init).parameters if name not in ("self", "app"))
+    # The explicit keywords, and the kinds' options (connlist.kinds.Options) that ``**options`` takes.
+    signature = inspect.signature(init)
+    parameters = list(signature.parameters.values())
+    explicit = [p for p in parameters if p.kind is p.KEYWORD_ONLY]
+    options = sorted([*(p.name for p in explicit), *OPTIONS])
+    shown = [p for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD] + option_parameters() + explicit
 
     @functools.wraps(init)
     def checked(*args: _P.args, **kwargs: _P.kwargs) -> None:
@@ -74,13 +78,17 @@ def _named_options(init: Callable[_P, None]) -> Callable[_P, None]:
                 raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}; {hint}")
         init(*args, **kwargs)
 
+    checked.__signature__ = signature.replace(parameters=shown)  # type: ignore[attr-defined]
     return checked
 
 
 class ConnectionsMiddleware:
     """Track connections, cut off slow clients with 408, and serve a live view of them.
 
-    ``headers_timeout`` defaults to ``min(60, request_timeout)``;
+    The timeouts' and the budget's options are keywords too (``**options``:
+    ``connlist.kinds.Options``, checked by ``connlist.kinds.resolve``, each
+    declared beside the kind it turns on); their effective values are
+    ``mw.settings``.  ``headers_timeout`` defaults to ``min(60, request_timeout)``;
     ``send_timeout`` bounds a response the client stopped taking;
     ``body_min_rate`` (bytes/s) applies to a body once ``body_grace`` has
     passed.  0 disables each; times are in seconds (docs/settings.md).
@@ -124,24 +132,12 @@ class ConnectionsMiddleware:
         self,
         app: ASGIApp,
         *,
-        headers_timeout: float | None = None,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        send_timeout: float = DEFAULT_SEND_TIMEOUT,
-        body_min_rate: float = DEFAULT_BODY_MIN_RATE,
-        body_grace: float = DEFAULT_BODY_GRACE,
-        max_connections: int | None = None,
         debug_path: str | None = "/_connections",
         debug_token: str | None = None,
         on_timeout: OnTimeout | None = None,
+        **options: Unpack[Options],
     ) -> None:
-        settings = resolve(
-            headers_timeout=headers_timeout,
-            request_timeout=request_timeout,
-            send_timeout=send_timeout,
-            body_min_rate=body_min_rate,
-            body_grace=body_grace,
-            max_connections=max_connections,
-        )
+        settings = resolve(**options)
         if debug_path is not None and not isinstance(debug_path, str):
             raise TypeError(f"debug_path must be None or a str, got {type(debug_path).__name__}")
         if debug_path is not None and not debug_path.startswith("/"):
@@ -179,32 +175,8 @@ class ConnectionsMiddleware:
         return self._enforcer.connections
 
     @property
-    def headers_timeout(self) -> float:
-        return self._enforcer.settings.headers_timeout
-
-    @property
-    def request_timeout(self) -> float:
-        return self._enforcer.settings.request_timeout
-
-    @property
-    def send_timeout(self) -> float:
-        return self._enforcer.settings.send_timeout
-
-    @property
-    def body_min_rate(self) -> float:
-        return self._enforcer.settings.body_min_rate
-
-    @property
-    def body_grace(self) -> float:
-        return self._enforcer.settings.body_grace
-
-    @property
-    def max_connections(self) -> int:
-        return self._enforcer.settings.max_connections
-
-    @property
     def settings(self) -> Settings:
-        """Every option's effective value."""
+        """Every option's effective value (``mw.settings.headers_timeout``, ...)."""
         return self._enforcer.settings
 
     @property

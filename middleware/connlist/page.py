@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
 
-from connlist.enforcer import BUDGET_KINDS, TIMEOUT_KINDS
+from connlist.kinds import BUDGET_KINDS, TIMEOUT_KINDS
 
 __all__ = ["COLUMNS", "CSP", "HEADERS", "LABELS", "REFRESH", "STYLE", "render"]
 

@@ -39,12 +39,13 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from connlist.checks import check_number
 from connlist.connections import PHASES
-from connlist.enforcer import BUDGET_KINDS as ENFORCER_BUDGET_KINDS
-from connlist.enforcer import STATE_KEY, TIMEOUT_KINDS, Enforcer, Totals
+from connlist.enforcer import STATE_KEY, Enforcer
+from connlist.kinds import BUDGET_KINDS as ENFORCER_BUDGET_KINDS
+from connlist.kinds import TIMEOUT_KINDS, Totals
 from connlist.logs import log
 from connlist.processes import process_info
-from connlist.settings import check_number
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, make_asgi_app

@@ -50,7 +50,7 @@ from typing import Any
 
 from connlist.connections import Connection, connection_state
 from connlist.enforcer import STATE_KEY, Enforcer
-from connlist.settings import resolve
+from connlist.kinds import resolve
 
 __all__ = [
     "CheckFailed",
