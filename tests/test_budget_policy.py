@@ -6,6 +6,8 @@ step is deterministic, and the list's counts are checked after each.
 
 from __future__ import annotations
 
+import resource
+
 import pytest
 
 from connlist.connections import Connection, ConnectionsList, connection_state
@@ -58,6 +60,8 @@ def test_default_budget_leaves_room_for_the_rest_of_the_worker() -> None:
     assert default_max_connections(1024) == 1024 - 64 - 128
     assert default_max_connections(65536) == 65536 - 64 - 8192
     assert default_max_connections(10) == 1
+    # An unlimited descriptor limit (ulimit -n unlimited): no budget.
+    assert default_max_connections(resource.RLIM_INFINITY) == 0
     assert resolve().max_connections == default_max_connections()
 
 
