@@ -533,3 +533,140 @@ def test_totals_stay_exact_when_the_integration_takes_over(parser: str) -> None:
     assert totals() == {**totals(), "connections": 4 + 2, "requests": 4 + 4}
     assert sum(value for name, value in totals().items() if name.endswith("_timeouts")) == 0
     assert len(mw.connections) == 0 and mw.connections.received == {}
+
+
+def test_the_apps_own_timeout_on_receive_is_not_taken_for_a_disconnect() -> None:
+    # A cancel that is not the handle's (asyncio.wait_for, a task group)
+    # reaches the app as a cancel: the app's timeout fires, the request goes on.
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append((await receive())["type"])
+        try:
+            await asyncio.wait_for(receive(), 0.01)
+        except asyncio.TimeoutError:
+            seen.append("timeout")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    mw = ConnectionsMiddleware(app, debug_path=None)
+    client = Client()
+    asyncio.run(mw(body_scope((b"content-length", b"5")), client.receive, client.send))
+    assert seen == ["http.request", "timeout"]
+    assert [(m["type"], m.get("status")) for m in client.sent] == [
+        ("http.response.start", 200),
+        ("http.response.body", None),
+    ]
+    assert mw.enforcer.totals.request_timeouts == 0 and len(mw.connections) == 0
+
+
+def test_a_client_gone_mid_body_stops_the_requests_clock() -> None:
+    # The server's http.disconnect ends the body: nothing is left to time
+    # while the app finishes, and nothing is cut.
+    while_handling: list[tuple[int, int]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        assert (await receive())["type"] == "http.disconnect"
+        (conn,) = mw.connections.all()
+        while_handling.append((mw.connections.active_count, int(conn.receiving_body)))
+
+    mw = ConnectionsMiddleware(app, debug_path=None)
+    client = Client()
+    client.disconnected.set()
+    asyncio.run(mw(body_scope((b"content-length", b"5")), client.receive, client.send))
+    assert while_handling == [(0, 0)]
+    assert client.sent == [] and mw.enforcer.totals.request_timeouts == 0
+
+
+def test_a_body_behind_100_continue_is_timed_from_the_answer_if_the_app_answers_without_reading() -> None:
+    # The client waits for 100 Continue, which never comes when the app
+    # answers first: the rate times the body from the answer, not from the headers.
+    timed: list[tuple[str, bool]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        (conn,) = mw.connections.all()
+        timed.append(("before the answer", conn.receiving_body))
+        await send({"type": "http.response.start", "status": 413, "headers": []})
+        timed.append(("after the answer", conn.receiving_body))
+        await send({"type": "http.response.body", "body": b""})
+
+    mw = ConnectionsMiddleware(app, debug_path=None, body_min_rate=100)
+    client = Client()
+    scope = body_scope((b"content-length", b"5"), (b"expect", b"100-continue"))
+    asyncio.run(mw(scope, client.receive, client.send))
+    assert timed == [("before the answer", False), ("after the answer", True)]
+    assert [m.get("status") for m in client.sent] == [413, None]
+
+
+def test_an_app_that_raises_client_disconnect_after_the_cut_is_not_an_error() -> None:
+    # Starlette's request.stream() raises ClientDisconnect on the
+    # http.disconnect the cut gives: connlist's doing, swallowed.
+    from starlette.requests import ClientDisconnect
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        raise ClientDisconnect()
+
+    client = Client()
+    cut_while_receiving(app, client, close="close_all")
+    assert [(m["type"], m.get("status")) for m in client.sent] == [
+        ("http.response.start", 408),
+        ("http.response.body", None),
+    ]
+
+
+def test_a_request_cut_twice_is_answered_once() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await receive()
+
+    mw = ConnectionsMiddleware(app, debug_path=None)
+    client = Client()
+
+    async def scenario() -> None:
+        task = asyncio.create_task(mw(body_scope((b"content-length", b"5")), client.receive, client.send))
+        for _ in range(100):
+            await asyncio.sleep(0)
+            (conn,) = mw.connections.all()
+            if conn.handle.receiving is not None:  # type: ignore[union-attr]
+                break
+        handle = conn.handle
+        assert handle is not None
+        handle.connlist_close_expired()
+        handle.connlist_close()  # the enforcer's close of the same request, later in the sweep
+        await asyncio.wait_for(task, 2)
+
+    asyncio.run(scenario())
+    assert [(m["type"], m.get("status")) for m in client.sent] == [
+        ("http.response.start", 408),
+        ("http.response.body", None),
+    ]
+
+
+def test_a_request_handle_has_no_transport_to_abort_refuse_or_sample() -> None:
+    # What the enforcer may ask of any record: here nothing happens, and
+    # the request goes on (it ends when the app returns).
+    from connlist.asgi import AsgiRequest
+
+    got: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        (conn,) = mw.connections.all()
+        handle = conn.handle
+        assert isinstance(handle, AsgiRequest)
+        handle.connlist_abort()
+        handle.connlist_refuse()
+        got.append((handle.connlist_pending(), handle.connlist_acked(), handle.connlist_request()))
+        got.append(handle.connlist_close_idle())
+        got.append((await receive())["type"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    mw = ConnectionsMiddleware(app, debug_path=None)
+    client = Client()
+    asyncio.run(mw(body_scope((b"content-length", b"5")), client.receive, client.send))
+    assert got == [(0, None, (None, None)), False, "http.request"]
+    assert [m.get("status") for m in client.sent] == [200, None]
+    assert len(mw.connections) == 0 and mw.enforcer.totals.request_timeouts == 0

@@ -6,6 +6,8 @@ step is deterministic, and the list's counts are checked after each.
 
 from __future__ import annotations
 
+import resource
+
 import pytest
 
 from connlist.connections import Connection, ConnectionsList, connection_state
@@ -58,6 +60,8 @@ def test_default_budget_leaves_room_for_the_rest_of_the_worker() -> None:
     assert default_max_connections(1024) == 1024 - 64 - 128
     assert default_max_connections(65536) == 65536 - 64 - 8192
     assert default_max_connections(10) == 1
+    # An unlimited descriptor limit (ulimit -n unlimited): no budget.
+    assert default_max_connections(resource.RLIM_INFINITY) == 0
     assert resolve().max_connections == default_max_connections()
 
 
@@ -328,6 +332,38 @@ def test_an_accept_out_of_descriptors_is_logged_once_with_the_numbers(
         # Anything else still reaches the handler that was there before.
         event_loop.call_exception_handler({"message": "something else"})
         assert [context["message"] for context in seen] == ["something else"]
+    finally:
+        event_loop.close()
+
+
+def test_a_loop_attached_twice_is_watched_once_and_without_a_handler_asyncios_default_applies(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import asyncio
+    import errno
+    import logging
+
+    enforcer = Enforcer(resolve(max_connections=100))
+    default_keep_alive = enforcer.keep_alive
+    event_loop = asyncio.new_event_loop()
+    try:
+        enforcer.attach(event_loop, None)  # a server that does not say: the keep-alive stays
+        assert enforcer.keep_alive == default_keep_alive
+        handler = event_loop.get_exception_handler()
+        assert handler is not None
+        enforcer.attach(event_loop, 3.0)  # every connection attaches: the handler is not wrapped again
+        assert event_loop.get_exception_handler() is handler and enforcer.keep_alive == 3.0
+        failure = OSError(errno.ENFILE, "Too many open files in system")
+        with caplog.at_level(logging.ERROR):
+            event_loop.call_exception_handler(
+                {"message": "socket.accept() out of system resource", "exception": failure}
+            )
+            event_loop.call_exception_handler({"message": "something else"})
+        assert enforcer.totals.accept_failures == 1
+        # No handler was there before: asyncio's default one logs the rest, as without connlist.
+        assert [record.getMessage() for record in caplog.records if record.name == "asyncio"] == [
+            "something else"
+        ]
     finally:
         event_loop.close()
 

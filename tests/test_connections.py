@@ -20,6 +20,7 @@ from connlist.connections import (
     SEND_STEP_LIMIT,
     Connection,
     ConnectionsList,
+    connection_state,
     send_allowance,
 )
 from connlist.kinds import Settings
@@ -1409,3 +1410,83 @@ def test_deadline_names_the_timeout_that_cuts_first_and_when(lst: ConnectionsLis
     clock.now = T0 + 11
     assert lst.expired(10.0, 30.0) == [new]
     assert lst.deadline(new, timeouts) is None
+
+
+def test_let_go_counts_each_record_once_whatever_it_was_doing(lst: ConnectionsList, clock: FakeClock) -> None:
+    # Closed to make room: out of the budget and timed out until removed,
+    # from any state; a second let_go, or one of a removed record, changes nothing.
+    idle = lst.connect()
+    lst.message_begin(idle)
+    lst.headers_complete(idle, "GET", "/")
+    lst.response_begin(idle)
+    lst.message_complete(idle)  # idle, its response still being written
+    untimed = lst.connect()
+    lst.message_begin(untimed)
+    lst.headers_complete(untimed, "POST", "/upload")  # its body not timed (no rate, or 100-continue)
+    expired = lst.connect()
+    removed = lst.connect()
+    lst.remove(removed)
+    clock.advance(2)
+    assert lst.expired(1, 5) == [expired]  # a new connection silent past the headers timeout
+    assert lst.counts() == {
+        "all": 3,
+        "idle": 1,
+        "active": 1,
+        "reading": 0,
+        "writing": 2,
+        "waiting": 0,
+        "timed_out": 1,
+        "stalled": 0,
+    }
+    assert lst.occupied == 3
+    for conn in (idle, untimed, expired, removed, idle, untimed):
+        lst.let_go(conn)
+    assert (idle.gone, untimed.gone, expired.gone, removed.gone) == (True, True, True, False)
+    assert lst.counts() == {
+        "all": 3,
+        "idle": 0,
+        "active": 0,
+        "reading": 0,
+        "writing": 0,
+        "waiting": 0,
+        "timed_out": 3,
+        "stalled": 0,
+    }
+    assert lst.occupied == 0 and lst.idle_responding_count == 0
+    assert [connection_state(conn) for conn in lst.iter_all()] == ["timed_out"] * 3
+    # Out of the lists that choose what goes next: never chosen twice.
+    assert lst.idle_oldest() is None and lst.headers_oldest() is None
+    assert lst.idle_expired(0, clock.now, 10) == []
+    for conn in (idle, untimed, expired):
+        lst.remove(conn)
+    assert lst.counts()["all"] == lst.counts()["timed_out"] == 0
+
+
+def test_a_smaller_step_at_the_next_stall_keeps_the_largest(lst: ConnectionsList, clock: FakeClock) -> None:
+    a = lst.connect()
+    lst.stall(a, 1_000_000, (300_000, 0))
+    clock.advance(1)
+    lst.stall_sample(a, 1_000_000, clock.now, (300_000, 400_000))  # a window larger than all acknowledged
+    assert a.out_step == 400_000
+    lst.unstall(a)
+    lst.stall(a, 500_000, (310_000, 0))  # acknowledged further, less than the window: the step stays
+    assert (a.out_acked, a.out_step) == (310_000, 400_000)
+
+
+def test_idle_expired_passes_over_a_record_still_responding(lst: ConnectionsList, clock: FakeClock) -> None:
+    # Idle (its request fully received) but its response is still being
+    # written: never closed for idleness; it goes back to the tail, stamped anew.
+    done, busy = lst.connect(), lst.connect()
+    for conn in (done, busy):
+        lst.message_begin(conn)
+        lst.headers_complete(conn, "GET", "/")
+        lst.response_begin(conn)
+        lst.message_complete(conn)
+    lst.response_complete(done)
+    assert lst.idle_expired(5, clock.now, 10) == []  # stamps both, now
+    clock.advance(6)
+    assert lst.idle_expired(5, clock.now, 10) == [done]
+    assert busy.idle_since == clock.now
+    lst.response_complete(busy)
+    clock.advance(6)
+    assert lst.idle_expired(5, clock.now, 10) == [busy]

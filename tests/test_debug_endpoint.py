@@ -333,3 +333,20 @@ def test_proxy_headers_decide_who_is_loopback(
     with_token = headers | {"Authorization": "Bearer tok"}
     assert request(guarded, headers=with_token, client=(peer, 1)).status_code == 200
     assert app.calls == []
+
+
+def test_an_endpoint_without_a_worker_group_answers_workers_all_for_this_worker_alone() -> None:
+    # DebugEndpoint on its own (mounted by an app, no WorkerGroup): the
+    # workers=all answer has the same shape, with one worker in it.
+    from connlist.debug import DebugEndpoint
+    from connlist.enforcer import Enforcer
+
+    enforcer = Enforcer()
+    enforcer.connections.connect(client=("127.0.0.1", 4000))
+    endpoint = DebugEndpoint(lambda: enforcer, token=None)
+    answer = request(endpoint, url=f"{PATH}?workers=all&limit=5").json()
+    (only,) = answer["workers"]
+    assert only["pid"] == answer["pid"] == os.getpid()
+    assert answer["counts"] == only["counts"] and answer["counts"]["all"] == 1
+    assert [conn["client"] for conn in only["all"]] == ["127.0.0.1:4000"]
+    assert answer["limit"] == 5 and answer["unreachable"] == 0

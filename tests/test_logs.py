@@ -146,3 +146,23 @@ def test_connlist_follows_uvicorns_logger_when_it_is_renamed(
     finally:
         renamed.handlers, level = saved
         renamed.setLevel(level)
+
+
+def test_a_level_set_for_connlist_is_kept_when_uvicorns_logger_is_renamed(
+    plain_logging: logging.Logger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from connlist import logs
+
+    no_root_handlers(monkeypatch)
+    monkeypatch.setattr(logs, "_uvicorn_logger_name", "uvicorn.error")
+    logger.setLevel(logging.WARNING)  # the operator's, not uvicorn's
+    route_to_uvicorn()
+    renamed = logging.getLogger("uvicorn.renamed.error")
+    saved = renamed.level
+    try:
+        renamed.setLevel(logging.DEBUG)
+        logs.follow_uvicorn_logger("uvicorn.renamed.error")
+        assert logs.uvicorn_logger() is renamed
+        assert logger.level == logging.WARNING  # not taken from the renamed logger
+    finally:
+        renamed.setLevel(saved)

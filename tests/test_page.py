@@ -213,6 +213,15 @@ def test_counts_totals_and_states_come_from_the_data() -> None:
     assert rows.count(["requests"]) == 2 and rows.count(["rate_timeouts"]) == 2
 
 
+def test_a_worker_without_a_budget_says_so() -> None:
+    # max_connections=0 turns the budget off: the page says it, with no pressure to show.
+    markup = get(ConnectionsMiddleware(echo_app, max_connections=0), "/_connections?format=html").text
+    assert "<p>no connection budget (max_connections 0)</p>" in markup
+    assert "pressure" not in markup
+    with_budget = get(ConnectionsMiddleware(echo_app, max_connections=10), "/_connections?format=html").text
+    assert "budget 0 of 10 connections (pressure 0%)" in with_budget
+
+
 def test_the_totals_are_grouped_so_that_no_table_is_wider_than_a_screen() -> None:
     totals = {
         "connections": 5,

@@ -68,3 +68,23 @@ def test_without_proc_only_os_kill_answers(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr("builtins.open", no_proc)
     assert process_info(os.getpid()) == ProcessInfo(mine=True)
+
+
+@pytest.mark.parametrize(
+    "stat", [b"4242 (short) R", b"4242 (worker) R notapid 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18"]
+)
+def test_a_stat_line_that_cannot_be_read_leaves_os_kills_answer(
+    monkeypatch: pytest.MonkeyPatch, stat: bytes
+) -> None:
+    # Another kernel's layout, or a line cut short: what os.kill said stands.
+    real_open = open
+
+    def other_kernel(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).startswith("/proc/"):
+            import io
+
+            return io.BytesIO(stat)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", other_kernel)
+    assert process_info(os.getpid()) == ProcessInfo(mine=True)

@@ -7,6 +7,7 @@ connection, one request, and one ``writing`` connection while it is answered.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -153,6 +154,46 @@ def test_exporters_of_one_process_add_up() -> None:
     third.totals.connections = 5
     a.refresh(third)
     assert value("connections_accepted") == 8
+
+
+def test_accept_failures_are_counted_as_they_grow() -> None:
+    # The server could not accept for want of descriptors: a counter of its own, from 0.
+    registry = CollectorRegistry()
+    exporter = Exporter(ConnlistMetrics(registry))
+    enforcer = Enforcer()
+
+    def failures() -> float | None:
+        return registry.get_sample_value("connlist_accept_failures_total")
+
+    exporter.refresh(enforcer)
+    assert failures() == 0
+    enforcer.totals.accept_failures += 3
+    exporter.refresh(enforcer)
+    exporter.refresh(enforcer)  # nothing new: nothing added
+    assert failures() == 3
+    enforcer.totals.accept_failures += 1
+    exporter.close(enforcer)
+    assert failures() == 4
+
+
+def test_a_websocket_at_the_metrics_path_reaches_the_app() -> None:
+    # The endpoint answers HTTP; any other scope is the app's, at any path,
+    # and starts no background refresh.
+    seen: list[tuple[str, str]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append((scope["type"], scope["path"]))
+
+    async def nothing() -> Any:
+        raise AssertionError("not read")
+
+    async def unsent(message: Any) -> None:
+        raise AssertionError("nothing sent")
+
+    metrics = MetricsMiddleware(app, registry=CollectorRegistry(), interval=0.01)
+    asyncio.run(metrics({"type": "websocket", "path": "/metrics", "headers": []}, nothing, unsent))
+    assert seen == [("websocket", "/metrics")]
+    assert metrics._task is None
 
 
 def test_metrics_are_shared_per_registry_and_options_are_checked() -> None:

@@ -389,9 +389,76 @@ class _ContinuesAtOnce(h11_impl.H11Protocol):
             cycle.waiting_for_100_continue = False
 
 
+class _BodyInChunks(httptools_impl.HttpToolsProtocol):
+    """A uvicorn that keeps a request's body as a list of chunks (connlist counts its bytes)."""
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.cycle is not None:
+            self.cycle.body = []  # type: ignore[assignment]
+
+
+class _ContinueUnknown(h11_impl.H11Protocol):
+    """A uvicorn whose cycle no longer says False for a request that does not wait for 100 Continue."""
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.cycle is not None:
+            self.cycle.waiting_for_100_continue = None  # type: ignore[assignment]
+
+
+class _FlowWithoutFlag(h11_impl.H11Protocol):
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.flow.read_paused = 0  # type: ignore[assignment]
+
+
+def _writes(base: type, rewrite: Callable[[bytes], list[bytes]]) -> type:
+    """``base`` on a transport each of whose writes goes out as ``rewrite(data)`` says."""
+
+    def connection_made(self: Any, transport: Any) -> None:
+        base.connection_made(self, transport)
+        write = transport.write
+
+        def rewritten(data: bytes) -> None:
+            for part in rewrite(bytes(data)):
+                write(part)
+
+        transport.write = rewritten
+
+    return type(f"Rewriting{base.__name__}", (base,), {"connection_made": connection_made})
+
+
+# A uvicorn that never writes 100 Continue; one that writes each response twice.
+_NoContinue = _writes(h11_impl.H11Protocol, lambda data: [] if data.startswith(b"HTTP/1.1 100 ") else [data])
+_Twice = _writes(
+    httptools_impl.HttpToolsProtocol,
+    lambda data: [data, data] if data.startswith(b"HTTP/1.1 200 ") else [data],
+)
+
+
 @pytest.mark.parametrize(
     ("parser", "base", "words"),
     [
+        ("httptools", _BodyInChunks, "uvicorn's request cycle's `body` is a list, not bytes"),
+        (
+            "h11",
+            _ContinueUnknown,
+            "uvicorn's request cycle's `waiting_for_100_continue` is not False for a request without "
+            "`Expect: 100-continue` (None)",
+        ),
+        (
+            "h11",
+            _FlowWithoutFlag,
+            "uvicorn's protocol has no `flow` with a `read_paused` flag (its flow control)",
+        ),
+        (
+            "h11",
+            _NoContinue,
+            "uvicorn did not write `100 Continue` at the app's first receive(), when uvicorn sent "
+            "`100 Continue`",
+        ),
+        ("httptools", _Twice, "12 responses were written for 6 requests"),
         (
             "h11",
             _ContinuesAtOnce,
@@ -447,3 +514,16 @@ def test_a_server_that_does_not_say_is_told_from_the_checks(monkeypatch: pytest.
     assert integration.startup_status(object()) == (None, "uvicorn 9: H11Protocol: it moved")
     assert integration.is_check_failure("uvicorn 9: H11Protocol: it moved")
     assert not integration.is_check_failure(None) and not integration.is_check_failure("something else")
+
+
+def test_a_uvicorn_without_what_the_script_imports_fails_before_any_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import uvicorn.server
+
+    monkeypatch.delattr(uvicorn.server, "ServerState")
+    result = selfcheck.run_in_thread(built("h11", BASES["h11"]), BASES["h11"], "h11")
+    assert result.failure is not None and result.failure.startswith(
+        "the scripted conversation raised ImportError: cannot import name 'ServerState' from 'uvicorn.server'"
+    )
+    assert result.steps == [] and result.logger_name is None

@@ -17,6 +17,7 @@ import time
 import pytest
 from websockets.sync.client import connect as ws_connect
 
+from connlist.connections import connection_state
 from connlist.uvicorn import H11Protocol, HttpToolsProtocol
 from tests.servers import (
     EARLY,
@@ -297,3 +298,27 @@ def test_many_slow_clients_are_cut_off_while_others_are_served(server) -> None: 
     assert latencies[len(latencies) // 2] < 0.05, latencies
     assert server.mw.enforcer.totals.headers_timeouts == count
     assert wait_for(lambda: server.call(lambda: len(server.mw.connections)) == 0)
+
+
+def test_without_a_minimum_rate_a_body_is_timed_by_the_request_timeout_alone(parser: str) -> None:
+    # body_min_rate=0: the body never joins the rate's list, whatever it
+    # does; it is served when it is in, and only the request timeout applies.
+    mw = middleware(headers_timeout=HEADERS_TIMEOUT, request_timeout=REQUEST_TIMEOUT, body_min_rate=0)
+    with serve(mw, INTEGRATED[parser]) as running:
+        sock = connect(running.port)
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n01234")
+
+        def records() -> list[tuple[str, bool]]:
+            return [(connection_state(conn), conn.receiving_body) for conn in mw.connections.all()]
+
+        assert wait_for(lambda: running.call(records) == [("reading_body", False)])
+        assert mw.mode == f"uvicorn-{parser}"
+        sock.sendall(b"56789")
+        assert read_response(sock).endswith(b"ok 10")
+        # A second body, never finished: cut at the request timeout, 408.
+        started = time.monotonic()
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0")
+        data, closed = read_until_closed(sock)
+        assert is_408(data), data
+        assert_on_time(started, closed, REQUEST_TIMEOUT)
+        assert mw.enforcer.totals.request_timeouts == 1 and mw.enforcer.totals.rate_timeouts == 0

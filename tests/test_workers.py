@@ -630,3 +630,199 @@ def test_a_worker_answers_bad_requests_with_the_reason_and_drops_overlong_ones(t
         answer = json.loads(body)
         assert answer["pid"] == os.getpid() and answer["error"].startswith(f"bad request: {reason}"), answer
     assert overlong == b""
+
+
+def test_an_orphaned_worker_joins_no_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The master died (the worker was reparented to init): no group to join,
+    # even for a worker that was told its master's pid.
+    monkeypatch.setattr(workers, "_master_pid", os.getppid())
+    assert workers.supervisor_pid() == os.getppid()
+    monkeypatch.setattr(workers.os, "getppid", lambda: 1)
+    assert workers.supervisor_pid() is None
+
+
+def test_a_directory_of_another_user_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_dir: Path) -> None:
+    directory = tmp_dir / "theirs"
+    directory.mkdir(mode=0o700)
+    owner = directory.stat().st_uid
+    monkeypatch.setattr(workers.os, "getuid", lambda: owner + 1)  # this process is someone else
+    with pytest.raises(OSError, match=f"belongs to uid {owner}, not to this process's uid {owner + 1}"):
+        workers._private_dir(directory, strict=False)
+
+
+def test_a_refused_directory_is_told_once_per_process(
+    tmp_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = tmp_dir / "shared"
+    directory.mkdir()
+    directory.chmod(0o777)
+
+    async def run(group: WorkerGroup) -> bool:
+        await group.start()
+        try:
+            return group.serving
+        finally:
+            group.stop()
+
+    group = WorkerGroup(answering({"pid": os.getpid()}), directory=directory)
+    # Two server runs in one process (a lifespan restart): one warning.
+    assert asyncio.run(run(group)) is False
+    assert asyncio.run(run(group)) is False
+    warnings = [r for r in caplog.records if "workers=all will show this worker only" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].getMessage().endswith("has mode 0777; other users must not write to it")
+
+
+def test_combine_sums_numbers_only() -> None:
+    one = {"pid": 1, "counts": {"all": 2, "mode": "uvicorn-h11", "held": True}, "totals": {"requests": 1.5}}
+    two = {"pid": 2, "counts": {"all": 1, "held": False}, "totals": {"requests": 2, "since": None}}
+    answer = combine([one, two], limit=1)
+    # A string, a flag or None is a worker's own, not a count: not summed, not made up.
+    assert answer["counts"] == {"all": 3}
+    assert answer["totals"] == {"requests": 3.5}
+
+
+def test_a_busy_socket_of_a_gone_pid_is_left_and_foreign_entries_are_not_groups(
+    monkeypatch: pytest.MonkeyPatch, tmp_dir: Path
+) -> None:
+    # A socket that does not refuse (its backlog is full: someone serves it,
+    # maybe from another pid namespace) is never removed, whatever its name
+    # says; in the base directory, what is not a master's directory is not touched.
+    if os.getppid() <= 1:
+        pytest.skip("this process has no parent to play the master")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_dir))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv(workers.ENV_DIR, raising=False)
+    monkeypatch.setattr(workers, "_master_pid", os.getppid())
+    directory = workers.default_directory(os.getppid())
+    base = directory.parent
+    base.mkdir(mode=0o700)
+    directory.mkdir(mode=0o700)
+    (base / "notes").write_text("an operator's")
+    masterlike = base / f"{dead_pid()}"
+    masterlike.write_text("a file named like a master, not a directory")
+    busy_path = directory / f"{dead_pid()}.sock"
+    busy = socket.socket(socket.AF_UNIX)
+    busy.bind(str(busy_path))
+    busy.listen(0)
+    waiting: list[socket.socket] = []
+    try:
+        with contextlib.suppress(BlockingIOError):
+            for _ in range(64):  # fill the backlog: the next connect would wait
+                client = socket.socket(socket.AF_UNIX)
+                waiting.append(client)
+                client.setblocking(False)
+                client.connect(str(busy_path))
+        assert workers._listening(str(busy_path)) is True
+
+        async def run() -> None:
+            group = WorkerGroup(answering({"pid": os.getpid()}))
+            await group.start()
+            try:
+                assert group.directory == directory and group.serving
+            finally:
+                group.stop()
+
+        asyncio.run(run())
+        assert busy_path.exists()  # neither start() nor stop() took it
+        assert directory.is_dir()  # not empty: stop() left the directory
+        assert sorted(base.iterdir()) == sorted([base / "notes", masterlike, directory])
+    finally:
+        for client in waiting:
+            client.close()
+        busy.close()
+
+
+def test_a_listed_socket_that_is_gone_at_the_connection_is_left_out(tmp_dir: Path) -> None:
+    # Listed, then gone before the connection (a worker that stopped in
+    # between): neither a worker nor unreachable.  A dangling link is that moment held still.
+    (tmp_dir / f"{os.getppid()}.sock").symlink_to(tmp_dir / "gone.sock")
+
+    async def run() -> dict[str, Any]:
+        group = WorkerGroup(answering({"pid": os.getpid()}), directory=tmp_dir)
+        await group.start()
+        try:
+            return await group.gather(1)
+        finally:
+            group.stop()
+
+    answer = asyncio.run(run())
+    assert answer["workers"] == [{"pid": os.getpid()}] and answer["unreachable"] == 0
+
+
+def test_a_directory_removed_under_a_running_worker_leaves_it_alone_in_the_answer(tmp_dir: Path) -> None:
+    directory = tmp_dir / "workers"
+
+    async def run() -> dict[str, Any]:
+        group = WorkerGroup(answering({"pid": os.getpid(), "counts": {"all": 4}}), directory=directory)
+        await group.start()
+        try:
+            assert group.serving
+            for path in directory.iterdir():
+                path.unlink()
+            directory.rmdir()  # an operator's cleanup while the server runs
+            assert group.siblings() == []
+            return await group.gather(1)
+        finally:
+            group.stop()
+
+    answer = asyncio.run(run())
+    assert answer["workers"] == [{"pid": os.getpid(), "counts": {"all": 4}}]
+    assert answer["counts"] == {"all": 4} and not directory.exists()
+
+
+class _Transport:
+    """What a sibling's connection looks like to the worker answering it."""
+
+    def __init__(self) -> None:
+        self.written = b""
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+
+def test_a_siblings_request_over_several_reads_is_answered_once_and_late_bytes_ignored() -> None:
+    async def run() -> tuple[bytes, bytes]:
+        server = workers._SnapshotServer(answering({"pid": os.getpid(), "counts": {"all": 1}}))
+        transport = _Transport()
+        server.connection_made(transport)  # type: ignore[arg-type]
+        server.data_received(b'{"lim')
+        server.data_received(b'it": 3}')
+        await asyncio.sleep(0)
+        assert transport.written == b""  # no newline yet: waits for the rest
+        server.data_received(b"\n")
+        for _ in range(10):
+            await asyncio.sleep(0)
+        answered = transport.written
+        server.data_received(b'{"limit": 4}\n')  # after the answer and the close: ignored
+        await asyncio.sleep(0)
+        late = transport.written[len(answered) :]
+        server.connection_lost(None)
+        # A sibling gone while the snapshot was being made: nothing is written.
+        gone = _Transport()
+        other = workers._SnapshotServer(answering({"pid": os.getpid()}))
+        other.connection_made(gone)  # type: ignore[arg-type]
+        other.data_received(b'{"limit": 1}\n')
+        gone.closing = True
+        for _ in range(10):
+            await asyncio.sleep(0)
+        other.connection_lost(None)
+        return answered, late + gone.written
+
+    answered, nothing = asyncio.run(run())
+    assert json.loads(answered) == {"pid": os.getpid(), "counts": {"all": 1}}
+    assert nothing == b""
+
+
+def test_a_connection_lost_before_it_was_made_is_nothing_to_clean_up() -> None:
+    server = workers._SnapshotServer(answering({"pid": os.getpid()}))
+    server.connection_lost(None)
+    server.data_received(b'{"limit": 1}\n')  # no transport: nothing to answer on
+    assert server._task is None

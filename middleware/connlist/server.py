@@ -228,7 +228,7 @@ class TransportHandle:
             if sock is not None:
                 try:
                     queued = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
-                except OSError:  # closed meanwhile, or not a socket that has a send queue
+                except (OSError, ValueError):  # closed meanwhile (fileno() is -1), or no send queue
                     pass
                 else:
                     pending += struct.unpack("i", queued)[0]
