@@ -1307,6 +1307,17 @@ def test_message_is_the_three_events_at_one_instant(before: str) -> None:
     at_once, other = setup()
     at_once.message(other)
     assert state(at_once, other) == state(by_events, conn)
+    if before in ("idle", "idle_responding"):
+        # On an idle record, a feeder's hot path writes the record's own
+        # fields instead (see the module docstring): the same state.
+        written, record = setup()
+        record.requests += 1
+        record.responding = True
+        assert state(written, record) == state(at_once, other)
+        # And the end of the response, written out or through the list.
+        record.responding = False
+        at_once.response_complete(other)
+        assert state(written, record) == state(at_once, other)
 
 
 # -- ASGI-only mode's requests without a body (ConnectionsList.received) -----

@@ -24,6 +24,8 @@ A connection moves through these events (the clock is monotonic)::
                        one instant, on an idle connection: a whole request in
                        one read.  Nothing moves and no clock is read; the
                        connection stays idle, one request more, responding
+    response_begin     a received request went to the app: responding
+    response_complete  no response unfinished: not responding
     remove             closed or upgraded: leaves every list it is in
 
 A connection is *expired* when it is in ``active`` and either its headers are
@@ -91,12 +93,19 @@ Invariants:
 * The counts are kept as the nodes move, so each is O(1): ``all``,
   ``active``, and expired connections not yet closed (``timed_out``); idle
   is what remains (``all - active - timed_out``), so a request, which moves
-  a connection out of idle and back, updates one count, not two.  Two more
-  serve the debug view's phases: active connections whose headers are
-  incomplete, and idle connections whose response is unfinished
-  (``responding``, from ``response_begin`` to ``response_complete``).
-  ``headers_completed``, ``responding`` and ``last_message_start`` must
+  a connection out of idle and back, updates one count, not two.  One more
+  serves the debug view's phases: active connections whose headers are
+  incomplete.  ``headers_completed`` and ``last_message_start`` must
   therefore change only through the list's events.
+* ``responding`` (a response to a received request is unfinished, from
+  ``response_begin`` to ``response_complete``) and ``requests`` are the
+  record's own: no count and no link depends on them, so a feeder's hot
+  path may write them itself, as it adds to ``body_received``.  A whole
+  request on an idle connection (``message``) is ``requests += 1`` and
+  ``responding = True``; the end of the last response is ``responding =
+  False``.  The view's count of idle connections that are responding (its
+  ``handling``) is taken when it asks, by a walk of ``all``
+  (``idle_responding_count``), not kept at every request.
 
 States
 ------
@@ -143,7 +152,6 @@ __all__ = [
     "ConnectionsList",
     "Timeouts",
     "connection_state",
-    "message_on_idle",
     "send_allowance",
 ]
 
@@ -254,7 +262,6 @@ class Connection:
         "_out_next",
         "_out_prev",
         "_path",
-        "_responding",
         "body_received",
         "body_started",
         "client",
@@ -273,6 +280,7 @@ class Connection:
         "out_state",
         "out_step",
         "requests",
+        "responding",
         "server",
     )
 
@@ -314,8 +322,11 @@ class Connection:
         # Whether a byte of a request ever arrived (``message_begin``): a
         # connection that has not is ``new``.
         self._begun = False
-        # See ``responding``.
-        self._responding = False
+        # A response to a received request is unfinished: from
+        # ``response_begin`` (``headers_complete`` with the request,
+        # ``message``) to ``response_complete`` (``remove``).  The feeder's to
+        # write, through those events or directly (see the module docstring).
+        self.responding = False
         # The body being received (while in ``body``): when it began, and
         # how many bytes have arrived since (framing included).
         self.body_started = 0.0
@@ -340,16 +351,6 @@ class Connection:
         # Closed or aborted to make room (``ConnectionsList.let_go``): its
         # descriptor is on its way out, it no longer counts against the budget.
         self.gone = False
-
-    @property
-    def responding(self) -> bool:
-        """True while a response to a received request is unfinished.
-
-        The list's events set it (``response_begin``, ``headers_complete``
-        with the request, ``message``) and clear it (``response_complete``,
-        ``remove``), so that its count stays exact.
-        """
-        return self._responding
 
     @property
     def method(self) -> str | None:
@@ -412,7 +413,7 @@ def connection_state(conn: Connection) -> str:
         return "timed_out"  # left active without completing its message: expired
     if conn.out_state == OUT_STALLED:
         return "stalled"
-    return "handling" if conn._responding else "idle"
+    return "handling" if conn.responding else "idle"
 
 
 class Received(Connection):
@@ -439,36 +440,12 @@ class Received(Connection):
         self.requests = 1
         self._method = scope.get("method")
         self._path = scope.get("path")
-        self._responding = True
+        self.responding = True
 
     @property
     def tracked(self) -> bool:
         """Whether the request is still in the list (the app has not returned)."""
         return self.id in self._table
-
-
-# -- the servers' fast path ----------------------------------------------------
-#
-# ``ConnectionsList.message`` for the state a server layer has already told
-# apart, as a module function (found as a global, where a method is found
-# through the list's type).  uvicorn's h11 protocol calls it once per
-# request; the httptools protocol, the hot one, writes it out (measured:
-# see ``connlist.uvicorn``).
-
-
-def message_on_idle(connections: ConnectionsList, conn: Connection) -> None:
-    """``ConnectionsList.message`` on an idle connection: a whole request in one read, the common case.
-
-    ``conn`` is tracked and idle (``last_message_start == 0``: the caller
-    reads it to choose this path), so its headers were completed (a record
-    becomes idle only through ``message_complete``, which a feeder sends
-    only after ``headers_complete``) and no link moves: one request more,
-    and responding (the request goes to the app).
-    """
-    conn.requests += 1
-    if not conn._responding:
-        conn._responding = True
-        connections._n_idle_responding += 1
 
 
 # The send timeout's allowance for a client whose window opens in large steps
@@ -518,7 +495,6 @@ class ConnectionsList:
         "_n_all",
         "_n_gone",
         "_n_headers_pending",
-        "_n_idle_responding",
         "_n_stalled",
         "_n_timed_out",
         "_stalled_root",
@@ -538,8 +514,6 @@ class ConnectionsList:
         self._n_timed_out = 0
         # Active connections whose headers are incomplete.
         self._n_headers_pending = 0
-        # Idle connections whose response is unfinished.
-        self._n_idle_responding = 0
         # The lists beyond Node's (see the module docstring); their roots are
         # Connections too, so the link code is the same.
         self._body_root = Connection()
@@ -670,8 +644,6 @@ class ConnectionsList:
             self._n_headers_pending += 1
             if conn.last_message_start != 0.0:
                 self._n_timed_out -= 1
-            elif conn._responding:
-                self._n_idle_responding -= 1
         conn.last_message_start = self._clock()
         conn.headers_completed = False
         conn._begun = True
@@ -707,7 +679,11 @@ class ConnectionsList:
         ``active`` and read the clock, and ``message_complete`` would unlink
         it and reset the clock: nothing of that remains, so nothing is done.
         The connection has one request more, and is responding (the request
-        goes to the app).  In any other state, the three events one by one.
+        goes to the app): a feeder's hot path writes these two itself (see
+        the module docstring), since its record's headers were completed (a
+        record becomes idle only through ``message_complete``, which a feeder
+        sends only after ``headers_complete``).  In any other state, the
+        events one by one.
         """
         if conn.last_message_start != 0.0 or conn._all_next is conn:
             self.message_begin(conn)
@@ -716,21 +692,19 @@ class ConnectionsList:
             self.response_begin(conn)
             return
         conn.headers_completed = True
-        message_on_idle(self, conn)
+        conn.requests += 1
+        conn.responding = True
 
-    def response_begin(self, conn: Connection) -> None:
+    @staticmethod
+    def response_begin(conn: Connection) -> None:
         """A received request went to the app: ``responding`` until ``response_complete``."""
-        if not conn._responding and conn._all_next is not conn:
-            conn._responding = True
-            if conn.last_message_start == 0.0:
-                self._n_idle_responding += 1
+        if conn._all_next is not conn:
+            conn.responding = True
 
-    def response_complete(self, conn: Connection) -> None:
+    @staticmethod
+    def response_complete(conn: Connection) -> None:
         """No response is unfinished on the connection any more (``responding`` is false)."""
-        if conn._responding:
-            conn._responding = False
-            if conn.last_message_start == 0.0 and conn._all_next is not conn:
-                self._n_idle_responding -= 1
+        conn.responding = False
 
     def message_complete(self, conn: Connection) -> None:
         """The request is fully received: the connection leaves ``active`` and is idle."""
@@ -754,8 +728,6 @@ class ConnectionsList:
             return  # idle already: a second call for the same request counts nothing
         conn.last_message_start = 0.0
         conn.requests += 1
-        if conn._responding:
-            self._n_idle_responding += 1
         if conn._idle_next is conn:
             # Joins the tail of ``idle``; a record still in it (idle before
             # this request) stays where it is, ``idle_oldest`` sees it was used.
@@ -774,10 +746,8 @@ class ConnectionsList:
                     self._n_headers_pending -= 1
             elif conn.last_message_start != 0.0:
                 self._n_timed_out -= 1
-            elif conn._responding:
-                self._n_idle_responding -= 1
             # Nothing is left to finish on a removed record.
-            conn._responding = False
+            conn.responding = False
             if conn._body_next is not conn:
                 self._body_unlink(conn)
             if conn.out_state:
@@ -823,7 +793,7 @@ class ConnectionsList:
         if node.last_message_start != 0.0 or node.gone or node.out_state == OUT_CLOSING:
             self._idle_unlink(node)
             return _IDLE_DROP
-        if node.requests != node.idle_requests or node._responding or node.out_state == OUT_STALLED:
+        if node.requests != node.idle_requests or node.responding or node.out_state == OUT_STALLED:
             self._idle_unlink(node)
             node.idle_requests = node.requests
             node.idle_since = stamp
@@ -897,7 +867,7 @@ class ConnectionsList:
         node = root._active_next
         while node is not root:
             # (A pipelined request's head arriving behind a response being served is not taken.)
-            if not node.headers_completed and not node._responding and node is not skip:
+            if not node.headers_completed and not node.responding and node is not skip:
                 return node
             node = node._active_next
         return None
@@ -949,9 +919,8 @@ class ConnectionsList:
                 self._body_unlink(conn)
             self._n_timed_out += 1
         elif conn.last_message_start == 0.0:
-            if conn._responding:
-                conn._responding = False
-                self._n_idle_responding -= 1
+            # (Never one that is responding: idle_oldest and idle_expired
+            # hand out none, and the others are active.)
             conn.last_message_start = self._clock()
             self._n_timed_out += 1
         if conn._idle_next is not conn:
@@ -1174,8 +1143,20 @@ class ConnectionsList:
 
     @property
     def idle_responding_count(self) -> int:
-        """Idle connections (no request being received) whose response is unfinished."""
-        return self._n_idle_responding + len(self.received)
+        """Idle connections (no request being received) whose response is unfinished: O(n).
+
+        Counted now, by a walk of ``all``, rather than kept as requests come
+        and go: that would take a write of the list's own at every request,
+        which a feeder's hot path does not make (see ``responding``).
+        """
+        n = len(self.received)
+        root = self._all_root
+        node = root._all_next
+        while node is not root:
+            if node.responding and node.last_message_start == 0.0:
+                n += 1
+            node = node._all_next
+        return n
 
     @property
     def stalled_count(self) -> int:
@@ -1183,7 +1164,10 @@ class ConnectionsList:
         return self._n_stalled
 
     def counts(self) -> dict[str, int]:
-        """The view's exact counts, O(1): ``all``, ``idle``, ``active``, the ``PHASES`` and ``stalled``.
+        """The view's exact counts: ``all``, ``idle``, ``active``, the ``PHASES`` and ``stalled``.
+
+        O(1) but for ``writing`` and ``waiting``, which take the walk of
+        ``idle_responding_count`` (O(n)).
 
         ``stalled`` is not a phase: a stalled connection keeps the phase of
         what it does otherwise (``writing`` while its app responds,

@@ -98,9 +98,12 @@ class Feeder(ConnectionHandle, Protocol):
        server saw it: ``message_begin`` (a request's first byte),
        ``headers_complete`` then ``response_begin`` (the request goes to the
        app), ``message_complete`` (its last byte), ``response_complete`` (no
-       response unfinished); or ``message`` / ``message_on_idle`` for a
-       whole request seen at once.  ``totals.requests += 1`` once per
-       request whose headers are complete.  ``enforcer.watch()`` after
+       response unfinished); or ``message`` for a whole request seen at
+       once.  On a hot path, two of them may be the feeder's own writes
+       (``connlist.connections``): ``record.requests += 1`` and
+       ``record.responding = True`` for a whole request on an idle record,
+       ``record.responding = False`` for ``response_complete``.  ``totals.requests +=
+       1`` once per request whose headers are complete.  ``enforcer.watch()`` after
        ``message_begin`` and a stall, ``enforcer.unwatch()`` after
        ``message_complete``.
     4. **Bodies and stalls.**  ``body_begin`` / ``body_bytes`` where the

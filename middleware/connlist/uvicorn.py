@@ -95,7 +95,7 @@ import h11
 import uvicorn
 
 from connlist import integration, selfcheck
-from connlist.connections import Connection, message_on_idle
+from connlist.connections import Connection
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.integration import TESTED_RANGE, TESTED_UVICORN
 from connlist.logs import follow_uvicorn_logger, log, logger, route_to_uvicorn
@@ -285,7 +285,6 @@ class _Tracking(TransportHandle):
         if record is not None:
             self._connlist.connections.remove(record)
             self._connlist.unwatch()
-            # (A removed record is not responding: on_response_complete relies on it.)
             if record.handle is not None:
                 # The record keeps what it showed; it stops asking the protocol.
                 record.method, record.path = self.connlist_request()
@@ -655,20 +654,12 @@ if httptools_impl is not None:
                 # after connection_lost or an upgrade, so the record is tracked.
                 record: Connection = self._connlist_record  # type: ignore[assignment]
                 if record.last_message_start == 0.0:
-                    # connlist.connections.message_on_idle, written out: the
-                    # list owns the rule, and this and on_response_complete
-                    # are the only code outside it that writes its state.
-                    # Calling the list instead costs about 850
-                    # instructions per request on uvloop, 540 on asyncio's
-                    # loop (0.47 and 0.24 points of benchmarks/per_request.py);
-                    # tests/test_protocol_differential.py holds the copies to
-                    # the list's events.
+                    # ConnectionsList.message on an idle record: one request
+                    # more, responding; the feeder's own writes, on which no
+                    # count of the list depends (connlist.connections).
                     record.requests += 1
-                    enforcer = self._connlist
-                    if not record._responding:
-                        record._responding = True
-                        enforcer.connections._n_idle_responding += 1
-                    enforcer.totals.requests += 1
+                    record.responding = True
+                    self._connlist.totals.requests += 1
                     return
             # Between messages, the last scope is the last cycle's.
             self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle)
@@ -751,16 +742,13 @@ if httptools_impl is not None:
 
         def on_response_complete(self) -> None:
             _httptools_on_response_complete(self)
-            record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
-            # ConnectionsList.response_complete, written out (see
-            # data_received).  self.cycle is the newest request's: if uvicorn
-            # has just started a pipelined one, or any is still queued, it is
-            # not complete.  (A removed record is not responding: see
-            # _connlist_remove.)
-            if record._responding and self.cycle.response_complete:
-                record._responding = False
-                if record.last_message_start == 0.0:
-                    self._connlist.connections._n_idle_responding -= 1
+            # ConnectionsList.response_complete, the feeder's own write (see
+            # connlist.connections).  self.cycle is the newest
+            # request's: if uvicorn has just started a pipelined one, or any
+            # is still queued, it is not complete.
+            if self.cycle.response_complete:
+                record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
+                record.responding = False
 
         def handle_websocket_upgrade(self) -> None:
             # Upgraded connections are never timed out (Node: parser freed);
@@ -812,9 +800,10 @@ class _H11Tracking(_Tracking, _H11Base):
             if h11_conn.their_state is h11.DONE and not h11_conn.trailing_data[0]:
                 record = self._connlist_record
                 if record is not None and record.last_message_start == 0.0:
-                    enforcer = self._connlist
-                    message_on_idle(enforcer.connections, record)
-                    enforcer.totals.requests += 1
+                    # ConnectionsList.message on an idle record (as httptools').
+                    record.requests += 1
+                    record.responding = True
+                    self._connlist.totals.requests += 1
                     return
         self._connlist_events(_BETWEEN, cycle)
 
