@@ -308,6 +308,9 @@ def test_servers_take_the_middleware_for_asgi3_when_it_is_the_outermost_app() ->
             assert asyncio.iscoroutinefunction(mw.__call__)
         # hypercorn's rule (hypercorn.utils._is_asgi_2): inspect only.
         assert not inspect.isclass(mw) and inspect.iscoroutinefunction(mw.__call__) is by_inspect
+        # The instance's signature is an ASGI app's, the class's the options'.
+        assert list(inspect.signature(mw).parameters) == ["scope", "receive", "send"]
+        assert "request_timeout" in inspect.signature(type(mw)).parameters
 
     mw = ConnectionsMiddleware(echo_app)
     check_asgi3(mw)

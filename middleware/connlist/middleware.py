@@ -169,6 +169,9 @@ class ConnectionsMiddleware:
         self._asgi_only: AsgiOnly | None = None
         # The general route until a request tells the mode (see __call__).
         _route(self, self._general)
+        # inspect.signature(middleware) looks for a __call__ function on
+        # the class, and finds the route's slot: it reads this instead.
+        self.__signature__ = inspect.signature(self._general)
 
     # -- public API ------------------------------------------------------------
 
