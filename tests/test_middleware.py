@@ -292,26 +292,44 @@ def test_slow_on_timeout_is_warned_about_once(caplog: pytest.LogCaptureFixture) 
 
 
 def test_servers_take_the_middleware_for_asgi3_when_it_is_the_outermost_app() -> None:
-    # __call__ is a plain method that returns the app's coroutine: every
-    # server's ASGI 3 test must still say yes, or it would call it as ASGI 2.
+    # __call__ is the mode's route, and with the integration a plain method
+    # that returns the app's coroutine: every server's ASGI 3 test must
+    # still say yes, or it would call it as ASGI 2.
     import inspect
 
     from starlette._utils import is_async_callable
 
-    def check_asgi3(mw: ConnectionsMiddleware) -> None:
+    def check_asgi3(mw: ConnectionsMiddleware, *, by_inspect: bool = True) -> None:
+        # uvicorn's rule (Config.load, interface "auto") and Starlette's:
+        # asyncio's check before Python 3.14, inspect's from it.
         config = uvicorn.Config(mw, lifespan="off", ws="none")  # no websockets import: not the point here
         config.load()
         assert config.interface == "asgi3"
         assert is_async_callable(mw)
-        # hypercorn's rule (hypercorn.utils._is_asgi_2), inspect only.
-        assert not inspect.isclass(mw) and inspect.iscoroutinefunction(mw.__call__)
         if sys.version_info < (3, 14):  # deprecated from 3.14
             assert asyncio.iscoroutinefunction(mw.__call__)
+        # hypercorn's rule (hypercorn.utils._is_asgi_2): inspect only.
+        assert not inspect.isclass(mw) and inspect.iscoroutinefunction(mw.__call__) is by_inspect
+        # The instance's signature is an ASGI app's, the class's the options'.
+        assert list(inspect.signature(mw).parameters) == ["scope", "receive", "send"]
+        assert "request_timeout" in inspect.signature(type(mw)).parameters
 
     mw = ConnectionsMiddleware(echo_app)
     check_asgi3(mw)
 
-    # Called either way, it is an ASGI 3 app.
+    async def lifespan() -> None:
+        # A lifespan startup with no server integration announced; then the shutdown.
+        messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+
+        async def receive() -> Message:
+            return next(messages)
+
+        async def send(message: Message) -> None:
+            pass
+
+        await mw({"type": "lifespan", "state": {}}, receive, send)
+
+    # Called either way, it is an ASGI 3 app, in ASGI-only mode and with the integration.
     async def run() -> list[Message]:
         sent: list[Message] = []
 
@@ -324,8 +342,12 @@ def test_servers_take_the_middleware_for_asgi3_when_it_is_the_outermost_app() ->
         scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "state": {}}
         await mw(dict(scope), receive, send)
         await mw.__call__(dict(scope), receive, send)
-        # With the server integration (the mode its protocols announce), a
-        # request passes through: the app's own coroutine.
+        assert mw.__call__ == mw._asgi_only.__call__  # type: ignore[union-attr]
+        check_asgi3(mw)
+        # With the server integration (the mode its protocols announce,
+        # which a lifespan startup takes), a request passes through: the
+        # app's own coroutine.
+        await lifespan()
         mw.enforcer.mode = "uvicorn-httptools"
         for _ in range(2):
             await mw(dict(scope), receive, send)
@@ -334,8 +356,14 @@ def test_servers_take_the_middleware_for_asgi3_when_it_is_the_outermost_app() ->
 
     sent = asyncio.run(run())
     assert [m["type"] for m in sent].count("http.response.start") == 6
-    # Still the middleware, and still ASGI 3 once it passes requests through.
+    # Still the middleware, and still ASGI 3 once it passes requests through,
+    # but for inspect before Python 3.12, which has no mark for a function
+    # that returns a coroutine: there only until the next lifespan startup.
     assert isinstance(mw, ConnectionsMiddleware) and mw.mode == "uvicorn-httptools"
+    assert mw.__call__ == mw._pass_through
+    check_asgi3(mw, by_inspect=sys.version_info >= (3, 12))
+    asyncio.run(lifespan())
+    assert mw.__call__ == mw._general
     check_asgi3(mw)
 
 
@@ -366,3 +394,74 @@ def test_a_misspelled_option_names_the_nearest_and_the_signature_stays_explicit(
         TypeError, match=r"^Mine\(\) got an unexpected keyword argument 'request_timout'; did"
     ):
         Mine(echo_app, request_timout=9)
+
+
+def test_with_the_integration_a_request_is_the_apps_own_coroutine_until_the_next_lifespan() -> None:
+    # No frame of ours per request once the integration feeds the list: the
+    # middleware returns the coroutine the app made; the endpoint, the
+    # lifespan and, after a lifespan startup, the first request go the
+    # general way again.
+    made: list[Any] = []
+
+    async def served(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await receive()
+
+    def app(scope: Any, receive: Any, send: Any) -> Any:
+        coroutine = served(scope, receive, send)
+        made.append(coroutine)
+        return coroutine
+
+    async def receive() -> Message:
+        return {"type": "lifespan.startup"}
+
+    async def send(message: Message) -> None:
+        pass
+
+    request = {"type": "http", "path": "/", "headers": [], "client": ("127.0.0.1", 1)}
+
+    async def scenario() -> None:
+        mw = ConnectionsMiddleware(app, debug_path="/_connections")
+        mw.enforcer.mode = "uvicorn-httptools"
+        first = mw(request, receive, send)
+        assert not made  # the general path: a coroutine of ours, which calls the app when awaited
+        await first
+        assert len(made) == 1
+        passed = mw(request, receive, send)
+        assert passed is made[-1]
+        await passed
+        await mw({"type": "lifespan", "state": {}}, receive, send)
+        again = mw(request, receive, send)
+        assert len(made) == 3  # the app's lifespan, not this request
+        await again
+        assert len(made) == 4
+
+    asyncio.run(scenario())
+
+
+def test_a_subclass_with_a_call_of_its_own_reaches_the_route_through_super() -> None:
+    # The route is the ``__call__`` slot, which the middleware sets through
+    # its descriptor: under a subclass that defines ``__call__`` an
+    # assignment would land in the instance's dict, and super() would find
+    # the slot empty.
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["path"])
+
+    class Mine(ConnectionsMiddleware):
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            seen.append("mine")
+            await super().__call__(scope, receive, send)
+
+    async def scenario() -> None:
+        mw = Mine(app, debug_path="/_connections")
+        mw.enforcer.mode = "uvicorn-httptools"
+        request = {"type": "http", "path": "/", "headers": [], "client": ("127.0.0.1", 1)}
+        await mw(request, None, None)  # the general route, which sets the pass-through one
+        await mw(request, None, None)
+        assert "__call__" not in vars(mw)
+        assert super(Mine, mw).__call__ == mw._pass_through
+
+    asyncio.run(scenario())
+    assert seen == ["mine", "/", "mine", "/"]

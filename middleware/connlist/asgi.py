@@ -39,7 +39,7 @@ from connlist.connections import Connection, ConnectionsList
 from connlist.enforcer import Enforcer
 from connlist.logs import logger
 
-__all__ = ["AsgiOnly", "AsgiRequest", "Feed", "serve_with_body"]
+__all__ = ["AsgiOnly", "AsgiRequest", "serve_with_body"]
 
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _408_START: Message = {
@@ -57,12 +57,28 @@ _408_BODY: Message = {"type": "http.response.body", "body": b""}
 _FRAMING = frozenset((b"content-length", b"transfer-encoding"))
 
 
-class Feed:
-    """What ASGI-only mode's path reads per request, taken from the middleware at the switch (``AsgiOnly``).
+class AsgiOnly:
+    """The middleware's per-request path in ASGI-only mode, and what it reads.
 
-    In slots, behind one attribute of the middleware: slot loads are the
-    cheapest reads there are, and the enforcer's table, clock and totals
-    need no chain of loads.  Made again if the middleware's enforcer changes.
+    ``ConnectionsMiddleware`` makes one at its first request in this mode
+    and routes its requests to it (its ``_route``) until the next lifespan
+    startup; it is made again if the middleware's enforcer changes.  What it
+    reads per request is in its slots, taken from the enforcer once: slot
+    loads are the cheapest reads there are, and the enforcer's table, clock
+    and totals need no chain of loads.
+
+    In this mode each request is a connection of its own, so it is counted
+    once in ``Totals.connections`` and once in ``Totals.requests``: the
+    same fields the server integration counts, so the totals stay exact
+    when the integration takes over at the next lifespan, with the same
+    enforcer.  Its id is its request number (``Totals.requests`` after the
+    increment; a record made by ``serve_with_body`` takes its number too),
+    unique among this mode's records.  Drawing it from the process's id
+    counter (``connections.next_id``) instead would cost about 400
+    instructions per request, 0.2 points of benchmarks/per_request.py, and
+    matter only to a list fed by both modes at once: a server switched
+    while requests were in flight.  So a request without a body costs two
+    increments, a clock reading and an entry in and out of a dict.
     """
 
     __slots__ = ("app", "clock", "debug_path", "enforcer", "received", "route", "totals")
@@ -83,40 +99,10 @@ class Feed:
         self.received = enforcer.connections.received
         self.clock = enforcer.clock
 
-
-class AsgiOnly:
-    """The middleware's per-request path in ASGI-only mode.
-
-    ``ConnectionsMiddleware`` switches to a class built on this one at its
-    first request in ASGI-only mode (and back at the next lifespan startup),
-    as it does to ``_PassThrough`` with the server integration, so that the
-    path is one function with no test of the mode; ``_feed`` is what it
-    reads.
-
-    In this mode each request is a connection of its own, so it is counted
-    once in ``Totals.connections`` and once in ``Totals.requests``: the
-    same fields the server integration counts, so the totals stay exact
-    when the integration takes over at the next lifespan, with the same
-    enforcer.  Its id is its request number (``Totals.requests`` after the
-    increment; a record made by ``serve_with_body`` takes its number too),
-    unique among this mode's records.  Drawing it from the process's id
-    counter (``connections.next_id``) instead would cost about 400
-    instructions per request, 0.2 points of benchmarks/per_request.py, and
-    matter only to a list fed by both modes at once: a server switched
-    while requests were in flight.  So a request without a body costs two
-    increments, a clock reading and an entry in and out of a dict.
-    """
-
-    # No instance layout of its own: the middleware's class switches to one
-    # built on this, which keeps the middleware's slots (``_feed`` is one).
-    __slots__ = ()
-
-    _feed: Feed
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        feed = self._feed
-        if scope["type"] != "http" or scope["path"] == feed.debug_path:
-            await feed.route(scope, receive, send)
+        if scope["type"] != "http" or scope["path"] == self.debug_path:
+            route = self.route
+            await route(scope, receive, send)
             return
         # Does the request have a body?  The first framing header decides.
         # (Written out, as the entry is: see above; and one test per header,
@@ -124,20 +110,20 @@ class AsgiOnly:
         for name, value in scope["headers"]:
             if name in _FRAMING:
                 if name == b"transfer-encoding" or value.strip() not in (b"0", b""):
-                    await serve_with_body(feed.enforcer, feed.app, scope, receive, send)
+                    await serve_with_body(self.enforcer, self.app, scope, receive, send)
                     return
                 break
         # No body: counted, numbered, and an entry in the list while the app runs.
-        totals = feed.totals
+        totals = self.totals
         totals.connections += 1
         key = totals.requests = totals.requests + 1
-        received = feed.received
+        received = self.received
         # The clock and the app are loaded before they are called: called
-        # as ``feed.clock()``, a callable held in a slot is a method call
+        # as ``self.clock()``, a callable held in a slot is a method call
         # that CPython 3.11 cannot specialize (about 110 instructions each).
-        clock = feed.clock
+        clock = self.clock
         received[key] = (clock(), scope)
-        app = feed.app
+        app = self.app
         try:
             await app(scope, receive, send)
         finally:

@@ -3,9 +3,9 @@
 With the server integration (``--http connlist.uvicorn:HttpToolsProtocol``)
 the protocol feeds the list and the middleware only hands it over (through
 the ASGI lifespan state) and serves the debug endpoint: requests pass straight
-through: from its first request with the integration the middleware is a
-``_PassThrough``, which returns the app's own coroutine (a frame of ours per
-request would cost more than all of connlist's bookkeeping).  A handler that
+through: from its first request with the integration the middleware's route
+returns the app's own coroutine (a coroutine frame of ours per request would
+cost more than all of connlist's bookkeeping).  A handler that
 was awaiting the body of a request connlist cut off gets Starlette's
 ``ClientDisconnect``; the server integration keeps that from the server log
 (``connlist.uvicorn``).  At the lifespan shutdown the middleware writes the
@@ -15,7 +15,7 @@ Without it (plain uvicorn, hypercorn, ...) the middleware runs in ASGI-only
 mode: it sees a request only once its headers are parsed, so it cannot enforce
 the headers timeout, and it cannot see connections, only requests, which
 ``connlist.asgi`` feeds to the list (from its first request in that mode the
-middleware is an ``_AsgiOnly``, whose path is that feeder's).  See
+middleware's route is that feeder's, ``AsgiOnly``).  See
 ``docs/how-it-works.md`` ("ASGI-only mode") for what each mode enforces.
 """
 
@@ -27,13 +27,13 @@ import functools
 import inspect
 import sys
 from collections.abc import Awaitable, Callable
-from types import MethodType
-from typing import TYPE_CHECKING, Any, ParamSpec
+from types import MemberDescriptorType
+from typing import TYPE_CHECKING, Any, ParamSpec, cast
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from connlist import integration
-from connlist.asgi import AsgiOnly, Feed
+from connlist.asgi import AsgiOnly
 from connlist.connections import ConnectionsList
 from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
 from connlist.enforcer import STATE_KEY, Enforcer, OnTimeout
@@ -107,19 +107,17 @@ class ConnectionsMiddleware:
     to its shutdown.
     """
 
-    # Slots, so that the switch to _PassThrough or _AsgiOnly (and back)
-    # leaves attribute access as fast as before it: a switch makes CPython
-    # 3.11 turn an instance's inline attributes into a dict whose loads it no
-    # longer specializes, which cost the pass-through path about 800
-    # instructions per request.  ``__dict__`` stays for what
-    # the instance is given besides (the ``__call__`` of Python < 3.12, see
-    # _PassThrough; a subclass's own attributes).
+    # Slots: ``__call__`` is one (the mode's route, see below), the
+    # per-request paths read ``debug_path`` and ``app``, and slot loads are
+    # the cheapest there are.  ``__dict__`` stays for what a subclass or a
+    # user gives the instance besides.
     __slots__ = (
+        "__call__",
         "__dict__",
         "__weakref__",
+        "_asgi_only",
         "_endpoint",
         "_enforcer",
-        "_feed",
         "_first_request_seen",
         "_starting",
         "_workers",
@@ -163,9 +161,13 @@ class ConnectionsMiddleware:
         self._endpoint = DebugEndpoint(lambda: self._enforcer, token=debug_token, workers=self._workers)
         self._first_request_seen = False
         self._starting: asyncio.Task[None] | None = None
-        if sys.version_info < (3, 12):
-            # See _PassThrough.
-            self.__call__ = self._call_async  # type: ignore[method-assign]
+        # ASGI-only mode's path, made at its first request (see _general).
+        self._asgi_only: AsgiOnly | None = None
+        # The general route until a request tells the mode (see __call__).
+        _route(self, self._general)
+        # inspect.signature(middleware) looks for a __call__ function on
+        # the class, and finds the route's slot: it reads this instead.
+        self.__signature__ = inspect.signature(self._general)
 
     # -- public API ------------------------------------------------------------
 
@@ -194,11 +196,32 @@ class ConnectionsMiddleware:
 
     # -- ASGI ------------------------------------------------------------------
 
-    async def _call_async(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``__call__`` as a coroutine function, for ``inspect`` on Python 3.10 and 3.11 (_PassThrough)."""
-        await type(self).__call__(self, scope, receive, send)
+    # Calling the middleware calls its ``__call__`` slot, the route of its
+    # mode:
+    #
+    # * ``_general``: a lifespan, and the first request in a mode, which
+    #   sets the route (the other routes hand it the endpoint, and the
+    #   lifespan);
+    # * with the server integration, ``_pass_through``: the app's own
+    #   coroutine for a request not for the endpoint;
+    # * in ASGI-only mode, the feeder's path (``connlist.asgi.AsgiOnly``).
+    #
+    # The next lifespan startup sets ``_general`` again (a server with the
+    # integration may serve the app next).  A slot rather than a method:
+    # the server's call finds the slot on the class and calls what it holds,
+    # all in C, where a method that called the route would be one more
+    # Python frame per request (about 500 instructions under callgrind,
+    # the frame and its bytecodes: 0.3 points of benchmarks/per_request.py).
+    # A subclass may still define its own ``__call__`` and call
+    # ``super().__call__``, which reads the slot (see _route).  Servers tell
+    # ASGI 3 apps from ASGI 2 ones by whether ``app.__call__`` is a coroutine
+    # function (uvicorn's Config.load, hypercorn's _is_asgi_2, Starlette's
+    # is_async_callable), which reads the route: see _pass_through for the
+    # one that is not an ``async def``.
+    __call__: Callable[[Scope, Receive, Send], Awaitable[None]]
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _general(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The general route: a lifespan, the endpoint, the first request in a mode (which sets the route)."""
         scope_type = scope["type"]
         if scope_type == "http":
             if not self._first_request_seen:
@@ -212,24 +235,47 @@ class ConnectionsMiddleware:
             enforcer = self._enforcer
             if enforcer.mode != "asgi":
                 # The server integration feeds the list: from now on, pass
-                # requests straight through (see _PassThrough).
-                if type(self) is ConnectionsMiddleware:
-                    self.__class__ = _PassThrough
+                # requests straight through.
+                _route(self, self._pass_through)
                 await self.app(scope, receive, send)
                 return
-            # ASGI-only mode: from now on, its own path (see _AsgiOnly).
-            feed = getattr(self, "_feed", None)
-            if feed is None or feed.enforcer is not enforcer:
-                route = MethodType(ConnectionsMiddleware.__call__, self)
-                self._feed = Feed(self.app, self.debug_path, enforcer, route)
-            if type(self) is ConnectionsMiddleware:
-                self.__class__ = _AsgiOnly
-            await AsgiOnly.__call__(self, scope, receive, send)  # type: ignore[arg-type]
+            # ASGI-only mode: from now on, its feeder's path.
+            asgi_only = self._asgi_only
+            if asgi_only is None or asgi_only.enforcer is not enforcer:
+                asgi_only = self._asgi_only = AsgiOnly(self.app, self.debug_path, enforcer, self._general)
+            _route(self, asgi_only.__call__)
+            await asgi_only(scope, receive, send)
             return
         if scope_type == "lifespan":
             await self._lifespan(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    def _pass_through(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        """The route with the server integration: the app's own coroutine, with no frame of ours around it."""
+        # HTTP and websocket scopes have a path (a websocket passes through
+        # on either path); a lifespan scope has none, and a try costs
+        # nothing until it raises.
+        try:
+            path = scope["path"]
+        except KeyError:
+            return self._general(scope, receive, send)
+        if path != self.debug_path:
+            app = self.app  # a slot; ``self.app(...)`` would be an unspecialized method call (see AsgiOnly)
+            return app(scope, receive, send)
+        return self._general(scope, receive, send)
+
+    # This route returns a coroutine without being an ``async def``, and a
+    # server may look at ``app.__call__`` while it is the route (a second
+    # server for the same app, before its lifespan).  From Python 3.12 it
+    # carries inspect's mark, which asyncio's check honours too; before,
+    # inspect has no mark, and it carries asyncio's (which uvicorn's check,
+    # ``asyncio.iscoroutinefunction`` before Python 3.14, reads; inspect's
+    # answers False there, until the next lifespan startup).
+    if sys.version_info >= (3, 12):
+        _pass_through = inspect.markcoroutinefunction(_pass_through)
+    else:
+        _pass_through._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A server is starting: forget a timer left on the loop of an earlier run, hand the enforcer over.
@@ -237,8 +283,7 @@ class ConnectionsMiddleware:
         uvicorn passes the lifespan's state dict to every protocol; its
         protocols announce their mode before the first request.
         """
-        if type(self) is _PassThrough or type(self) is _AsgiOnly:
-            self.__class__ = ConnectionsMiddleware  # type: ignore[assignment]
+        _route(self, self._general)
         self._enforcer.cancel()
         state = scope.get("state")
         if state is not None:
@@ -355,54 +400,14 @@ class ConnectionsMiddleware:
             self._tell_asgi_only()
 
 
-class _PassThrough(ConnectionsMiddleware):
-    """A ConnectionsMiddleware once the server integration feeds its list.
+def _route(
+    middleware: ConnectionsMiddleware, route: Callable[[Scope, Receive, Send], Awaitable[None]]
+) -> None:
+    """Set the middleware's route (its ``__call__`` slot), also under a subclass that defines ``__call__``.
 
-    The middleware switches to this class at its first request with the
-    integration (and back at the next lifespan startup): an HTTP request
-    that is not for the endpoint then passes straight through, the app's own
-    coroutine returned rather than wrapped in one of ours (a coroutine frame
-    costs more per request than all of connlist's own work).  Each mode's
-    per-request path is then one function, with no test of the mode.
-    Subclasses of ConnectionsMiddleware keep their class, and the general
-    path.
+    There, ``middleware.__call__ = route`` would go to the instance's dict.
     """
-
-    __slots__ = ()
-
-    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:  # type: ignore[override]
-        # HTTP and websocket scopes have a path (a websocket passes through
-        # on either path); a lifespan scope has none, and a try costs
-        # nothing until it raises.
-        try:
-            path = scope["path"]
-        except KeyError:
-            return ConnectionsMiddleware.__call__(self, scope, receive, send)
-        if path != self.debug_path:
-            app = self.app  # a slot; ``self.app(...)`` would be an unspecialized method call (see AsgiOnly)
-            return app(scope, receive, send)
-        return ConnectionsMiddleware.__call__(self, scope, receive, send)
-
-    # Servers tell ASGI 3 apps from ASGI 2 ones by whether ``app.__call__``
-    # is a coroutine function (uvicorn's Config.load, hypercorn's
-    # _is_asgi_2, Starlette's is_async_callable), and may look again after
-    # the switch (a second server for the same app).  This one returns a
-    # coroutine without being one: from Python 3.12 it carries inspect's mark
-    # (which asyncio's check honours too); before, inspect has no mark, so
-    # ConnectionsMiddleware.__init__ gives the instance an ``async def``
-    # ``__call__`` attribute, which ``app.__call__`` finds (calling the app
-    # still goes through the class).
-    if sys.version_info >= (3, 12):
-        __call__ = inspect.markcoroutinefunction(__call__)
+    _CALL_SLOT.__set__(middleware, route)
 
 
-class _AsgiOnly(AsgiOnly, ConnectionsMiddleware):
-    """A ConnectionsMiddleware in ASGI-only mode (``connlist.asgi.AsgiOnly``).
-
-    As with ``_PassThrough``, the middleware switches to this class at its
-    first request in ASGI-only mode and back at the next lifespan startup
-    (a server with the integration may serve the app next), so that the
-    mode's per-request path is one function with no test of the mode.
-    """
-
-    __slots__ = ()
+_CALL_SLOT = cast(MemberDescriptorType, ConnectionsMiddleware.__dict__["__call__"])
