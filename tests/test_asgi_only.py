@@ -234,6 +234,10 @@ def body_scope(*headers: tuple[bytes, bytes], path: str = "/upload") -> dict[str
     }
 
 
+# What a client is sent when its request is cut before its response began.
+ANSWERED_408 = [("http.response.start", 408), ("http.response.body", None)]
+
+
 class Client:
     """The server's side of one request: a receive that gives one chunk, then waits; a send that records."""
 
@@ -242,6 +246,10 @@ class Client:
         self.send_fails = send_fails
         self._first = True
         self.disconnected = asyncio.Event()
+
+    def answered(self) -> list[tuple[str, int | None]]:
+        """What was sent, as (type, status)."""
+        return [(m["type"], m.get("status")) for m in self.sent]
 
     async def receive(self) -> dict[str, Any]:
         if self._first:
@@ -309,10 +317,7 @@ def test_close_all_answers_a_request_being_received_408() -> None:
     client = Client()
     cut_while_receiving(app, client, close="close_all")
     assert got == ["http.request", "http.disconnect"]
-    assert [(m["type"], m.get("status")) for m in client.sent] == [
-        ("http.response.start", 408),
-        ("http.response.body", None),
-    ]
+    assert client.answered() == ANSWERED_408
 
 
 def test_a_request_cut_after_its_response_started_gets_no_408() -> None:
@@ -327,7 +332,7 @@ def test_a_request_cut_after_its_response_started_gets_no_408() -> None:
     client = Client()
     cut_while_receiving(app, client, close="close_all")
     assert got == ["http.request", "http.disconnect"]
-    assert [(m["type"], m.get("status")) for m in client.sent] == [("http.response.start", 200)]
+    assert client.answered() == [("http.response.start", 200)]
 
 
 def test_a_408_the_client_cannot_take_is_only_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -551,7 +556,7 @@ def test_the_apps_own_timeout_on_receive_is_not_taken_for_a_disconnect() -> None
     client = Client()
     asyncio.run(mw(body_scope((b"content-length", b"5")), client.receive, client.send))
     assert seen == ["http.request", "timeout"]
-    assert [(m["type"], m.get("status")) for m in client.sent] == [
+    assert client.answered() == [
         ("http.response.start", 200),
         ("http.response.body", None),
     ]
@@ -609,10 +614,7 @@ def test_an_app_that_raises_client_disconnect_after_the_cut_is_not_an_error() ->
 
     client = Client()
     cut_while_receiving(app, client, close="close_all")
-    assert [(m["type"], m.get("status")) for m in client.sent] == [
-        ("http.response.start", 408),
-        ("http.response.body", None),
-    ]
+    assert client.answered() == ANSWERED_408
 
 
 def test_a_request_cut_twice_is_answered_once() -> None:
@@ -637,10 +639,7 @@ def test_a_request_cut_twice_is_answered_once() -> None:
         await asyncio.wait_for(task, 2)
 
     asyncio.run(scenario())
-    assert [(m["type"], m.get("status")) for m in client.sent] == [
-        ("http.response.start", 408),
-        ("http.response.body", None),
-    ]
+    assert client.answered() == ANSWERED_408
 
 
 def test_a_request_handle_has_no_transport_to_abort_refuse_or_sample() -> None:

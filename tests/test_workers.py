@@ -228,6 +228,21 @@ def tmp_dir() -> Iterator[Path]:
         yield Path(path)
 
 
+@pytest.fixture
+def master_directory(monkeypatch: pytest.MonkeyPatch, tmp_dir: Path) -> Path:
+    """This process as a worker of its parent (as connlist.gunicorn's workers declare), under ``tmp_dir``.
+
+    The master's directory, not made yet.
+    """
+    if os.getppid() <= 1:
+        pytest.skip("this process has no parent to play the master")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_dir))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv(workers.ENV_DIR, raising=False)
+    monkeypatch.setattr(workers, "_master_pid", os.getppid())
+    return workers.default_directory(os.getppid())
+
+
 # -- real servers ----------------------------------------------------------------
 
 
@@ -467,15 +482,10 @@ def test_the_default_directory_is_the_masters(monkeypatch: pytest.MonkeyPatch, t
 
 
 def test_a_worker_removes_what_dead_masters_left_and_its_own_at_stop(
-    monkeypatch: pytest.MonkeyPatch, tmp_dir: Path
+    master_directory: Path, tmp_dir: Path
 ) -> None:
-    if os.getppid() <= 1:
-        pytest.skip("this process has no parent to play the master")
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_dir))
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    monkeypatch.delenv(workers.ENV_DIR, raising=False)
-    monkeypatch.setattr(workers, "_master_pid", os.getppid())  # as connlist.gunicorn's workers do
     base = tmp_dir / f"connlist-{os.getuid()}"
+    assert master_directory.parent == base
     base.mkdir(mode=0o700)
     gone = base / f"{dead_pid()}-1"  # a master killed with its workers
     gone.mkdir(mode=0o700)
@@ -511,20 +521,14 @@ def test_a_worker_removes_what_dead_masters_left_and_its_own_at_stop(
 
 
 def test_the_last_worker_to_leave_removes_its_killed_siblings_sockets_and_the_directory(
-    monkeypatch: pytest.MonkeyPatch, tmp_dir: Path
+    master_directory: Path,
 ) -> None:
     # A sibling killed before this worker started, and one killed while it
     # ran (kill -9, or by the master after its graceful timeout): their
     # sockets refuse connections and their pids are gone.  Nobody asks for
     # workers=all in between, yet start() removes the first, stop() the
     # second and then the master's directory.
-    if os.getppid() <= 1:
-        pytest.skip("this process has no parent to play the master")
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_dir))
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    monkeypatch.delenv(workers.ENV_DIR, raising=False)
-    monkeypatch.setattr(workers, "_master_pid", os.getppid())
-    directory = workers.default_directory(os.getppid())
+    directory = master_directory
     directory.parent.mkdir(mode=0o700)
     directory.mkdir(mode=0o700)
 
@@ -683,18 +687,12 @@ def test_combine_sums_numbers_only() -> None:
 
 
 def test_a_busy_socket_of_a_gone_pid_is_left_and_foreign_entries_are_not_groups(
-    monkeypatch: pytest.MonkeyPatch, tmp_dir: Path
+    master_directory: Path,
 ) -> None:
     # A socket that does not refuse (its backlog is full: someone serves it,
     # maybe from another pid namespace) is never removed, whatever its name
     # says; in the base directory, what is not a master's directory is not touched.
-    if os.getppid() <= 1:
-        pytest.skip("this process has no parent to play the master")
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_dir))
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    monkeypatch.delenv(workers.ENV_DIR, raising=False)
-    monkeypatch.setattr(workers, "_master_pid", os.getppid())
-    directory = workers.default_directory(os.getppid())
+    directory = master_directory
     base = directory.parent
     base.mkdir(mode=0o700)
     directory.mkdir(mode=0o700)
