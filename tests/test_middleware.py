@@ -358,10 +358,10 @@ def test_servers_take_the_middleware_for_asgi3_when_it_is_the_outermost_app() ->
     assert [m["type"] for m in sent].count("http.response.start") == 6
     # Still the middleware, and still ASGI 3 once it passes requests through,
     # for every check (uvicorn 0.36's is inspect's, which before Python 3.12
-    # has no mark for a function that returns a coroutine: there the route
-    # is an async def).
+    # has no mark for a function that returns a coroutine: see
+    # connlist.middleware._pass_route).
     assert isinstance(mw, ConnectionsMiddleware) and mw.mode == "uvicorn-httptools"
-    assert mw.__call__ == mw._pass_through
+    assert mw.__call__ == mw._passing
     check_asgi3(mw)
     asyncio.run(lifespan())
     assert mw.__call__ == mw._general
@@ -398,8 +398,7 @@ def test_a_misspelled_option_names_the_nearest_and_the_signature_stays_explicit(
 
 
 def test_with_the_integration_a_request_is_the_apps_own_coroutine_until_the_next_lifespan() -> None:
-    # No frame of ours per request once the integration feeds the list (from
-    # Python 3.12; one before): the
+    # No frame of ours per request once the integration feeds the list: the
     # middleware returns the coroutine the app made; the endpoint, the
     # lifespan and, after a lifespan startup, the first request go the
     # general way again.
@@ -430,13 +429,7 @@ def test_with_the_integration_a_request_is_the_apps_own_coroutine_until_the_next
         await first
         assert len(made) == 1
         passed = mw(request, receive, send)
-        if sys.version_info >= (3, 12):
-            assert passed is made[-1]
-        else:
-            # One frame of ours (an async def, so that inspect's check says
-            # ASGI 3: see ConnectionsMiddleware._pass_through), which calls
-            # the app when awaited, not the general path.
-            assert len(made) == 1 and mw.__call__ == mw._pass_through
+        assert passed is made[-1]
         await passed
         assert len(made) == 2
         await mw({"type": "lifespan", "state": {}}, receive, send)
@@ -470,7 +463,28 @@ def test_a_subclass_with_a_call_of_its_own_reaches_the_route_through_super() -> 
         await mw(request, None, None)  # the general route, which sets the pass-through one
         await mw(request, None, None)
         assert "__call__" not in vars(mw)
-        assert super(Mine, mw).__call__ == mw._pass_through
+        assert super(Mine, mw).__call__ == mw._passing
 
     asyncio.run(scenario())
     assert seen == ["mine", "/", "mine", "/"]
+
+
+def test_the_pass_through_route_of_last_resort_passes_through_and_says_asgi3() -> None:
+    # Where _pass_route could not show inspect a coroutine function, the
+    # route is an async def around the plain one: the same request reaches
+    # the app, and every check still says ASGI 3.
+    import inspect
+
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["path"])
+
+    mw = ConnectionsMiddleware(app)
+    route = mw._pass_async
+    assert inspect.iscoroutinefunction(route) and asyncio.iscoroutinefunction(route)
+    scope = {"type": "http", "path": "/x", "headers": [], "client": ("127.0.0.1", 1)}
+    asyncio.run(route(scope, None, None))  # type: ignore[arg-type]
+    assert seen == ["/x"]
+    # The route in use is the plain one, which returns the app's own coroutine.
+    assert inspect.iscoroutinefunction(mw._passing)

@@ -119,6 +119,7 @@ class ConnectionsMiddleware:
         "_endpoint",
         "_enforcer",
         "_first_request_seen",
+        "_passing",
         "_starting",
         "_workers",
         "app",
@@ -163,8 +164,10 @@ class ConnectionsMiddleware:
         self._starting: asyncio.Task[None] | None = None
         # ASGI-only mode's path, made at its first request (see _general).
         self._asgi_only: AsgiOnly | None = None
-        # The general route until a request tells the mode (see __call__).
+        # The general route until a request tells the mode (see __call__),
+        # and the one with the server integration.
         _route(self, self._general)
+        self._passing = _pass_route(self)
         # inspect.signature(middleware) looks for a __call__ function on
         # the class, and finds the route's slot: it reads this instead.
         self.__signature__ = inspect.signature(self._general)
@@ -202,7 +205,7 @@ class ConnectionsMiddleware:
     # * ``_general``: a lifespan, and the first request in a mode, which
     #   sets the route (the other routes hand it the endpoint, and the
     #   lifespan);
-    # * with the server integration, ``_pass_through``: the app's own
+    # * with the server integration, ``_passing`` (``_pass_route``): the app's own
     #   coroutine for a request not for the endpoint;
     # * in ASGI-only mode, the feeder's path (``connlist.asgi.AsgiOnly``).
     #
@@ -216,7 +219,7 @@ class ConnectionsMiddleware:
     # ``super().__call__``, which reads the slot (see _route).  Servers tell
     # ASGI 3 apps from ASGI 2 ones by whether ``app.__call__`` is a coroutine
     # function (uvicorn's Config.load, hypercorn's _is_asgi_2, Starlette's
-    # is_async_callable), which reads the route: see _pass_through for the
+    # is_async_callable), which reads the route: see _pass_route for the
     # one that is not an ``async def``.
     __call__: Callable[[Scope, Receive, Send], Awaitable[None]]
 
@@ -236,7 +239,7 @@ class ConnectionsMiddleware:
             if enforcer.mode != "asgi":
                 # The server integration feeds the list: from now on, pass
                 # requests straight through.
-                _route(self, self._pass_through)
+                _route(self, self._passing)
                 await self.app(scope, receive, send)
                 return
             # ASGI-only mode: from now on, its feeder's path.
@@ -252,7 +255,7 @@ class ConnectionsMiddleware:
         await self.app(scope, receive, send)
 
     def _pass_app(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        """The pass-through route's body (``_pass_through``): the app's own coroutine, no frame of ours."""
+        """The pass-through route's body (``_pass_route``): the app's own coroutine, no frame of ours."""
         # HTTP and websocket scopes have a path (a websocket passes through
         # on either path); a lifespan scope has none, and a try costs
         # nothing until it raises.
@@ -268,20 +271,13 @@ class ConnectionsMiddleware:
     # This route returns a coroutine without being an ``async def``, and a
     # server may look at ``app.__call__`` while it is the route (a second
     # server for the same app in the same process, before its lifespan), to
-    # tell ASGI 3 from ASGI 2.  From Python 3.12 it carries inspect's mark,
-    # which every server's check honours (inspect's, and asyncio's).  Before
-    # 3.12 inspect has no mark and answers False for it, and uvicorn 0.36's
-    # check is inspect's: it would serve the app as ASGI 2 and fail every
-    # request.  So there the route is an ``async def`` around it, one
-    # Python frame more per request (about 500 instructions) on Python 3.10
-    # and 3.11, and every check says ASGI 3 (tests/test_middleware.py).
+    # tell ASGI 3 from ASGI 2: see _pass_route.
     if sys.version_info >= (3, 12):
-        _pass_through = inspect.markcoroutinefunction(_pass_app)
-    else:
+        _pass_app = inspect.markcoroutinefunction(_pass_app)
 
-        async def _pass_through(self, scope: Scope, receive: Receive, send: Send) -> None:
-            """The route with the server integration (an ``async def``: see above)."""
-            await self._pass_app(scope, receive, send)
+    async def _pass_async(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The pass-through route where ``_pass_route`` cannot mark the plain one: one frame more."""
+        await self._pass_app(scope, receive, send)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A server is starting: forget a timer left on the loop of an earlier run, hand the enforcer over.
@@ -417,3 +413,36 @@ def _route(
 
 
 _CALL_SLOT = cast(MemberDescriptorType, ConnectionsMiddleware.__dict__["__call__"])
+
+
+async def _asgi3(scope: Scope, receive: Receive, send: Send) -> None:
+    """What the pass-through route shows inspect before Python 3.12 (its code's flags): see _pass_route."""
+
+
+def _pass_route(middleware: ConnectionsMiddleware) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """The route with the server integration: ``_pass_app``, bound, which every ASGI 3 check takes for one.
+
+    Servers tell an ASGI 3 app by ``iscoroutinefunction(app.__call__)``,
+    inspect's (uvicorn 0.36, hypercorn) or asyncio's (later uvicorns,
+    Starlette), and ``app.__call__`` is the route.  ``_pass_app`` returns
+    the app's coroutine without being an ``async def``.  From Python 3.12
+    it carries inspect's mark, which both checks read.  Before, inspect
+    has no mark and reads the flags of a function's ``__code__``
+    (``inspect._has_code_flag``), also of any callable that looks like a
+    function: so the route is a ``staticmethod`` of the bound method (a
+    callable since Python 3.10, calling it in C, with no Python frame) that
+    shows the code of an ``async def`` with the ASGI signature.  Were that
+    refused, the route would be ``_pass_async``, one Python frame more.
+    """
+    bound = middleware._pass_app
+    if sys.version_info >= (3, 12):
+        return bound
+    route: Any = staticmethod(bound)
+    try:
+        route.__code__ = _asgi3.__code__
+        route.__defaults__ = route.__kwdefaults__ = None
+    except AttributeError:  # pragma: no cover - a staticmethod without attributes of its own
+        return middleware._pass_async
+    if not inspect.iscoroutinefunction(route):  # pragma: no cover - an inspect that reads otherwise
+        return middleware._pass_async
+    return cast(Callable[[Scope, Receive, Send], Awaitable[None]], route)
