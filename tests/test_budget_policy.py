@@ -38,6 +38,14 @@ def idle(enforcer: Enforcer, conn: Connection) -> None:
     connections.response_complete(conn)
 
 
+def uploading(enforcer: Enforcer, conn: Connection) -> None:
+    """A request whose headers are in and whose body is being received (timed by the rate)."""
+    connections = enforcer.connections
+    connections.message_begin(conn)
+    connections.headers_complete(conn, "POST", "/upload")
+    connections.body_begin(conn)
+
+
 def serving(enforcer: Enforcer, conn: Connection, handle: MemoryHandle) -> None:
     """A request received whose response is being made."""
     connections = enforcer.connections
@@ -82,9 +90,7 @@ def test_order_idle_then_headers_then_body_then_refuse(clock: FakeClock, loop: M
     idle(enforcer, old_idle)
     _, silent_handle = arrive(enforcer)
     body, body_handle = arrive(enforcer)
-    connections.message_begin(body)
-    connections.headers_complete(body, "POST", "/upload")
-    connections.body_begin(body)
+    uploading(enforcer, body)
     clock.advance(1)
     # Over the budget: the idle one goes (closed, not aborted), nothing else.
     first, _ = arrive(enforcer)
@@ -139,9 +145,7 @@ def test_a_slow_body_goes_before_a_refusal_and_a_served_request_never(
     busy, busy_handle = arrive(enforcer)
     serving(enforcer, busy, busy_handle)
     body, body_handle = arrive(enforcer)
-    connections.message_begin(body)
-    connections.headers_complete(body, "POST", "/upload")
-    connections.body_begin(body)
+    uploading(enforcer, body)
     clock.advance(1)
     body.body_received = 10  # far behind 1000 B/s
     newcomer, newcomer_handle = arrive(enforcer)
@@ -162,9 +166,7 @@ def test_a_body_the_server_stopped_reading_is_not_taken_for_slow(clock: FakeCloc
     enforcer = make(clock, loop, 1, body_min_rate=1000)
     connections = enforcer.connections
     body, body_handle = arrive(enforcer)
-    connections.message_begin(body)
-    connections.headers_complete(body, "POST", "/upload")
-    connections.body_begin(body)
+    uploading(enforcer, body)
     body_handle.transport.read_paused = True
     clock.advance(1)
     _, refused_handle = arrive(enforcer)
@@ -176,11 +178,8 @@ def test_a_body_the_server_stopped_reading_is_not_taken_for_slow(clock: FakeCloc
 
 def test_a_body_keeping_up_with_the_rate_is_not_cut(clock: FakeClock, loop: MockLoop) -> None:
     enforcer = make(clock, loop, 1, body_min_rate=1000)
-    connections = enforcer.connections
     body, body_handle = arrive(enforcer)
-    connections.message_begin(body)
-    connections.headers_complete(body, "POST", "/upload")
-    connections.body_begin(body)
+    uploading(enforcer, body)
     clock.advance(1)
     body.body_received = 5000
     _, refused_handle = arrive(enforcer)
