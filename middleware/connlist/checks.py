@@ -8,9 +8,11 @@ docs/settings.md is the reference.
 
 from __future__ import annotations
 
+import difflib
 import math
+from collections.abc import Sequence
 
-__all__ = ["check_number", "check_rate", "check_timeout", "check_whole"]
+__all__ = ["check_number", "check_rate", "check_timeout", "check_whole", "nearest"]
 
 
 def check_number(name: str, value: object, unit: str, *, none_disables: bool = False) -> float:
@@ -45,3 +47,9 @@ def check_whole(name: str, value: object, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
         raise ValueError(f"{name} must be an integer from 0 to {maximum}, got {value!r}")
     return value
+
+
+def nearest(name: str, options: Sequence[str]) -> str:
+    """What an error for an unknown option ``name`` says next: the nearest of ``options``, or all of them."""
+    close = difflib.get_close_matches(name, options, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"the options are {', '.join(options)}"

@@ -34,14 +34,13 @@ any step or due time is asked for.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Literal, TypedDict, get_args
 
-from connlist.checks import check_number
+from connlist.checks import check_number, nearest
 from connlist.connections import Connection, send_allowance
 
 if TYPE_CHECKING:
@@ -213,9 +212,7 @@ def resolve(**options: Unpack[Options]) -> Settings:
     """
     for name in options:
         if name not in OPTIONS:
-            close = difflib.get_close_matches(name, OPTIONS, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"the options are {', '.join(OPTIONS)}"
-            raise TypeError(f"unknown option {name!r}; {hint}")
+            raise TypeError(f"unknown option {name!r}; {nearest(name, OPTIONS)}")
     given: dict[str, object] = dict(options)
     values: dict[str, object] = {}
     values["headers_timeout"], values["request_timeout"] = resolve_timeouts(

@@ -22,7 +22,6 @@ middleware's route is that feeder's, ``AsgiOnly``).  See
 from __future__ import annotations
 
 import asyncio
-import difflib
 import functools
 import inspect
 import sys
@@ -34,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from connlist import integration
 from connlist.asgi import AsgiOnly
+from connlist.checks import nearest
 from connlist.connections import ConnectionsList
 from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
 from connlist.enforcer import STATE_KEY, Enforcer, OnTimeout
@@ -72,10 +72,10 @@ def _named_options(init: Callable[_P, None]) -> Callable[_P, None]:
     def checked(*args: _P.args, **kwargs: _P.kwargs) -> None:
         for name in kwargs:
             if name not in options and name != "app":
-                close = difflib.get_close_matches(name, options, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"the options are {', '.join(options)}"
                 owner = type(args[0]).__name__ if args else "ConnectionsMiddleware"
-                raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}; {hint}")
+                raise TypeError(
+                    f"{owner}() got an unexpected keyword argument {name!r}; {nearest(name, options)}"
+                )
         init(*args, **kwargs)
 
     checked.__signature__ = signature.replace(parameters=shown)  # type: ignore[attr-defined]
