@@ -16,7 +16,8 @@ scrape rather than look: ``connlist_connections{state}`` by phase
 (``connlist.connections.PHASES``), counters of connections, requests and
 timeouts by kind, and ``connlist_server_integration``, 0 when a worker runs
 in ASGI-only mode (the debug view's ``mode`` and ``integration_off``).
-Nothing is added to the hot path: a refresh copies the list's O(1) counts
+Nothing is added to the hot path: a refresh copies the list's counts (O(1)
+but for the split of writing and waiting, one walk: ``ConnectionsList.counts``)
 and the enforcer's totals into the metric objects, on the worker's event
 loop, every ``interval`` seconds and right before ``/metrics`` answers.
 Why not at each event: in ``prometheus_client``'s multiprocess mode every
@@ -84,7 +85,7 @@ def multiprocess_mode() -> bool:
 
 
 def count_phases(enforcer: Enforcer) -> dict[str, int]:
-    """One worker's connections by phase (``PHASES``), O(1): the debug endpoint's ``counts``."""
+    """One worker's connections by phase (``PHASES``), as the debug endpoint's ``counts`` has them."""
     counts = enforcer.connections.counts()
     return {phase: counts[phase] for phase in PHASES}
 
