@@ -144,6 +144,7 @@ def test_require_integration_rejects_other_values(monkeypatch: pytest.MonkeyPatc
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """connlist.uvicorn's records of checks and failures, emptied for the test (and restored after)."""
     monkeypatch.setattr(connlist_uvicorn, "CHECKS", {})
+    monkeypatch.setattr(connlist_uvicorn, "_built", {})
     monkeypatch.setattr(integration, "_failures", {})
     monkeypatch.setattr(integration, "_passed", set())
 

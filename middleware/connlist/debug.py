@@ -211,6 +211,7 @@ def snapshot_steps(
         "pid": os.getpid(),
         "mode": enforcer.mode,
         "integration_off": enforcer.integration_off,
+        "server_integration": enforcer.server_integration,
         **dataclasses.asdict(enforcer.settings),
         "counts": counts,
         "totals": dataclasses.asdict(enforcer.totals),

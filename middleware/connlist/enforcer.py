@@ -182,6 +182,8 @@ class Enforcer:
         # on, or not known yet); and whether ASGI-only mode was logged.
         self.integration_off: str | None = None
         self.asgi_told = False
+        # The server_integration option in force ("auto", "required", "off").
+        self.server_integration = "auto"
         # The list's clock.
         self.clock = clock
         self.linger = linger

@@ -1,44 +1,59 @@
-"""Whether the server integration is on, told at the server's start rather than at its first request.
+"""The server integration at the server's start: turned on, found on, or off and why.
 
-``connlist.uvicorn`` checks each protocol class before it hands it to
-uvicorn (``connlist.selfcheck``) and records here what failed; a class that
-failed is replaced by uvicorn's own.  uvicorn imports the ``--http`` class
-(``Config.load``) before the ASGI lifespan starts, so at the lifespan
-startup ``ConnectionsMiddleware`` can tell the mode (``startup_status``):
+uvicorn runs the ASGI lifespan before it listens, and reads its config's
+``http_protocol_class`` for each connection it accepts.  The lifespan's
+``receive`` is a method of uvicorn's ``LifespanOn``, which holds that
+``Config``.  So at the lifespan startup ``ConnectionsMiddleware`` asks
+``turn_on``, which reads the server's protocol class and, by the
+``server_integration`` option:
 
-* the server's protocol class is one of connlist's: the integration is on
-  (each connection confirms it: the protocol announces its mode);
-* it is uvicorn's own class standing in for one of connlist's whose check
-  failed: ASGI-only mode, and why;
-* it is another class (``--http httptools``): ASGI-only mode;
-* the server is not uvicorn, or hides its config: if ``connlist.uvicorn``
-  checked a class and it passed, the first connection tells; otherwise
-  ASGI-only mode.
+* connlist's class (``--http connlist.uvicorn:...``, connlist's gunicorn
+  workers): the integration is on;
+* uvicorn's own ``HttpToolsProtocol`` or ``H11Protocol`` (what ``--http
+  auto``, ``httptools`` and ``h11`` resolve to: ``uvicorn app:app``,
+  ``fastapi run``, gunicorn's ``uvicorn_worker`` workers): connlist's class
+  for the same parser is built and checked (``connlist.selfcheck``) and put
+  in the config in its place; on a failed check uvicorn's stays, with one
+  ERROR line;
+* uvicorn's own class standing in for connlist's whose check failed: off,
+  and why;
+* any other class (a user's own protocol, ``--http zttp``): left alone, off;
+* no uvicorn config (another server, or a uvicorn that hides it): off
+  unless a connection of connlist's protocol tells otherwise.
 
-The server's protocol class is read from uvicorn's lifespan (the lifespan's
-``receive`` is a method of uvicorn's ``LifespanOn``, which holds the
-``Config``): one more part of uvicorn that is not public API, read
-defensively; without it the start is told from what ``connlist.uvicorn``
-checked.
+Where the option is ``"off"`` the server is never touched.  ``"required"``
+turns "off" into a refusal to start.  The environment variable
+``CONNLIST_REQUIRE_INTEGRATION`` is the operator's override and wins when
+set: ``1`` makes it ``"required"``, ``0`` makes ``"required"`` ``"auto"``.
 
-``CONNLIST_REQUIRE_INTEGRATION=1`` (``require_integration``) turns the
-fallback into a refusal to start, under uvicorn and gunicorn alike.
+The config, its protocol class and the lifespan's ``receive`` are parts of
+uvicorn that are not public API, read defensively: where they are not as
+expected, nothing is changed and the mode is ASGI-only.  The middleware
+confirms the change at its first request, which must have come through a
+connection connlist's protocol saw (``ConnectionsMiddleware._first_request``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from typing import Any
+import sys
+from typing import Any, NamedTuple
+
+from connlist.logs import log
 
 __all__ = [
+    "POLICIES",
     "REQUIRE_ENV",
     "TESTED_UVICORN",
+    "Start",
     "is_check_failure",
     "record_failure",
     "record_pass",
     "require_integration",
     "server_protocol",
     "startup_status",
+    "turn_on",
 ]
 
 # The uvicorn releases CI runs the integration's tests on: the oldest
@@ -50,20 +65,49 @@ TESTED_RANGE = f"{TESTED_UVICORN[0]} to {TESTED_UVICORN[1]}"
 
 REQUIRE_ENV = "CONNLIST_REQUIRE_INTEGRATION"
 
+# The server_integration option's values.
+POLICIES = ("auto", "required", "off")
+
 # What failed, by the class uvicorn was given instead (uvicorn's own).
 _failures: dict[type, str] = {}
 # connlist's protocol classes that passed their check.
 _passed: set[type] = set()
 
 
+def _required_by_env() -> bool | None:
+    """``$CONNLIST_REQUIRE_INTEGRATION``: True for ``1``, False for ``0``, None when unset or empty."""
+    value = os.environ.get(REQUIRE_ENV, "").strip()
+    if value == "":
+        return None
+    if value in ("0", "1"):
+        return value == "1"
+    raise ValueError(f"{REQUIRE_ENV} must be 1 (refuse to start without the integration) or 0, got {value!r}")
+
+
 def require_integration() -> bool:
     """``$CONNLIST_REQUIRE_INTEGRATION``: ``1`` refuses to start without the integration; ``0``: fall back."""
-    value = os.environ.get(REQUIRE_ENV, "").strip()
-    if value in ("", "0"):
-        return False
-    if value == "1":
-        return True
-    raise ValueError(f"{REQUIRE_ENV} must be 1 (refuse to start without the integration) or 0, got {value!r}")
+    return _required_by_env() is True
+
+
+def check_policy(value: object) -> str:
+    """The ``server_integration`` option, checked."""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"server_integration must be one of {', '.join(map(repr, POLICIES))}, got {type(value).__name__}"
+        )
+    if value not in POLICIES:
+        raise ValueError(f"server_integration must be one of {', '.join(map(repr, POLICIES))}, got {value!r}")
+    return value
+
+
+def effective_policy(option: str) -> str:
+    """The option as the operator's environment leaves it (the variable wins when set)."""
+    required = _required_by_env()
+    if required:
+        return "required"
+    if required is False and option == "required":
+        return "auto"
+    return option
 
 
 def record_failure(stand_in: type, reason: str) -> None:
@@ -79,16 +123,41 @@ def is_check_failure(reason: str | None) -> bool:
     return reason is not None and reason in _failures.values()
 
 
-def server_protocol(receive: Any) -> type | None:
-    """The HTTP protocol class of the uvicorn server whose lifespan ``receive`` belongs to, if it tells."""
-    config = getattr(getattr(receive, "__self__", None), "config", None)
-    cls = getattr(config, "http_protocol_class", None)
-    return cls if isinstance(cls, type) else None
+def server_config(receive: Any, state: object = None) -> Any:
+    """The uvicorn ``Config`` of the server whose lifespan is starting, or None.
+
+    The lifespan's ``receive`` is a method of uvicorn's ``LifespanOn``,
+    which holds the config; an app between the server and the middleware
+    may wrap it (FastAPI's telemetry does).  Then the owner is found where
+    uvicorn runs it: the running task is ``LifespanOn.main()``, and it is
+    this lifespan's only if its ``state`` is the scope's ``state``.
+    """
+    owners = [getattr(receive, "__self__", None)]
+    if state is not None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no running loop
+            task = None
+        frame = getattr(None if task is None else task.get_coro(), "cr_frame", None)
+        owner = None if frame is None else frame.f_locals.get("self")
+        if getattr(owner, "state", None) is state:
+            owners.append(owner)
+    for owner in owners:
+        config = getattr(owner, "config", None)
+        if isinstance(getattr(config, "http_protocol_class", None), type):
+            return config
+    return None
 
 
-def startup_status(receive: Any) -> tuple[str | None, str | None]:
+def server_protocol(receive: Any, state: object = None) -> type | None:
+    """The HTTP protocol class of the uvicorn server whose lifespan is starting, if it tells."""
+    config = server_config(receive, state)
+    return None if config is None else config.http_protocol_class
+
+
+def startup_status(receive: Any, state: object = None) -> tuple[str | None, str | None]:
     """At the lifespan startup: (the integration's mode if on, why it is off); (None, None): not known yet."""
-    cls = server_protocol(receive)
+    cls = server_protocol(receive, state)
     if cls is not None:
         mode = getattr(cls, "connlist_mode", None)
         if isinstance(mode, str):
@@ -102,4 +171,132 @@ def startup_status(receive: Any) -> tuple[str | None, str | None]:
         return None, None  # the first connection tells
     if _failures:
         return None, next(iter(_failures.values()))
-    return None, "the server does not serve through connlist.uvicorn's protocols"
+    return None, NOT_UVICORN
+
+
+# The advice where connlist's protocol failed its check (its ERROR line says what to do).
+FELL_BACK = "connlist's protocol fell back to uvicorn's (see connlist's ERROR line)"
+NOT_UVICORN = "the server is not uvicorn (or does not tell which HTTP protocol it runs)"
+OFF = 'server_integration is "off"'
+
+
+class Start(NamedTuple):
+    """What ``turn_on`` found: the mode if the integration is on, else why not and what to do."""
+
+    mode: str | None
+    reason: str | None = None
+    advice: str | None = None
+    # The refusal's words where the policy is "required" and the integration is off.
+    refusal: str | None = None
+
+
+def turn_on(receive: Any, state: object, policy: str) -> Start:
+    """At the lifespan startup: turn the integration on where the server allows, or say why not.
+
+    ``state`` is the lifespan scope's ``state`` (see server_config).
+    """
+    config = server_config(receive, state)
+    cls = None if config is None else config.http_protocol_class
+    mode = getattr(cls, "connlist_mode", None)
+    if isinstance(mode, str):
+        # The server was given connlist's class: on whatever the policy (nothing to touch).
+        log.info(
+            "server integration on (uvicorn %s, %s, from the server's protocol setting)",
+            _uvicorn_version(),
+            mode.partition("-")[2],
+        )
+        return Start(mode)
+    if cls is not None and cls in _failures:
+        return _off(policy, _failures[cls], FELL_BACK)
+    if policy == "off":
+        return Start(None, OFF, 'set server_integration="auto" (the default) to let connlist turn it on')
+    if cls is None:
+        mode, reason = startup_status(receive, state)
+        if reason is None:
+            return Start(mode)  # not known yet: a connection of connlist's protocol tells
+        return _off(policy, reason, _advice_not_uvicorn())
+    assert config is not None
+    parser = _uvicorn_parser(cls)
+    if parser is None:
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        reason = (
+            f"the server's HTTP protocol is {name}, neither uvicorn's own httptools or h11 protocol "
+            "nor one of connlist.uvicorn's, so connlist leaves it alone"
+        )
+        return _off(policy, reason, _advice_foreign())
+    from connlist import uvicorn as connlist_uvicorn
+
+    ours, failure = connlist_uvicorn.for_server(parser, required=policy == "required")
+    if ours is None:
+        assert failure is not None
+        return _off(policy, failure, FELL_BACK)
+    config.http_protocol_class = ours
+    log.info("server integration on (uvicorn %s, %s)", _uvicorn_version(), parser)
+    return Start(ours.connlist_mode)
+
+
+def _off(policy: str, reason: str, advice: str) -> Start:
+    refusal = None
+    if policy == "required":
+        refusal = f"the server integration is off ({reason}) and it is required: refusing to start"
+    return Start(None, reason, advice, refusal)
+
+
+def _uvicorn_version() -> str:
+    return str(getattr(sys.modules.get("uvicorn"), "__version__", "?"))
+
+
+def _uvicorn_parser(cls: type) -> str | None:
+    """Which parser ``cls`` is uvicorn's own protocol for ("httptools", "h11"), or None."""
+    from connlist import uvicorn as connlist_uvicorn
+
+    for parser, (module_name, class_name, _) in connlist_uvicorn._PARSERS.items():
+        module = sys.modules.get(module_name)
+        if module is not None and getattr(module, class_name, None) is cls:
+            return parser
+    return None
+
+
+def launcher() -> str:
+    """What started this process, for advice: "gunicorn", "fastapi" (its CLI) or "uvicorn"."""
+    if "gunicorn.arbiter" in sys.modules:
+        return "gunicorn"
+    if "fastapi_cli" in sys.modules:
+        return "fastapi"
+    return "uvicorn"
+
+
+_GUNICORN_WORKERS = "-k uvicorn_worker.UvicornWorker (or connlist.gunicorn.UvicornWorker)"
+
+
+def _advice_not_uvicorn() -> str:
+    return (
+        "serve the app with uvicorn (`uvicorn app:app`, `fastapi run`, or gunicorn "
+        f"{_GUNICORN_WORKERS}) to have them"
+    )
+
+
+def _advice_foreign() -> str:
+    if launcher() == "gunicorn":
+        return f"serve with gunicorn {_GUNICORN_WORKERS}"
+    return (
+        "serve with uvicorn's own protocol (--http auto, httptools or h11), or base your protocol "
+        "on connlist.uvicorn's HttpToolsProtocol or H11Protocol"
+    )
+
+
+NO_LIFESPAN = (
+    "the ASGI lifespan did not reach this middleware before its first request (the lifespan is off, or "
+    "the middleware is on a mounted app), and connlist turns the integration on at the lifespan's startup"
+)
+
+
+def advice_without_lifespan() -> str:
+    """What to do when the first request came before any lifespan startup."""
+    where = "add ConnectionsMiddleware to the app the server serves, not to a mounted one"
+    launched = launcher()
+    if launched == "gunicorn":
+        return f"{where}, and serve with gunicorn {_GUNICORN_WORKERS}, which run the lifespan"
+    if launched == "fastapi":
+        return f"{where} (`app.add_middleware(ConnectionsMiddleware, ...)` on the app `fastapi run` serves)"
+    return f"{where}, and keep the lifespan on (uvicorn's --lifespan on or auto, not off)"

@@ -120,7 +120,9 @@ class ConnectionsMiddleware:
         "_enforcer",
         "_first_request_seen",
         "_passing",
+        "_policy",
         "_starting",
+        "_unconfirmed",
         "_workers",
         "app",
         "debug_path",
@@ -134,9 +136,11 @@ class ConnectionsMiddleware:
         debug_path: str | None = "/_connections",
         debug_token: str | None = None,
         on_timeout: OnTimeout | None = None,
+        server_integration: str = "auto",
         **options: Unpack[Options],
     ) -> None:
         settings = resolve(**options)
+        self._policy = integration.check_policy(server_integration)
         if debug_path is not None and not isinstance(debug_path, str):
             raise TypeError(f"debug_path must be None or a str, got {type(debug_path).__name__}")
         if debug_path is not None and not debug_path.startswith("/"):
@@ -153,6 +157,10 @@ class ConnectionsMiddleware:
         self.app = app
         self.debug_path = debug_path
         self._enforcer = Enforcer(settings, on_timeout=on_timeout)
+        self._enforcer.server_integration = server_integration
+        # The mode the last lifespan startup found on, and the connections
+        # counted then, until a request confirms it (_confirm).
+        self._unconfirmed: tuple[str, int] | None = None
         # The sibling workers' view (workers=all): only with the endpoint on.
         self._workers = (
             None
@@ -229,6 +237,8 @@ class ConnectionsMiddleware:
         if scope_type == "http":
             if not self._first_request_seen:
                 self._first_request(scope)
+            if self._unconfirmed is not None:
+                self._confirm()
             if self.debug_path is not None and scope["path"] == self.debug_path:
                 if self._endpoint.allowed(scope):
                     await self._endpoint(scope, receive, send)
@@ -291,7 +301,7 @@ class ConnectionsMiddleware:
         if state is not None:
             state[STATE_KEY] = self._enforcer
         route_to_uvicorn()
-        refusal = self._integration_at_start(receive)
+        refusal = self._integration_at_start(receive, state)
         if refusal is not None:
             await self._refuse_start(refusal, receive, send)
             return
@@ -307,32 +317,29 @@ class ConnectionsMiddleware:
         finally:
             workers.stop()
 
-    def _integration_at_start(self, receive: Receive) -> str | None:
-        """Tell the mode at the server's start (connlist.integration); the refusal to start, if one is due.
+    def _integration_at_start(self, receive: Receive, state: object) -> str | None:
+        """Turn the server integration on, or tell why it is off (connlist.integration); a refusal if due.
 
-        uvicorn imported its ``--http`` class, and ``connlist.uvicorn``
-        checked it, before the lifespan began: the mode is known now, unless
-        the server does not say which class it uses (then its first
-        connection tells, as without the lifespan).
+        uvicorn has loaded its protocol class (and ``connlist.uvicorn`` checked
+        a class given by ``--http``) before the lifespan began, and has not
+        accepted a connection yet.
         """
         enforcer = self._enforcer
         try:
-            require = integration.require_integration()
+            policy = integration.effective_policy(self._policy)
         except ValueError as exc:
             return f"{PREFIX}{exc}"  # (an exception here would only turn the lifespan off)
-        mode, reason = integration.startup_status(receive)
+        enforcer.server_integration = policy
+        start = integration.turn_on(receive, state, policy)
         # What an earlier server of this app had does not hold for this one.
-        enforcer.mode = "asgi" if mode is None else mode
-        enforcer.integration_off = reason
+        enforcer.mode = "asgi" if start.mode is None else start.mode
+        enforcer.integration_off = start.reason
         enforcer.asgi_told = False
-        if reason is None:
-            return None
-        if require:
-            return (
-                f"{PREFIX}{integration.REQUIRE_ENV}=1 and the server integration is off ({reason}): "
-                "refusing to start"
-            )
-        self._tell_asgi_only()
+        self._unconfirmed = None if start.mode is None else (start.mode, enforcer.totals.connections)
+        if start.refusal is not None:
+            return f"{PREFIX}{start.refusal}"
+        if start.reason is not None:
+            self._tell_asgi_only(start.advice)
         return None
 
     async def _refuse_start(self, refusal: str, receive: Receive, send: Send) -> None:
@@ -341,25 +348,17 @@ class ConnectionsMiddleware:
         if message["type"] == "lifespan.startup":
             await send({"type": "lifespan.startup.failed", "message": refusal})
 
-    def _tell_asgi_only(self) -> None:
-        """The one WARNING of ASGI-only mode: what is enforced, what is not, and why."""
+    def _tell_asgi_only(self, advice: str | None) -> None:
+        """The one WARNING of ASGI-only mode: what is enforced, what is not, why, and what to do."""
         enforcer = self._enforcer
         enforcer.asgi_told = True
-        if integration.is_check_failure(enforcer.integration_off):
-            # The server asked for connlist's protocol: its ERROR line said what to do.
-            advice = "connlist's protocol fell back to uvicorn's (see connlist's ERROR line)"
-        else:
-            advice = (
-                "serve with `uvicorn ... --http connlist.uvicorn:HttpToolsProtocol` "
-                "(or connlist.uvicorn:H11Protocol)"
-            )
         log.warning(
             "ASGI-only mode: the request timeout (%gs) and the minimum body rate apply to "
-            "request bodies, but the headers timeout and the send timeout need the server integration: "
-            "%s. Why it is off: %s",
+            "request bodies, but the headers timeout, the send timeout and the connection budget need the "
+            "server integration. Why it is off: %s. To turn it on: %s",
             enforcer.request_timeout,
-            advice,
             enforcer.integration_off,
+            advice or integration.FELL_BACK,
         )
 
     def _lifespan_receive(self, receive: Receive) -> Receive:
@@ -395,11 +394,39 @@ class ConnectionsMiddleware:
             # Not told at the start (the lifespan is off, or the server did
             # not say which protocol it uses): no connection announced the
             # integration before this request.
+            advice = None
             if enforcer.integration_off is None:
-                enforcer.integration_off = (
-                    "no connection was served through connlist.uvicorn's protocols before the first request"
-                )
-            self._tell_asgi_only()
+                enforcer.integration_off = integration.NO_LIFESPAN
+                advice = integration.advice_without_lifespan()
+            self._tell_asgi_only(advice)
+
+    def _confirm(self) -> None:
+        """The first request since the lifespan found the integration on: it came through connlist's protocol.
+
+        Every connection of connlist's protocol is counted as it is made, so
+        a request with none counted came through another: the server did not
+        take the class the lifespan gave it (a uvicorn that reads its
+        protocol class before the lifespan, say).  Then the truth is
+        ASGI-only mode, said loudly.
+        """
+        unconfirmed, self._unconfirmed = self._unconfirmed, None
+        assert unconfirmed is not None
+        mode, counted = unconfirmed
+        enforcer = self._enforcer
+        if enforcer.totals.connections > counted or enforcer.mode != mode:
+            return
+        enforcer.mode = "asgi"
+        enforcer.integration_off = (
+            f"the server did not serve through connlist's protocol ({mode}) that the lifespan startup gave it"
+        )
+        enforcer.asgi_told = True
+        log.error(
+            "the server integration is off: %s, so the headers timeout, the send timeout and the connection "
+            "budget are not enforced; connlist runs in ASGI-only mode. Serve with `--http "
+            "connlist.uvicorn:HttpToolsProtocol` (or H11Protocol), or pin uvicorn to %s.",
+            enforcer.integration_off,
+            integration.TESTED_RANGE,
+        )
 
 
 def _route(

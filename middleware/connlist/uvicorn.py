@@ -872,7 +872,12 @@ _PARSERS = {
     "httptools": ("uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol", _HttpToolsTracking),
     "h11": ("uvicorn.protocols.http.h11_impl", "H11Protocol", _H11Tracking),
 }
+# connlist's name for each parser's class.
+_NAMES = {"httptools": "HttpToolsProtocol", "h11": "H11Protocol"}
+# Each parser's class as a --http flag gets it (connlist's, or uvicorn's in its place).
 _resolved: dict[str, type[Any]] = {}
+# Each parser's build and check (_checked), shared by the flag and the automatic path.
+_built: dict[str, tuple[type[Any] | None, type | None, selfcheck.Result]] = {}
 _lock = threading.RLock()
 _newer_warned = False
 
@@ -905,11 +910,15 @@ def _subclass(name: str, mixin: type, base: type) -> type[Any]:
     return type(name, (mixin, base), namespace)
 
 
-def _integrate(parser: str) -> type[Any]:
-    integration.require_integration()  # a bad value stops the start here, naming the variable
+def _build(parser: str) -> tuple[type[Any] | None, type | None, selfcheck.Result]:
+    """connlist's class for ``parser`` built on uvicorn's and checked (once per process, see _checked).
+
+    Returns (connlist's class if it passed, uvicorn's class if found, the check's result).
+    """
     module_name, base_name, mixin = _PARSERS[parser]
-    name = "HttpToolsProtocol" if parser == "httptools" else "H11Protocol"  # connlist's name for it
+    name = _NAMES[parser]
     base: type | None = None
+    cls: type[Any] | None = None
     try:
         module = importlib.import_module(module_name)
         base = getattr(module, base_name, None)
@@ -932,11 +941,62 @@ def _integrate(parser: str) -> type[Any]:
     if result.logger_name:
         # connlist's lines go wherever uvicorn's protocols write theirs.
         follow_uvicorn_logger(result.logger_name)
-    if result.passed:
-        integration.record_pass(cls)
-        _warn_if_newer()
+    if not result.passed:
+        return None, base, result
+    assert cls is not None
+    integration.record_pass(cls)
+    _warn_if_newer()
+    return cls, base, result
+
+
+def _checked(parser: str) -> tuple[type[Any] | None, type | None, selfcheck.Result]:
+    """``_build``'s outcome for ``parser``, built once per process: both paths below share it."""
+    with _lock:
+        built = _built.get(parser)
+        if built is None:
+            built = _built[parser] = _build(parser)
+        return built
+
+
+def _integrate(parser: str) -> type[Any]:
+    """The class a ``--http connlist.uvicorn:...`` flag names: connlist's, or uvicorn's in its place."""
+    integration.require_integration()  # a bad value stops the start here, naming the variable
+    cls, base, result = _checked(parser)
+    if cls is not None:
         return cls
-    return _fall_back(parser, name, base, result.failure or "")
+    return _fall_back(parser, base, result.failure or "")
+
+
+def for_server(parser: str, *, required: bool) -> tuple[type[Any] | None, str | None]:
+    """The automatic path: connlist's class for the server's own ``parser`` protocol, or why not.
+
+    The middleware calls it at the lifespan startup when the server runs
+    uvicorn's own ``parser`` class (``connlist.integration.turn_on``).  On a
+    failed check the reason is recorded for the view, and the ERROR line is
+    logged unless ``required``, where the middleware's refusal to start
+    says it instead.
+    """
+    cls, base, result = _checked(parser)
+    if cls is not None:
+        return cls, None
+    what, advice = _failure_text(parser, result.failure or "")
+    reason = f"uvicorn {uvicorn.__version__}: {_NAMES[parser]}: {result.failure}"
+    if base is not None:
+        integration.record_failure(base, reason)
+    if required:
+        return None, f"{what}. {advice}"
+    route_to_uvicorn()
+    log.error(
+        "the server integration is off: %s. The server keeps uvicorn's own %s protocol and connlist runs in "
+        "ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but the "
+        'headers timeout and the send timeout are not enforced. %s Set server_integration="required" '
+        "(or %s=1) to refuse to start instead.",
+        what,
+        parser,
+        advice,
+        integration.REQUIRE_ENV,
+    )
+    return None, reason
 
 
 def _warn_if_newer() -> None:
@@ -958,15 +1018,22 @@ def _warn_if_newer() -> None:
 REFUSAL_STATUS = 3
 
 
-def _fall_back(parser: str, name: str, base: type | None, failure: str) -> type[Any]:
-    """uvicorn's own class instead of connlist's, and the one ERROR line (or the refusal to start)."""
+def _failure_text(parser: str, failure: str) -> tuple[str, str]:
+    """What failed, and what to do: the ERROR line's and the refusal's words."""
     what = (
-        f"connlist {_connlist_version()} does not work with uvicorn {uvicorn.__version__} ({name}: {failure})"
+        f"connlist {_connlist_version()} does not work with uvicorn {uvicorn.__version__} "
+        f"({_NAMES[parser]}: {failure})"
     )
     advice = (
         f"connlist is tested with uvicorn {TESTED_RANGE}: pin uvicorn to that range (pip install "
         f"'uvicorn>={TESTED_UVICORN[0]},<={TESTED_UVICORN[1]}'), or upgrade connlist."
     )
+    return what, advice
+
+
+def _fall_back(parser: str, base: type | None, failure: str) -> type[Any]:
+    """uvicorn's own class instead of connlist's, and the one ERROR line (or the refusal to start)."""
+    what, advice = _failure_text(parser, failure)
     route_to_uvicorn()
     if integration.require_integration():
         # One line, the server's own exit status for a failed start, no traceback.
@@ -984,7 +1051,7 @@ def _fall_back(parser: str, name: str, base: type | None, failure: str) -> type[
 
         base = import_from_string(HTTP_PROTOCOLS[parser])
     assert base is not None
-    integration.record_failure(base, f"uvicorn {uvicorn.__version__}: {name}: {failure}")
+    integration.record_failure(base, f"uvicorn {uvicorn.__version__}: {_NAMES[parser]}: {failure}")
     log.error(
         "the server integration is off: %s. The server runs uvicorn's own %s protocol and connlist "
         "runs in ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but "
