@@ -60,7 +60,9 @@ class Recorder:
 @pytest.fixture
 def asgi_server(parser: str):  # type: ignore[no-untyped-def]
     recorder = Recorder()
-    mw = ConnectionsMiddleware(recorder, headers_timeout=0.5, request_timeout=REQUEST_TIMEOUT)
+    mw = ConnectionsMiddleware(
+        recorder, headers_timeout=0.5, request_timeout=REQUEST_TIMEOUT, server_integration="off"
+    )
     with serve(mw, PLAIN[parser]) as running:
         running.mw = mw  # type: ignore[attr-defined]
         running.recorder = recorder  # type: ignore[attr-defined]
@@ -68,12 +70,6 @@ def asgi_server(parser: str):  # type: ignore[no-untyped-def]
     assert len(mw.connections) == 0
     assert mw.connections.active_count == 0
     assert mw.connections.received == {}
-
-
-PROTOCOL_CLASSES = {
-    "httptools": "uvicorn.protocols.http.httptools_impl.HttpToolsProtocol",
-    "h11": "uvicorn.protocols.http.h11_impl.H11Protocol",
-}
 
 
 def test_mode_is_asgi_and_logged_once(asgi_server, parser: str, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
@@ -86,15 +82,14 @@ def test_mode_is_asgi_and_logged_once(asgi_server, parser: str, caplog: pytest.L
     records = caplog.get_records("setup") + caplog.get_records("call")
     messages = [r.getMessage() for r in records if "ASGI-only mode" in r.getMessage()]
     assert len(messages) == 1
-    assert "--http connlist.uvicorn:HttpToolsProtocol" in messages[0]
-    # Told at the server's start (the fixture), not at the first request, with why.
+    # Told at the server's start (the fixture), not at the first request, with why and what to do.
     assert [r.getMessage() for r in caplog.get_records("setup")] == messages
     assert messages[0].endswith(
-        " Why it is off: the server's HTTP protocol is "
-        + PROTOCOL_CLASSES[parser]
-        + ", not one of connlist.uvicorn's"
+        ' Why it is off: server_integration is "off". To turn it on: set server_integration="auto" '
+        "(the default) to let connlist turn it on"
     )
-    assert asgi_server.mw.enforcer.integration_off.endswith("not one of connlist.uvicorn's")
+    assert asgi_server.mw.enforcer.integration_off == 'server_integration is "off"'
+    assert asgi_server.mw.snapshot()["server_integration"] == "off"
     # Requests without a body left nothing behind.
     assert asgi_server.call(lambda: len(asgi_server.mw.connections)) == 0
 
@@ -502,7 +497,8 @@ def test_totals_stay_exact_when_the_integration_takes_over(parser: str) -> None:
     # counts its own connections and requests, and neither doubles the
     # other's (ASGI-only mode once aliased requests to connections, so that
     # the integration's two increments moved one count by 2).
-    mw = middleware()
+    # ASGI-only mode by the option; the flag's protocols then feed the list whatever it says.
+    mw = middleware(server_integration="off")
 
     def serve_requests(port: int) -> None:
         # Two connections: three requests (one with a body), then one.

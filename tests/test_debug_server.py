@@ -59,8 +59,12 @@ class Server:
     port: int
 
     def __init__(self, http: str, *, headers_timeout: float = 2.0, request_timeout: float = 4.0) -> None:
+        # uvicorn's own protocol (PLAIN) is for ASGI-only mode: the option keeps it.
         self.mw = ConnectionsMiddleware(
-            echo_app, headers_timeout=headers_timeout, request_timeout=request_timeout
+            echo_app,
+            headers_timeout=headers_timeout,
+            request_timeout=request_timeout,
+            server_integration="off" if http in PLAIN.values() else "auto",
         )
         self._serve = serve(self.mw, http, timeout_graceful_shutdown=3)
 

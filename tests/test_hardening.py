@@ -309,7 +309,7 @@ def test_upload_of_megabytes_at_a_healthy_rate_is_served(parser: str) -> None:
 
 def test_asgi_only_mode_trickled_body_gets_408_at_the_grace(parser: str) -> None:
     grace = 1.0
-    mw = middleware(request_timeout=10, body_min_rate=500, body_grace=grace)
+    mw = middleware(request_timeout=10, body_min_rate=500, body_grace=grace, server_integration="off")
     with serve(mw, PLAIN[parser]) as running:
         sock = connect(running.port)
         sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nab")
@@ -339,7 +339,7 @@ def test_body_held_up_by_a_busy_handler_is_not_the_clients_fault(parser: str) ->
 
 
 def test_asgi_only_mode_body_held_up_by_a_busy_handler_is_not_the_clients_fault(parser: str) -> None:
-    mw = middleware(request_timeout=10, body_min_rate=100_000, body_grace=0.3)
+    mw = middleware(request_timeout=10, body_min_rate=100_000, body_grace=0.3, server_integration="off")
     with serve(mw, PLAIN[parser]) as running:
         sock = connect(running.port)
         size = 1024 * 1024
@@ -436,7 +436,7 @@ def test_expect_100_continue_body_is_timed_from_the_100_continue(parser: str) ->
 
 def test_asgi_only_mode_expect_100_continue_body_is_timed_from_the_100_continue(parser: str) -> None:
     grace = 1.0
-    mw = middleware(request_timeout=10, body_min_rate=500, body_grace=grace)
+    mw = middleware(request_timeout=10, body_min_rate=500, body_grace=grace, server_integration="off")
     with serve(mw, PLAIN[parser]) as running:
         expect_100_continue(mw, running.port, 1.5, grace)
         assert mw.mode == "asgi"
@@ -482,7 +482,7 @@ def test_body_bytes_count_whichever_read_they_arrived_in(parser: str) -> None:
 
 
 def test_asgi_only_mode_body_bytes_count_whichever_read_they_arrived_in(parser: str) -> None:
-    mw = middleware(request_timeout=10, body_min_rate=2000, body_grace=0.5)
+    mw = middleware(request_timeout=10, body_min_rate=2000, body_grace=0.5, server_integration="off")
     with serve(mw, PLAIN[parser]) as running:
         verdicts = split_body_pair(mw, running.port)
         assert [status for status, _ in verdicts] == [b"HTTP/1.1 200 OK"] * 2, verdicts

@@ -98,10 +98,17 @@ async def hello(request: Request) -> PlainTextResponse:
 
 
 def make_app(
-    registry: CollectorRegistry, *, interval: float | None, metrics_outside: bool = False
+    registry: CollectorRegistry,
+    *,
+    interval: float | None,
+    metrics_outside: bool = False,
+    server_integration: str = "auto",
 ) -> Starlette:
     connections = Middleware(
-        ConnectionsMiddleware, headers_timeout=HEADERS_TIMEOUT, request_timeout=REQUEST_TIMEOUT
+        ConnectionsMiddleware,
+        headers_timeout=HEADERS_TIMEOUT,
+        request_timeout=REQUEST_TIMEOUT,
+        server_integration=server_integration,
     )
     metrics = Middleware(MetricsMiddleware, registry=registry, interval=interval)
     return Starlette(
@@ -371,7 +378,8 @@ def test_background_refresh_without_scrapes() -> None:
 def test_the_integration_gauge_says_asgi_only_mode(parser: str, integrated: bool) -> None:
     registry = CollectorRegistry()
     http = INTEGRATED[parser] if integrated else PLAIN[parser]
-    with serve(make_app(registry, interval=None), http) as server:
+    app = make_app(registry, interval=None, server_integration="auto" if integrated else "off")
+    with serve(app, http) as server:
         # Known from the start: the first scrape tells, before any other request.
         values = scrape(server.port)
     assert values[("connlist_server_integration", ())] == (1.0 if integrated else 0.0)

@@ -8,6 +8,7 @@ is told (connlist.integration).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import time
@@ -103,26 +104,64 @@ def test_an_exception_is_a_failure_too() -> None:
     assert result.failure == "the scripted conversation raised KeyError: 'moved'"
 
 
-def _receive_of(cls: Any) -> Any:
-    """A lifespan receive as uvicorn's: a method of an object holding the Config."""
-    owner = SimpleNamespace(config=SimpleNamespace(http_protocol_class=cls))
-    owner.receive = lambda: None
-    return SimpleNamespace(__self__=owner)
+def _config_of(cls: Any) -> Any:
+    """A uvicorn Config as far as connlist reads it: its protocol class."""
+    return SimpleNamespace(http_protocol_class=cls)
 
 
 def test_the_start_is_told_from_the_servers_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
     connlist_cls = connlist_uvicorn.H11Protocol
-    assert integration.startup_status(_receive_of(connlist_cls)) == ("uvicorn-h11", None)
-    mode, reason = integration.startup_status(_receive_of(h11_impl.H11Protocol))
-    assert mode is None and reason is not None and reason.endswith("not one of connlist.uvicorn's")
-    # A stand-in for a class whose check failed: the failure.
-    monkeypatch.setitem(integration._failures, httptools_impl.HttpToolsProtocol, "uvicorn 9: it moved")
-    assert integration.startup_status(_receive_of(httptools_impl.HttpToolsProtocol)) == (
+    for policy in integration.POLICIES:
+        # connlist's class, given by a flag: on whatever the option says, nothing touched.
+        config = _config_of(connlist_cls)
+        assert integration.turn_on(config, policy) == ("uvicorn-h11", None, None, None)
+        assert config.http_protocol_class is connlist_cls
+    # uvicorn's own class: connlist's in its place, unless the option is "off".
+    config = _config_of(h11_impl.H11Protocol)
+    assert integration.turn_on(config, "off") == (
         None,
-        "uvicorn 9: it moved",
+        'server_integration is "off"',
+        'set server_integration="auto" (the default) to let connlist turn it on',
+        None,
     )
+    assert config.http_protocol_class is h11_impl.H11Protocol
+    assert integration.turn_on(config, "auto") == ("uvicorn-h11", None, None, None)
+    assert config.http_protocol_class is connlist_cls
+    # A stand-in for a class whose check failed: the failure, and nothing touched.
+    monkeypatch.setitem(integration._failures, httptools_impl.HttpToolsProtocol, "uvicorn 9: it moved")
+    config = _config_of(httptools_impl.HttpToolsProtocol)
+    assert integration.turn_on(config, "auto") == (None, "uvicorn 9: it moved", integration.FELL_BACK, None)
+    assert integration.turn_on(config, "required").refusal == (
+        "the server integration is off (uvicorn 9: it moved) and it is required: refusing to start"
+    )
+    assert config.http_protocol_class is httptools_impl.HttpToolsProtocol
     # A server that does not say: a passed check waits for the first connection.
-    assert integration.startup_status(object()) == (None, None)
+    assert integration.turn_on(None, "auto") == (None, None, None, None)
+
+
+def test_the_lifespan_receive_or_task_leads_to_the_servers_config() -> None:
+    config = _config_of(h11_impl.H11Protocol)
+    owner = SimpleNamespace(config=config, state={})
+    owner.receive = lambda: None
+    # uvicorn's own receive: a method of the object holding the config.
+    assert integration.server_config(SimpleNamespace(__self__=owner)) is config
+    # Wrapped (FastAPI's telemetry does): found through the lifespan's task, whose ``self`` holds the
+    # scope's state, and only then.
+    wrapped = SimpleNamespace()
+
+    class LifespanOn:
+        def __init__(self, state: dict[str, object]) -> None:
+            self.config = config
+            self.state = state
+
+        async def main(self, state: object) -> Any:
+            return integration.server_config(wrapped, state)
+
+    state: dict[str, object] = {}
+    assert asyncio.run(LifespanOn(state).main(state)) is config
+    assert asyncio.run(LifespanOn({}).main(state)) is None
+    assert integration.server_config(wrapped, state) is None  # no running task
+    assert integration.server_config(SimpleNamespace(__self__=SimpleNamespace(config=object()))) is None
 
 
 @pytest.mark.parametrize(("value", "required"), [("", False), ("0", False), ("1", True), (" 1 ", True)])
@@ -506,15 +545,14 @@ def test_a_config_uvicorn_cannot_load_is_a_failure(monkeypatch: pytest.MonkeyPat
 @pytest.mark.usefixtures("fresh")
 def test_a_server_that_does_not_say_is_told_from_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     # Nothing checked: ASGI-only mode from the start.
-    assert integration.startup_status(object()) == (
-        None,
-        "the server does not serve through connlist.uvicorn's protocols",
+    start = integration.turn_on(None, "auto")
+    assert (start.mode, start.reason) == (None, integration.NOT_UVICORN)
+    assert start.advice is not None and start.advice.startswith(
+        "serve the app with uvicorn (`uvicorn app:app`"
     )
     # Only failures: the first one.
     monkeypatch.setitem(integration._failures, h11_impl.H11Protocol, "uvicorn 9: H11Protocol: it moved")
-    assert integration.startup_status(object()) == (None, "uvicorn 9: H11Protocol: it moved")
-    assert integration.is_check_failure("uvicorn 9: H11Protocol: it moved")
-    assert not integration.is_check_failure(None) and not integration.is_check_failure("something else")
+    assert integration.turn_on(None, "auto").reason == "uvicorn 9: H11Protocol: it moved"
 
 
 def test_a_uvicorn_without_what_the_script_imports_fails_before_any_step(

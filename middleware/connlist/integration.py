@@ -47,12 +47,11 @@ __all__ = [
     "REQUIRE_ENV",
     "TESTED_UVICORN",
     "Start",
-    "is_check_failure",
+    "gunicorn_master",
     "record_failure",
     "record_pass",
     "require_integration",
-    "server_protocol",
-    "startup_status",
+    "server_config",
     "turn_on",
 ]
 
@@ -118,11 +117,6 @@ def record_pass(cls: type) -> None:
     _passed.add(cls)
 
 
-def is_check_failure(reason: str | None) -> bool:
-    """Whether ``reason`` is a failed self-check's: connlist's protocol was asked for, uvicorn's given."""
-    return reason is not None and reason in _failures.values()
-
-
 def server_config(receive: Any, state: object = None) -> Any:
     """The uvicorn ``Config`` of the server whose lifespan is starting, or None.
 
@@ -149,29 +143,28 @@ def server_config(receive: Any, state: object = None) -> Any:
     return None
 
 
-def server_protocol(receive: Any, state: object = None) -> type | None:
-    """The HTTP protocol class of the uvicorn server whose lifespan is starting, if it tells."""
-    config = server_config(receive, state)
-    return None if config is None else config.http_protocol_class
-
-
-def startup_status(receive: Any, state: object = None) -> tuple[str | None, str | None]:
-    """At the lifespan startup: (the integration's mode if on, why it is off); (None, None): not known yet."""
-    cls = server_protocol(receive, state)
-    if cls is not None:
-        mode = getattr(cls, "connlist_mode", None)
-        if isinstance(mode, str):
-            return mode, None
-        reason = _failures.get(cls)
-        if reason is not None:
-            return None, reason
-        name = f"{cls.__module__}.{cls.__qualname__}"
-        return None, f"the server's HTTP protocol is {name}, not one of connlist.uvicorn's"
+def _status_without_config() -> tuple[str | None, str | None]:
+    """The server does not tell its protocol: what ``connlist.uvicorn`` checked in this process tells."""
     if _passed:
         return None, None  # the first connection tells
     if _failures:
         return None, next(iter(_failures.values()))
     return None, NOT_UVICORN
+
+
+def gunicorn_master(config: Any) -> int | None:
+    """The pid of the gunicorn master whose worker runs this uvicorn ``config``, or None.
+
+    gunicorn's uvicorn workers (``uvicorn_worker``'s, uvicorn's own) give
+    the config their ``callback_notify``, a method of the gunicorn worker,
+    which knows its master (``ppid``).
+    """
+    worker = getattr(getattr(config, "callback_notify", None), "__self__", None)
+    base = sys.modules.get("gunicorn.workers.base")
+    if base is None or not isinstance(worker, base.Worker):
+        return None
+    ppid = worker.ppid
+    return ppid if isinstance(ppid, int) else None
 
 
 # The advice where connlist's protocol failed its check (its ERROR line says what to do).
@@ -190,12 +183,11 @@ class Start(NamedTuple):
     refusal: str | None = None
 
 
-def turn_on(receive: Any, state: object, policy: str) -> Start:
+def turn_on(config: Any, policy: str) -> Start:
     """At the lifespan startup: turn the integration on where the server allows, or say why not.
 
-    ``state`` is the lifespan scope's ``state`` (see server_config).
+    ``config`` is the server's (``server_config``), or None.
     """
-    config = server_config(receive, state)
     cls = None if config is None else config.http_protocol_class
     mode = getattr(cls, "connlist_mode", None)
     if isinstance(mode, str):
@@ -211,7 +203,7 @@ def turn_on(receive: Any, state: object, policy: str) -> Start:
     if policy == "off":
         return Start(None, OFF, 'set server_integration="auto" (the default) to let connlist turn it on')
     if cls is None:
-        mode, reason = startup_status(receive, state)
+        mode, reason = _status_without_config()
         if reason is None:
             return Start(mode)  # not known yet: a connection of connlist's protocol tells
         return _off(policy, reason, _advice_not_uvicorn())

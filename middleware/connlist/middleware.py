@@ -39,7 +39,7 @@ from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, sn
 from connlist.enforcer import STATE_KEY, Enforcer, OnTimeout
 from connlist.kinds import OPTIONS, Options, Settings, option_parameters, resolve
 from connlist.logs import PREFIX, log, route_to_uvicorn
-from connlist.workers import WorkerGroup
+from connlist.workers import WorkerGroup, supervised_by
 
 if TYPE_CHECKING:
     # Annotations only (typing.Unpack is Python 3.11+).
@@ -330,7 +330,12 @@ class ConnectionsMiddleware:
         except ValueError as exc:
             return f"{PREFIX}{exc}"  # (an exception here would only turn the lifespan off)
         enforcer.server_integration = policy
-        start = integration.turn_on(receive, state, policy)
+        config = integration.server_config(receive, state)
+        master = integration.gunicorn_master(config)
+        if master is not None:
+            # gunicorn's usual worker: its siblings' views (workers=all), as connlist's workers tell.
+            supervised_by(master)
+        start = integration.turn_on(config, policy)
         # What an earlier server of this app had does not hold for this one.
         enforcer.mode = "asgi" if start.mode is None else start.mode
         enforcer.integration_off = start.reason
