@@ -274,6 +274,7 @@ def test_snapshot_method_is_what_the_endpoint_serves() -> None:
         "pid",
         "mode",
         "integration_off",
+        "server_integration",
         "headers_timeout",
         "request_timeout",
         "send_timeout",

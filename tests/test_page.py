@@ -337,7 +337,9 @@ def test_chromium_shows_every_state_and_the_escaped_path(tmp_path: Path) -> None
     assert hostile["state"] == "handling" and hostile["method"] == "GET"
     assert "script" not in dom.tags and "<script" not in markup
     assert console_errors(log) == [], log
-    assert "mode uvicorn-httptools: the server integration is on" in paragraphs(markup)
+    assert "mode uvicorn-httptools (server_integration auto): the server integration is on" in paragraphs(
+        markup
+    )
     # Which timeout runs for each, and the time left: the headers timeout
     # (30 s) while the headers are incomplete; for the body, the minimum
     # rate's (10 s of grace, and 3 bytes at 500 bytes/s), before the request
@@ -414,6 +416,7 @@ def settings_view(**fields: Any) -> dict[str, Any]:
         "pid": 1,
         "mode": "uvicorn-httptools",
         "integration_off": None,
+        "server_integration": "auto",
         "enforced": ["headers", "request", "rate", "send"],
         "headers_timeout": 10.0,
         "request_timeout": 30.0,
@@ -437,7 +440,7 @@ def paragraphs(body: str) -> list[str]:
 
 def test_the_mode_says_whether_the_integration_is_on_and_what_is_not_enforced() -> None:
     on = paragraphs(page.render(settings_view()).decode())
-    assert "mode uvicorn-httptools: the server integration is on" in on
+    assert "mode uvicorn-httptools (server_integration auto): the server integration is on" in on
     assert (
         "headers timeout 10 s, request timeout 30 s, minimum body rate 500 bytes/s, send timeout 60 s" in on
     )
@@ -449,7 +452,8 @@ def test_the_mode_says_whether_the_integration_is_on_and_what_is_not_enforced() 
         page.render(settings_view(mode="asgi", integration_off=reason, enforced=["request", "rate"])).decode()
     )
     assert (
-        "[off] mode asgi: the server integration is off: uvicorn 0.55.0: HttpToolsProtocol: "
+        "[off] mode asgi (server_integration auto): the server integration is off: uvicorn 0.55.0: "
+        "HttpToolsProtocol: "
         "`cycle.scope` is not the protocol's <scope>. Not enforced: headers timeout, send timeout"
     ) in off
     assert (
@@ -464,10 +468,41 @@ def test_the_mode_says_whether_the_integration_is_on_and_what_is_not_enforced() 
             )
         ).decode()
     )
-    assert "[off] mode asgi: the server integration is off: why. Not enforced: headers timeout" in off
+    assert (
+        "[off] mode asgi (server_integration auto): the server integration is off: why. "
+        "Not enforced: headers timeout"
+    ) in off
     assert "minimum body rate off, send timeout off" in off[-1]
-    old = paragraphs(page.render(settings_view(enforced=None, integration_off=None, mode=None)).decode())
+    old = paragraphs(
+        page.render(
+            settings_view(enforced=None, integration_off=None, mode=None, server_integration=None)
+        ).decode()
+    )
     assert "mode \u2013" in old and not any("not enforced" in line for line in old)
+
+
+def test_asgi_only_mode_marks_the_budget_and_says_the_list_sees_requests() -> None:
+    budget = {"max_connections": 832, "occupied": 0, "pressure": 0.0, "pressed": False}
+    off = page.render(
+        settings_view(
+            mode="asgi",
+            integration_off="why",
+            server_integration="off",
+            enforced=["request", "rate"],
+            budget={**budget, "enforced": False},
+        )
+    ).decode()
+    lines = paragraphs(off)
+    assert (
+        "[off] mode asgi (server_integration off): the server integration is off: why. "
+        "Not enforced: headers timeout, send timeout, connection budget"
+    ) in lines
+    assert "budget 0 of 832 connections (pressure 0%) (not enforced)" in lines
+    assert "in ASGI-only mode the list sees requests, not connections" in off
+    # With the integration: the budget is enforced, and an empty list has no connections.
+    on = page.render(settings_view(budget={**budget, "enforced": True})).decode()
+    assert "budget 0 of 832 connections (pressure 0%)" in paragraphs(on)
+    assert "not enforced" not in on and ">no connections<" in on
 
 
 def test_chromium_shows_the_integration_off(tmp_path: Path) -> None:
@@ -484,15 +519,18 @@ def test_chromium_shows_the_integration_off(tmp_path: Path) -> None:
     assert "<script" not in markup
     lines = paragraphs(markup)
     assert (
-        '[off] mode asgi: the server integration is off: server_integration is "off". '
-        "Not enforced: headers timeout, send timeout"
+        "[off] mode asgi (server_integration off): the server integration is off: server_integration is "
+        '"off". Not enforced: headers timeout, send timeout, connection budget'
     ) in lines, lines
+    assert view["budget"]["enforced"] is False
+    assert any(line.endswith("connections (pressure 0%) (not enforced)") for line in lines), lines
     marked = "headers timeout 30 s (not enforced), request timeout 60 s, minimum body rate "
     assert any(
         line.startswith(marked) and line.endswith(", send timeout 90 s (not enforced)") for line in lines
     ), lines
     # The mark is styled (the CSP allows the page's one style element).
-    assert markup.count('<span class="off">(not enforced)</span>') == 2, markup
+    assert markup.count('<span class="off">(not enforced)</span>') == 3, markup
+    assert "in ASGI-only mode the list sees requests, not connections" in markup
 
 
 def test_a_truncated_view_says_how_many_it_shows() -> None:

@@ -383,6 +383,12 @@ def test_the_integration_gauge_says_asgi_only_mode(parser: str, integrated: bool
         # Known from the start: the first scrape tells, before any other request.
         values = scrape(server.port)
     assert values[("connlist_server_integration", ())] == (1.0 if integrated else 0.0)
+    # The option in force: one series per value, 1 for it.
+    setting = "auto" if integrated else "off"
+    assert {
+        value: values[("connlist_server_integration_setting", (("setting", value),))]
+        for value in ("auto", "required", "off")
+    } == {value: float(value == setting) for value in ("auto", "required", "off")}
 
 
 def test_no_background_refresh_when_interval_is_off() -> None:

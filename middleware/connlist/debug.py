@@ -291,6 +291,8 @@ def budget_view(enforcer: Enforcer) -> dict[str, Any]:
     pressure = enforcer.pressure
     return {
         "max_connections": enforcer.settings.max_connections,
+        # A budget needs the connections, which only the server integration sees.
+        "enforced": bool(enforcer.settings.max_connections) and enforcer.mode != "asgi",
         "occupied": enforcer.connections.occupied,
         "pressure": round(pressure, 3),
         "pressed": enforcer.pressed,

@@ -126,7 +126,7 @@ def _totals_tables(totals: dict[str, Any]) -> str:
     return "".join(_numbers_table(caption, numbers) for caption, numbers in groups if numbers)
 
 
-def _connections_table(connections: Iterable[dict[str, Any]]) -> str:
+def _connections_table(connections: Iterable[dict[str, Any]], empty: str = "no connections") -> str:
     head = "".join(f"<th>{LABELS.get(name, name)}</th>" for name in COLUMNS)
     rows = []
     for conn in connections:
@@ -139,7 +139,7 @@ def _connections_table(connections: Iterable[dict[str, Any]]) -> str:
                 cells.append(f'<td class="{name}">{_text(value)}</td>')
         rows.append(f"<tr>{''.join(cells)}</tr>")
     if not rows:
-        rows.append(f'<tr><td colspan="{len(COLUMNS)}">no connections</td></tr>')
+        rows.append(f'<tr><td colspan="{len(COLUMNS)}">{_text(empty)}</td></tr>')
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
@@ -178,12 +178,17 @@ def _mode(worker: dict[str, Any], unenforced: list[str]) -> str:
     """The worker's mode; with the integration off, why, and what is then not enforced."""
     mode = worker.get("mode")
     reason = worker.get("integration_off")
+    setting = worker.get("server_integration")
+    told = "" if setting is None else f" (server_integration {_text(setting)})"
     if reason is None:
-        on = isinstance(mode, str) and mode.startswith("uvicorn-")
-        return f"<p>mode {_text(mode)}{': the server integration is on' if on else ''}</p>"
+        on = isinstance(mode, str) and mode != "asgi"
+        return f"<p>mode {_text(mode)}{told}{': the server integration is on' if on else ''}</p>"
     lost = [kind.label for kind in TIMEOUT_KINDS if kind.name in unenforced]
+    budget = worker.get("budget")
+    if isinstance(budget, dict) and budget.get("max_connections") and budget.get("enforced") is False:
+        lost.append("connection budget")
     return (
-        f'<p class="off">mode {_text(mode)}: the server integration is off: {_text(reason)}. '
+        f'<p class="off">mode {_text(mode)}{told}: the server integration is off: {_text(reason)}. '
         f"Not enforced: {', '.join(lost) if lost else 'none of the configured timeouts'}</p>"
     )
 
@@ -218,6 +223,9 @@ def _budget_line(budget: dict[str, Any]) -> str:
         f"budget {_text(budget.get('occupied'))} of {_text(budget.get('max_connections'))} connections "
         f"(pressure {share})"
     )
+    if budget.get("enforced") is False:
+        return f'{line} <span class="off">(not enforced)</span>'
+
     if budget.get("pressed"):
         line += (
             f", under pressure: headers timeout now {_seconds(budget.get('headers_timeout_now'))}, "
@@ -241,9 +249,19 @@ def _worker_section(worker: dict[str, Any], *, heading: bool) -> str:
         _settings(worker),
         _budget(worker),
         _truncated(worker),
-        _connections_table(worker.get("all", [])),
+        _connections_table(worker.get("all", []), _empty(worker)),
     ]
     return "".join(parts)
+
+
+def _empty(worker: dict[str, Any]) -> str:
+    """What an empty table says: in ASGI-only mode the list holds requests being received, not connections."""
+    if worker.get("mode") == "asgi":
+        return (
+            "no request being received: in ASGI-only mode the list sees requests, not connections "
+            "(a client that is connected but has not sent its headers is not shown)"
+        )
+    return "no connections"
 
 
 def _links(endpoint: str, query: dict[str, str], every_worker: bool) -> str:

@@ -43,6 +43,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from connlist.checks import check_number
 from connlist.connections import PHASES
 from connlist.enforcer import STATE_KEY, Enforcer
+from connlist.integration import POLICIES
 from connlist.kinds import BUDGET_KINDS as ENFORCER_BUDGET_KINDS
 from connlist.kinds import TIMEOUT_KINDS, Totals
 from connlist.logs import log
@@ -129,6 +130,15 @@ class ConnlistMetrics:
             registry=registry,
             multiprocess_mode="livemin",
         )
+        # The server_integration option in force, one series per value (1 where any worker has it).
+        self.integration_setting = Gauge(
+            "connlist_server_integration_setting",
+            "The server_integration option in force: 1 for its value (auto, required, off), 0 for "
+            "the others.",
+            ["setting"],
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
         self.budget = Counter(
             "connlist_budget",
             f"Connections let go for max_connections, by kind: {_BUDGET_HELP}.",
@@ -152,6 +162,8 @@ class ConnlistMetrics:
         self._phases: weakref.WeakKeyDictionary[Exporter, dict[str, int]] = weakref.WeakKeyDictionary()
         # Each exporter's last mode: 1 with the server integration, 0 in ASGI-only mode.
         self._integration: weakref.WeakKeyDictionary[Exporter, int] = weakref.WeakKeyDictionary()
+        # Each exporter's last server_integration setting.
+        self._setting: weakref.WeakKeyDictionary[Exporter, str] = weakref.WeakKeyDictionary()
         # Every series exists from the start, at 0 (in multiprocess mode a
         # value appears in the files only once written).
         for phase in PHASES:
@@ -164,6 +176,8 @@ class ConnlistMetrics:
             self.budget.labels(kind).inc(0)
         self.max_connections.set(0)
         self.accept_failures.inc(0)
+        for setting in POLICIES:
+            self.integration_setting.labels(setting).set(0)
 
     def _publish(
         self,
@@ -172,41 +186,54 @@ class ConnlistMetrics:
         deltas: dict[str, int],
         integration: int | None = None,
         budget: int = 0,
+        setting: str | None = None,
     ) -> None:
-        """Take one exporter's phases, mode and budget (None: it left) and its increments; set the gauges."""
+        """Take one exporter's state (phases None: it left) and increments; set the gauges, count."""
         with self._lock:
             if phases is None:
-                self._phases.pop(exporter, None)
-                self._integration.pop(exporter, None)
-                self._budgets.pop(exporter, None)
+                for kept in (self._phases, self._integration, self._setting, self._budgets):
+                    kept.pop(exporter, None)
             else:
                 self._phases[exporter] = phases
                 if integration is not None:
                     self._integration[exporter] = integration
+                if setting is not None:
+                    self._setting[exporter] = setting
                 self._budgets[exporter] = budget
-            if self._integration:
-                self.integration.set(min(self._integration.values()))
-            self.max_connections.set(sum(self._budgets.values()))
-            for row in ENFORCER_BUDGET_KINDS:
-                grew = deltas.get(row.counter, 0)
-                if grew > 0:
-                    self.budget.labels(row.name).inc(grew)
-            if deltas.get("accept_failures", 0) > 0:
-                self.accept_failures.inc(deltas["accept_failures"])
-            sums = dict.fromkeys(PHASES, 0)
-            for counts in self._phases.values():
-                for phase, n in counts.items():
-                    sums[phase] = sums.get(phase, 0) + n
-            for phase, n in sums.items():
-                self.connections.labels(phase).set(n)
-            if deltas.get("connections", 0) > 0:
-                self.accepted.inc(deltas["connections"])
-            if deltas.get("requests", 0) > 0:
-                self.requests.inc(deltas["requests"])
-            for row in TIMEOUT_KINDS:
-                grew = deltas.get(row.counter, 0)
-                if grew > 0:
-                    self.timeouts.labels(row.name).inc(grew)
+            self._set_gauges()
+            self._count(deltas)
+
+    def _set_gauges(self) -> None:
+        """The gauges, from every exporter's last state."""
+        if self._integration:
+            self.integration.set(min(self._integration.values()))
+        in_force = set(self._setting.values())
+        for value in POLICIES:
+            self.integration_setting.labels(value).set(int(value in in_force))
+        self.max_connections.set(sum(self._budgets.values()))
+        sums = dict.fromkeys(PHASES, 0)
+        for counts in self._phases.values():
+            for phase, n in counts.items():
+                sums[phase] = sums.get(phase, 0) + n
+        for phase, n in sums.items():
+            self.connections.labels(phase).set(n)
+
+    def _count(self, deltas: dict[str, int]) -> None:
+        """The counters, by one exporter's increments."""
+        for row in ENFORCER_BUDGET_KINDS:
+            grew = deltas.get(row.counter, 0)
+            if grew > 0:
+                self.budget.labels(row.name).inc(grew)
+        if deltas.get("accept_failures", 0) > 0:
+            self.accept_failures.inc(deltas["accept_failures"])
+        if deltas.get("connections", 0) > 0:
+            self.accepted.inc(deltas["connections"])
+        if deltas.get("requests", 0) > 0:
+            self.requests.inc(deltas["requests"])
+        for row in TIMEOUT_KINDS:
+            grew = deltas.get(row.counter, 0)
+            if grew > 0:
+                self.timeouts.labels(row.name).inc(grew)
 
 
 _metrics: weakref.WeakKeyDictionary[CollectorRegistry, ConnlistMetrics] = weakref.WeakKeyDictionary()
@@ -247,7 +274,9 @@ class Exporter:
         deltas = {name: value - self._last[name] for name, value in totals.items()}
         self._last = totals
         mode = int(enforcer.mode != "asgi")
-        self.metrics._publish(self, phases, deltas, mode, enforcer.settings.max_connections)
+        self.metrics._publish(
+            self, phases, deltas, mode, enforcer.settings.max_connections, enforcer.server_integration
+        )
 
     def close(self, enforcer: Enforcer | None) -> None:
         """Count the last increments and take this worker's connections out of the gauges."""
