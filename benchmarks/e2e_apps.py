@@ -6,8 +6,12 @@ Every setup answers ``GET /`` with Starlette's ``PlainTextResponse("Hello, world
     the hello world, nothing else (``--http httptools``);
 ``with_connlist``
     the same with ``ConnectionsMiddleware()`` at its defaults; served with
-    ``--http connlist.uvicorn:HttpToolsProtocol`` (integration + middleware) and
-    with plain ``--http httptools`` (ASGI-only mode);
+    ``--http connlist.uvicorn:HttpToolsProtocol`` (integration + middleware, by
+    the flag) and with plain ``--http httptools`` (the integration turned on at
+    the lifespan, as users serve it);
+``with_connlist_off``
+    the same with ``server_integration="off"``, served with plain ``--http
+    httptools`` (ASGI-only mode);
 ``with_asyncio_timeout``
     the same with ``AsyncioTimeoutMiddleware``, a pure-ASGI middleware that
     wraps each request in ``asyncio.timeout(300)`` (``asyncio.wait_for`` before
@@ -45,6 +49,7 @@ __all__ = [
     "bare",
     "with_asyncio_timeout",
     "with_connlist",
+    "with_connlist_off",
 ]
 
 REQUEST_TIMEOUT = 300.0
@@ -122,4 +127,7 @@ class CallLaterProtocol(HttpToolsProtocol):
 
 bare = Starlette(routes=ROUTES)
 with_connlist = Starlette(routes=ROUTES, middleware=[Middleware(ConnectionsMiddleware)])
+with_connlist_off = Starlette(
+    routes=ROUTES, middleware=[Middleware(ConnectionsMiddleware, server_integration="off")]
+)
 with_asyncio_timeout = Starlette(routes=ROUTES, middleware=[Middleware(AsyncioTimeoutMiddleware)])

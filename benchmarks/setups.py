@@ -30,7 +30,14 @@ SETUPS = (
         "connlist.uvicorn:HttpToolsProtocol",
         mode="uvicorn-httptools",
     ),
-    Setup("asgi-only", "connlist, ASGI-only mode", "e2e_apps:with_connlist", "httptools", mode="asgi"),
+    Setup(
+        "as-usual",
+        "connlist, no flag (integration turned on at the lifespan)",
+        "e2e_apps:with_connlist",
+        "httptools",
+        mode="uvicorn-httptools",
+    ),
+    Setup("asgi-only", "connlist, ASGI-only mode", "e2e_apps:with_connlist_off", "httptools", mode="asgi"),
     Setup("asyncio.timeout", "asyncio.timeout middleware", "e2e_apps:with_asyncio_timeout", "httptools"),
     Setup("call_later", "per-connection call_later protocol", "e2e_apps:bare", "e2e_apps:CallLaterProtocol"),
 )

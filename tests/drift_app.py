@@ -6,6 +6,8 @@ the test can tell that the changed copy is the one in use.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import uvicorn
@@ -27,4 +29,10 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await echo_app(scope, receive, send)
 
 
-app = ConnectionsMiddleware(_app, headers_timeout=HEADERS_TIMEOUT, request_timeout=REQUEST_TIMEOUT)
+# CONNLIST_TEST_OPTIONS (JSON): more options, for the refusals (server_integration="required").
+app = ConnectionsMiddleware(
+    _app,
+    headers_timeout=HEADERS_TIMEOUT,
+    request_timeout=REQUEST_TIMEOUT,
+    **json.loads(os.environ.get("CONNLIST_TEST_OPTIONS", "{}")),
+)

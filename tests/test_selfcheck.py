@@ -132,7 +132,8 @@ def test_the_start_is_told_from_the_servers_protocol(monkeypatch: pytest.MonkeyP
     config = _config_of(httptools_impl.HttpToolsProtocol)
     assert integration.turn_on(config, "auto") == (None, "uvicorn 9: it moved", integration.FELL_BACK, None)
     assert integration.turn_on(config, "required").refusal == (
-        "the server integration is off (uvicorn 9: it moved) and it is required: refusing to start"
+        "the server integration is off and it is required, so the server refuses to start: "
+        "uvicorn 9: it moved"
     )
     assert config.http_protocol_class is httptools_impl.HttpToolsProtocol
     # A server that does not say: a passed check waits for the first connection.

@@ -203,8 +203,11 @@ def test_required_refuses_to_start_where_it_cannot_be_on(protocol: str, how: str
     command = _uvicorn("--http", _protocols()[protocol])(free_port())
     log = _refuses(command, env)
     (refusal,) = [line for line in log.splitlines() if "connlist:" in line]
-    assert "the server integration is off (the server's HTTP protocol is " in refusal
-    assert refusal.endswith("and it is required: refusing to start"), refusal
+    assert (
+        "connlist: the server integration is off and it is required, so the server refuses to start: "
+        "the server's HTTP protocol is "
+    ) in refusal
+    assert refusal.endswith("so connlist leaves it alone"), refusal
 
 
 def test_the_environment_wins_over_required(tmp_path: Path) -> None:

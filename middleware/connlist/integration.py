@@ -230,7 +230,9 @@ def turn_on(config: Any, policy: str) -> Start:
 def _off(policy: str, reason: str, advice: str) -> Start:
     refusal = None
     if policy == "required":
-        refusal = f"the server integration is off ({reason}) and it is required: refusing to start"
+        refusal = (
+            f"the server integration is off and it is required, so the server refuses to start: {reason}"
+        )
     return Start(None, reason, advice, refusal)
 
 
