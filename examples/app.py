@@ -1,9 +1,11 @@
 """The example Starlette app: connlist's middleware with the debug endpoint on.
 
-Serve it with the server integration (the headers timeout needs it)::
+Serve it as usual: the middleware turns the server integration (which the
+headers timeout needs) on at the lifespan startup, and logs
+``connlist: server integration on (uvicorn ..., httptools)``::
 
     python3 examples/serve.py
-    # or: uvicorn examples.app:app --lifespan on --http connlist.uvicorn:HttpToolsProtocol
+    # or: uvicorn examples.app:app --lifespan on
 
 Try it: ``curl localhost:8000/``, ``curl -X POST -d hello localhost:8000/echo``,
 ``curl localhost:8000/_connections``; a client that connects and sends

@@ -1,9 +1,11 @@
 """The example as a FastAPI app: connlist's middleware, and Prometheus metrics when installed.
 
-Serve it with the server integration (the headers timeout needs it)::
+Serve it as usual: the middleware turns the server integration (which the
+headers timeout needs) on at the lifespan startup, no flag needed::
 
     pip install 'connlist[httptools,prometheus]' fastapi
-    uvicorn examples.fastapi_app:app --lifespan on --http connlist.uvicorn:HttpToolsProtocol
+    fastapi run examples/fastapi_app.py
+    # or: uvicorn examples.fastapi_app:app --lifespan on
     # several workers: gunicorn -c examples/gunicorn.conf.py examples.fastapi_app:app
 
 ``GET /``, ``POST /echo``, ``GET /_connections`` (debug endpoint, from

@@ -1,13 +1,18 @@
 """gunicorn settings for the examples, with connlist's worker class.
 
+gunicorn's usual ``uvicorn_worker.UvicornWorker`` protects the same (the
+middleware turns the server integration on in each worker); connlist's
+class also runs the ASGI lifespan ``on``, so that a bad setting makes the
+worker fail to boot instead of failing every request.
+
     gunicorn -c examples/gunicorn.conf.py examples.app:app
     gunicorn -c examples/gunicorn.conf.py examples.fastapi_app:app
 
 Command-line options override these (``--bind``, ``-w``).  Each worker is a
 uvicorn server with its own connections list, timer and debug endpoint; the
 ``pid`` in ``GET /_connections`` says which worker answered, and
-``GET /_connections?workers=all`` shows every worker (connlist's worker class
-tells each worker it is one of this master's; no hook is needed).  The timeouts
+``GET /_connections?workers=all`` shows every worker (each worker finds it
+is one of this master's, under either worker class; no hook is needed).  The timeouts
 are the app's (``ConnectionsMiddleware``), not gunicorn's.
 
 For Prometheus with several workers (``examples/fastapi_app.py`` serves
@@ -21,9 +26,9 @@ import glob
 import os
 from typing import Any
 
-# uvicorn with connlist's protocol (httptools when installed, else h11):
-# connlist.gunicorn.UvicornH11Worker forces h11.  gunicorn wants a dotted
-# path here, not uvicorn's "module:attribute".
+# uvicorn with connlist's protocol (httptools when installed, else h11), lifespan
+# "on": connlist.gunicorn.UvicornH11Worker forces h11; "uvicorn_worker.UvicornWorker"
+# works too.  gunicorn wants a dotted path here, not uvicorn's "module:attribute".
 worker_class = "connlist.gunicorn.UvicornWorker"
 
 # Loopback only: put nginx (or another proxy) in front to serve the world.

@@ -1,6 +1,11 @@
 """Serve the example app with connlist's server integration and say where to look.
 
 python3 examples/serve.py [--host 127.0.0.1] [--port 8000] [--http h11|httptools]
+
+It names connlist's protocol outright (``--http connlist.uvicorn:...``) and
+configures connlist's logger and the example's; ``uvicorn examples.app:app``
+gets the same integration with no flag (the middleware turns it on at the
+lifespan startup).
 """
 
 from __future__ import annotations
