@@ -260,15 +260,15 @@ def test_a_newer_uvicorn_that_passes_is_warned_about_once(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="connlist")
     monkeypatch.setattr(connlist_uvicorn, "_newer_warned", False)
-    monkeypatch.setattr(connlist_uvicorn.uvicorn, "__version__", "0.55.0rc1")
+    monkeypatch.setattr(connlist_uvicorn.uvicorn, "__version__", "0.56.0rc1")
     for parser in ("h11", "httptools"):
         cls = connlist_uvicorn._integrate(parser)
         assert cls.connlist_mode == f"uvicorn-{parser}"
     assert [r.getMessage() for r in caplog.records] == [
-        f"connlist {connlist_uvicorn._connlist_version()} is tested with uvicorn 0.36.0 to 0.54.0; "
-        "this is 0.55.0rc1; the self-check passed"
+        f"connlist {connlist_uvicorn._connlist_version()} is tested with uvicorn 0.36.0 to 0.55.0; "
+        "this is 0.56.0rc1; the self-check passed"
     ]
-    assert connlist_uvicorn._version("0.55.0rc1") == (0, 55, 0) > connlist_uvicorn._version("0.54.0")
+    assert connlist_uvicorn._version("0.56.0rc1") == (0, 56, 0) > connlist_uvicorn._version("0.55.0")
 
 
 # -- every step of the conversation can fail: connlist's class broken one way at a time ------

@@ -3,8 +3,10 @@
 - ``ConnectionsList`` (``connlist.connections``): the per-worker intrusive list.
 - ``ConnectionsMiddleware`` (``connlist.middleware``): owns the list, enforces
   the timeouts, serves the debug endpoint.
-- ``connlist.uvicorn``: the uvicorn protocols that feed the list
-  (``--http connlist.uvicorn:HttpToolsProtocol``); import it explicitly.
+- ``connlist.uvicorn``: the uvicorn protocols that feed the list; the
+  middleware puts them in uvicorn's place at the lifespan startup
+  (``connlist.integration``), or ``--http connlist.uvicorn:HttpToolsProtocol``
+  names them outright.
 """
 
 from connlist.connections import Connection, ConnectionsList

@@ -7,6 +7,11 @@
 
 (gunicorn's ``-k`` takes a dotted path: ``module.Class``, not ``module:Class``.)
 
+``uvicorn_worker.UvicornWorker`` itself gets the same protection (the
+middleware turns the integration on at the lifespan startup); these add the
+lifespan ``on``, which makes a bad setting stop gunicorn at start instead of
+failing every request.
+
 They are the ``uvicorn-worker`` package's workers (uvicorn's own
 ``uvicorn.workers`` is deprecated) with the ``http`` option set to
 ``connlist.uvicorn:AutoProtocol`` (httptools when installed, else h11) or

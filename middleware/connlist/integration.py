@@ -59,7 +59,7 @@ __all__ = [
 # supported one (0.36.0, the first whose --http takes an import string) and
 # the newest at the time.  pyproject.toml has no upper bound: the self-check
 # decides, and a newer release gets a warning.
-TESTED_UVICORN = ("0.36.0", "0.54.0")
+TESTED_UVICORN = ("0.36.0", "0.55.0")
 TESTED_RANGE = f"{TESTED_UVICORN[0]} to {TESTED_UVICORN[1]}"
 
 REQUIRE_ENV = "CONNLIST_REQUIRE_INTEGRATION"

@@ -1,12 +1,13 @@
 """ConnectionsMiddleware: owns the worker's ConnectionsList, enforces the timeouts, serves the view.
 
-With the server integration (``--http connlist.uvicorn:HttpToolsProtocol``)
-the protocol feeds the list and the middleware only hands it over (through
-the ASGI lifespan state) and serves the debug endpoint: requests pass straight
-through: from its first request with the integration the middleware's route
-returns the app's own coroutine (a coroutine frame of ours per request would
-cost more than all of connlist's bookkeeping).  A handler that
-was awaiting the body of a request connlist cut off gets Starlette's
+With the server integration (turned on at the lifespan startup where the
+server is uvicorn: ``connlist.integration``; or named by ``--http
+connlist.uvicorn:HttpToolsProtocol``) the protocol feeds the list, and the
+middleware only hands it over (through the ASGI lifespan state) and serves the
+debug endpoint: from its first request with the integration the middleware's
+route returns the app's own coroutine (a coroutine frame of ours per request
+would cost more than all of connlist's bookkeeping).  A handler that was
+awaiting the body of a request connlist cut off gets Starlette's
 ``ClientDisconnect``; the server integration keeps that from the server log
 (``connlist.uvicorn``).  At the lifespan shutdown the middleware writes the
 log summary still pending.
@@ -27,7 +28,7 @@ import inspect
 import sys
 from collections.abc import Awaitable, Callable
 from types import MemberDescriptorType
-from typing import TYPE_CHECKING, Any, ParamSpec, cast
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, cast
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -73,13 +74,36 @@ def _named_options(init: Callable[_P, None]) -> Callable[_P, None]:
         for name in kwargs:
             if name not in options and name != "app":
                 owner = type(args[0]).__name__ if args else "ConnectionsMiddleware"
-                raise TypeError(
-                    f"{owner}() got an unexpected keyword argument {name!r}; {nearest(name, options)}"
+                _refused(
+                    TypeError(
+                        f"{owner}() got an unexpected keyword argument {name!r}; {nearest(name, options)}"
+                    )
                 )
-        init(*args, **kwargs)
+        try:
+            init(*args, **kwargs)
+        except (TypeError, ValueError) as exc:
+            _refused(exc)
 
     checked.__signature__ = signature.replace(parameters=shown)  # type: ignore[attr-defined]
     return checked
+
+
+def _refused(exc: TypeError | ValueError) -> NoReturn:
+    """Raise a bad option's error, said first in the server's log.
+
+    Starlette builds the middleware at the first lifespan call (and again at
+    each request while that fails).  uvicorn's default ``--lifespan auto``,
+    which ``fastapi run`` and gunicorn's uvicorn workers run, takes the
+    exception for an app without a lifespan and serves on: every request
+    then fails, and nothing at start would say why.
+    """
+    route_to_uvicorn()
+    log.error(
+        "ConnectionsMiddleware cannot be built, so the app fails every request: %s: %s",
+        type(exc).__name__,
+        exc,
+    )
+    raise exc
 
 
 class ConnectionsMiddleware:
@@ -403,6 +427,7 @@ class ConnectionsMiddleware:
             if enforcer.integration_off is None:
                 enforcer.integration_off = integration.NO_LIFESPAN
                 advice = integration.advice_without_lifespan()
+            route_to_uvicorn()  # (the lifespan, which does it otherwise, did not run)
             self._tell_asgi_only(advice)
 
     def _confirm(self) -> None:

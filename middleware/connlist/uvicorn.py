@@ -1,6 +1,9 @@
 """uvicorn protocols that feed the worker's ConnectionsList, as Node.js's HTTP server does.
 
-Use one of them as uvicorn's HTTP implementation::
+``ConnectionsMiddleware`` puts them in place of uvicorn's own at the ASGI
+lifespan startup (``connlist.integration``), so an app served as usual
+(``uvicorn app:app``, ``fastapi run``) runs them.  They can also be named
+outright as uvicorn's HTTP implementation::
 
     uvicorn app:app --lifespan on --http connlist.uvicorn:HttpToolsProtocol
     uvicorn.run(app, http=connlist.uvicorn.HttpToolsProtocol, lifespan="on")
