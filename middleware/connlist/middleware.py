@@ -99,7 +99,7 @@ def _refused(exc: TypeError | ValueError) -> NoReturn:
     """
     route_to_uvicorn()
     log.error(
-        "ConnectionsMiddleware cannot be built, so the app fails every request: %s: %s",
+        "ConnectionsMiddleware cannot be built, so the app cannot run: %s: %s",
         type(exc).__name__,
         exc,
     )
