@@ -223,14 +223,14 @@ def _budget_line(budget: dict[str, Any]) -> str:
         f"budget {_text(budget.get('occupied'))} of {_text(budget.get('max_connections'))} connections "
         f"(pressure {share})"
     )
-    if budget.get("enforced") is False:
-        return f'{line} <span class="off">(not enforced)</span>'
 
     if budget.get("pressed"):
         line += (
             f", under pressure: headers timeout now {_seconds(budget.get('headers_timeout_now'))}, "
             f"keep-alive {_seconds(budget.get('keep_alive_now'))}"
         )
+    if budget.get("enforced") is False:
+        line += ' <span class="off">(not enforced)</span>'
     return line
 
 
