@@ -2,15 +2,11 @@
 
 ``CONNLIST_HEADERS_TIMEOUT`` and ``CONNLIST_METRICS_INTERVAL`` as in
 ``examples/fastapi_app.py``.  ``CONNLIST_FLEET_INTEGRATION=off`` makes a
-server whose integration is off: it is served with uvicorn's own protocol
-(``--http h11``), and where ``ConnectionsMiddleware`` takes a
-``server_integration`` option (issue #27: the integration turns itself on at
-the lifespan startup) it is also given ``server_integration="off"``.
+server whose integration is off (``server_integration="off"``).
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Any
 
@@ -32,8 +28,7 @@ options: dict[str, Any] = {
     "headers_timeout": float(os.environ.get("CONNLIST_HEADERS_TIMEOUT", "10")),
     "debug_path": "/_connections",
 }
-off = os.environ.get("CONNLIST_FLEET_INTEGRATION") == "off"
-if off and "server_integration" in inspect.signature(ConnectionsMiddleware).parameters:
+if os.environ.get("CONNLIST_FLEET_INTEGRATION") == "off":
     options["server_integration"] = "off"
 
 app = Starlette(

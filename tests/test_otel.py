@@ -104,12 +104,15 @@ async def blocking(request: Request) -> PlainTextResponse:
     return block(request)
 
 
-def make_app(meter_provider: MeterProvider | None, *, outside: bool = False) -> Starlette:
+def make_app(
+    meter_provider: MeterProvider | None, *, outside: bool = False, server_integration: str = "auto"
+) -> Starlette:
     connections = Middleware(
         ConnectionsMiddleware,
         headers_timeout=HEADERS_TIMEOUT,
         request_timeout=REQUEST_TIMEOUT,
         debug_path="/_connections",
+        server_integration=server_integration,
     )
     metrics = Middleware(MetricsMiddleware, meter_provider=meter_provider)
     return Starlette(
@@ -169,7 +172,7 @@ def test_asgi_only_mode_and_the_global_meter_provider(monkeypatch: pytest.Monkey
     # No meter_provider: the API's global one, where the service's exporter reads.
     meter_provider, reader = provider()
     monkeypatch.setattr(otel_metrics, "get_meter_provider", lambda: meter_provider)
-    app = make_app(None)
+    app = make_app(None, server_integration="off")
     assert instruments_for() is instruments_for(meter_provider)
     with serve(app, PLAIN["h11"]) as server:
         assert get(server.port, "/")[0] == 200
