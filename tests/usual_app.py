@@ -12,7 +12,7 @@ import json
 import os
 
 from fastapi import FastAPI
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from connlist import ConnectionsMiddleware
 
@@ -35,5 +35,5 @@ def root() -> dict[str, str]:
     return {"hello": "world"}
 
 
-class OwnProtocol(H11Protocol):
+class OwnProtocol(HttpToolsProtocol):
     """A user's own protocol, built on uvicorn's."""
