@@ -7,9 +7,10 @@ Node.js (``src/node_http_parser.cc``, ``lib/_http_server.js``) keeps, per
 server, every connection in a list ``all`` and every connection that is in the
 middle of receiving a request in a list ``active``.  A periodic check asks the
 list which active connections are *expired*, answers them with ``408`` and
-closes them.  This module is that list, with no I/O; the server layer
-(``connlist.uvicorn``) and the middleware feed it, ``connlist.enforcer`` acts on
-what it reports.
+closes them.  This module is that list: its lists, its events and its
+counts.  The server layer (``connlist.uvicorn``) and the middleware feed it;
+``connlist.sweep`` and ``connlist.budget`` walk it; the enforcer acts on what
+they find, through the handles the server layer attached.
 
 A connection moves through these events (the clock is monotonic)::
 
@@ -33,50 +34,34 @@ incomplete and its message started more than ``headers_timeout`` ago, or its
 message started more than ``request_timeout`` ago.  Expired connections leave
 ``active`` (so each is reported once) and stay in ``all`` until removed.
 
-Three more lists, in the same design, serve the checks beyond Node's; each is
-ordered by the time that matters to it, so a check stops at the first young
-record, and none is touched by a request without a body::
+Four more lists serve what Node does not do, each a ``connlist.queues.Queue``
+ordered by the time that matters to it; none is touched by a request that
+arrives whole::
 
-    body      requests receiving a body (``body_begin`` once the headers are
-              in; each read adds to ``body_received``, through ``body_bytes``
-              or, on a feeder's hot path, directly), by the time their body
-              began: the minimum body rate applies once ``body_grace`` has
-              passed (Apache mod_reqtimeout's ``body=10,MinRate=500``)
-    stalled   connections whose response the client stopped taking
-              (``stall`` from the transport's ``pause_writing``, ``unstall``
-              from ``resume_writing``), by when they were last sampled; the
-              enforcer samples what the client acknowledged and cuts a
-              connection that made no progress for its allowance
-              (``send_allowance``: nginx's ``send_timeout``, longer for a
-              client whose window opens in large steps)
-    closing   connections the enforcer closed (``linger``), by when: what
-              has not gone after a short linger is aborted
+    body      requests receiving a body, by when it began (``body_begin``;
+              ``connlist.sweep`` times the minimum rate)
+    stalled   responses the client stopped taking (``stall``, ``unstall``),
+              by when they were last sampled (``connlist.sweep``)
+    closing   connections the enforcer closed (``linger``), by when
+    idle      connections in the order they became idle, for the
+              connection budget's choice of what to close
+              (``connlist.budget``)
 
-A sixth, ``idle``, serves the connection budget (``max_connections``, see
-``connlist.enforcer``): connections in the order they became idle.  A record
-joins its tail at ``message_complete``; ``message`` (a whole request on an
-idle connection, the common case) does not move it and reads no clock, so
-``idle_oldest`` gives the head a second chance when it served requests since
-it joined (its ``requests`` differ from ``idle_requests``), as the CLOCK
-page-replacement algorithm does, and puts back one that is responding.
-``idle_expired`` stamps records lazily (``idle_since``, from the tail back
-to the first stamped one), so ``idle`` stays ordered by that stamp.  A
-connection closed to make room (``let_go``) leaves ``active``, ``body`` and
-``idle``, counts as timed out until removed, and no longer counts in
-``occupied``.
+A record is in at most one of ``stalled`` and ``closing`` (one link,
+``out_state`` says which).  A connection closed to make room (``let_go``)
+leaves ``active``, ``body`` and ``idle``, counts as timed out until removed,
+and no longer counts in ``occupied``.
 
-A record is in at most one of ``stalled`` and ``closing`` (one link pair,
-``out_state`` says which).
-
-The lists are intrusive, circular and doubly linked, like the pure-Python
-``OrderedDict`` in CPython: each ``Connection`` carries its own links, one pair
-per list, and each list has a sentinel root.
+``all`` and ``active`` are intrusive, circular and doubly linked, like the
+pure-Python ``OrderedDict`` in CPython: each ``Connection`` carries its own
+links, and each list has a sentinel root.  Their links are written out in
+the events a request runs (docs/benchmarks.md, "Where the remaining
+instructions go").
 
 Invariants:
 
 * A node that is in no list is linked to itself, so unlinking is idempotent
   and always safe, and "is it linked?" is one identity test.
-* Appending to the tail and unlinking are O(1) and allocate nothing.
 * ``message_begin`` stamps the current clock and moves the node to the tail,
   and the clock never goes back, so ``active`` is always ordered by
   ``last_message_start``, oldest first.  ``expired()`` therefore stops at the
@@ -86,26 +71,17 @@ Invariants:
   requests); an expired connection keeps its start, so it is neither idle
   nor active.  The clock must therefore never return 0 (``time.monotonic``
   does not).
-* ``body_started``, ``out_sampled`` and ``out_since`` are stamped from the
-  same clock as records are appended, so ``body``, ``stalled`` and
-  ``closing`` stay ordered too.  Sampling a stalled record moves it to the
-  tail of ``stalled``, stamped now.
 * The counts are kept as the nodes move, so each is O(1): ``all``,
-  ``active``, and expired connections not yet closed (``timed_out``); idle
-  is what remains (``all - active - timed_out``), so a request, which moves
-  a connection out of idle and back, updates one count, not two.  One more
-  serves the debug view's phases: active connections whose headers are
-  incomplete.  ``headers_completed`` and ``last_message_start`` must
-  therefore change only through the list's events.
-* ``responding`` (a response to a received request is unfinished, from
-  ``response_begin`` to ``response_complete``) and ``requests`` are the
-  record's own: no count and no link depends on them, so a feeder's hot
-  path may write them itself, as it adds to ``body_received``.  A whole
-  request on an idle connection (``message``) is ``requests += 1`` and
-  ``responding = True``; the end of the last response is ``responding =
-  False``.  The view's count of idle connections that are responding (its
-  ``handling``) is taken when it asks, by a walk of ``all``
-  (``idle_responding_count``), not kept at every request.
+  ``active``, expired connections not yet closed (``timed_out``), and active
+  connections whose headers are incomplete; idle is what remains (``all -
+  active - timed_out``), so a request updates one count, not two.
+  ``headers_completed`` and ``last_message_start`` must therefore change
+  only through the list's events.
+* The feeder's own writes: ``responding``, ``requests`` and
+  ``body_received`` are the record's own, no count and no link depends on
+  them, so a feeder's hot path may write them itself (``message`` says
+  which).  The view's count of idle connections that are responding is
+  taken when it asks, by a walk of ``all`` (``idle_responding_count``).
 
 States
 ------
@@ -143,6 +119,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from connlist.checks import check_timeout
+from connlist.queues import UNQUEUED, Link, Queue
 
 __all__ = [
     "PHASES",
@@ -229,10 +206,6 @@ OUT_NONE = 0
 OUT_STALLED = 1
 OUT_CLOSING = 2
 
-# ConnectionsList._idle_check's verdicts.
-_IDLE_DROP = 0
-_IDLE_AGAIN = 1
-_IDLE_FREE = 2
 
 _ids = itertools.count(1)
 # The id of a record not given one, unique in the process.  ASGI-only mode
@@ -254,13 +227,10 @@ class Connection:
         "_all_next",
         "_all_prev",
         "_begun",
-        "_body_next",
-        "_body_prev",
-        "_idle_next",
-        "_idle_prev",
+        "_body_link",
+        "_idle_link",
         "_method",
-        "_out_next",
-        "_out_prev",
+        "_out_link",
         "_path",
         "body_received",
         "body_started",
@@ -298,12 +268,11 @@ class Connection:
         self._all_next: Connection = self
         self._active_prev: Connection = self
         self._active_next: Connection = self
-        self._body_prev: Connection = self
-        self._body_next: Connection = self
-        self._out_prev: Connection = self
-        self._out_next: Connection = self
-        self._idle_prev: Connection = self
-        self._idle_next: Connection = self
+        # Its places in the queues (connlist.queues): ``body``, ``stalled``
+        # or ``closing``, and ``idle``.
+        self._body_link: Link[Connection] = UNQUEUED
+        self._out_link: Link[Connection] = UNQUEUED
+        self._idle_link: Link[Connection] = UNQUEUED
         # Given by ASGI-only mode, which numbers its requests as it counts them.
         self.id: int = next_id() if id is None else id
         self.client = client
@@ -343,7 +312,7 @@ class Connection:
         # acknowledgements came (kept from one stall to the next).
         self.out_acked = -1
         self.out_step = 0
-        # While in ``idle`` (see ``ConnectionsList.idle_oldest``): ``requests``
+        # While in ``idle_queue`` (see ``connlist.budget``): ``requests``
         # when it joined or was last looked at there, and when that was
         # (0: not stamped yet; the timer stamps it).
         self.idle_requests = 0
@@ -387,7 +356,7 @@ class Connection:
     @property
     def receiving_body(self) -> bool:
         """Whether the connection is in ``body`` (its request's body is timed by the minimum rate)."""
-        return self._body_next is not self
+        return self._body_link.next is not self._body_link
 
     @property
     def stalled(self) -> bool:
@@ -478,27 +447,22 @@ def send_allowance(send_timeout: float, step: int) -> float:
 
 
 class ConnectionsList:
-    """Every connection of one worker, in five intrusive lists (see the module docstring).
-
-    ``all``, ``active`` (receiving a request), ``body``, ``stalled`` and
-    ``closing``; the last two share one link pair.
-    """
+    """Every connection of one worker: Node's ``all`` and ``active``, and the queues (module docstring)."""
 
     __slots__ = (
         "_active_root",
         "_all_root",
-        "_body_root",
         "_clock",
-        "_closing_root",
-        "_idle_root",
         "_n_active",
         "_n_all",
         "_n_gone",
         "_n_headers_pending",
-        "_n_stalled",
         "_n_timed_out",
-        "_stalled_root",
+        "body",
+        "closing",
+        "idle_queue",
         "received",
+        "stalled",
     )
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -508,22 +472,17 @@ class ConnectionsList:
         self._active_root = Connection()
         self._n_all = 0
         self._n_active = 0
-        # Expired connections not yet closed (neither active nor idle); the
-        # idle count is derived from it, so that requests, which move
-        # connections between active and idle, update one count, not two.
+        # Expired connections not yet closed (neither active nor idle).
         self._n_timed_out = 0
         # Active connections whose headers are incomplete.
         self._n_headers_pending = 0
-        # The lists beyond Node's (see the module docstring); their roots are
-        # Connections too, so the link code is the same.
-        self._body_root = Connection()
-        self._stalled_root = Connection()
-        self._closing_root = Connection()
-        self._n_stalled = 0
-        # Connections in the order they became idle (see ``idle_oldest``),
-        # and those let go to make room, not yet removed.
-        self._idle_root = Connection()
+        # Connections let go to make room, not yet removed.
         self._n_gone = 0
+        self.body: Queue[Connection] = Queue("_body_link", "body_started")
+        self.stalled: Queue[Connection] = Queue("_out_link", "out_sampled")
+        self.closing: Queue[Connection] = Queue("_out_link", "out_since")
+        # ``idle()`` is Node's view; this is the budget's queue (connlist.budget).
+        self.idle_queue: Queue[Connection] = Queue("_idle_link", "idle_since")
         # ASGI-only mode's requests without a body (see Received).
         self.received: dict[int, tuple[float, Any]] = {}
 
@@ -531,13 +490,11 @@ class ConnectionsList:
     def clock(self) -> Callable[[], float]:
         return self._clock
 
-    # -- links -------------------------------------------------------------
+    # -- the links of all and active ----------------------------------------
     #
-    # Every list's append (at the tail) and unlink, each once.  Only
-    # message_begin and message_complete write theirs out: they run for every
-    # request that does not arrive whole in one read, and a Python call costs
+    # message_begin and message_complete write theirs out: a method call costs
     # as much as the link it makes (docs/benchmarks.md, "Where the remaining
-    # instructions go": a no-op method call is about 420 instructions).
+    # instructions go").
 
     def _all_append(self, conn: Connection) -> None:
         root = self._all_root
@@ -571,44 +528,13 @@ class ConnectionsList:
         nxt._active_prev = prev
         conn._active_prev = conn._active_next = conn
 
-    @staticmethod
-    def _body_append(root: Connection, conn: Connection) -> None:
-        last = root._body_prev
-        conn._body_prev = last
-        conn._body_next = root
-        last._body_next = conn
-        root._body_prev = conn
-
-    @staticmethod
-    def _body_unlink(conn: Connection) -> None:
-        prev = conn._body_prev
-        nxt = conn._body_next
-        prev._body_next = nxt
-        nxt._body_prev = prev
-        conn._body_prev = conn._body_next = conn
-
-    @staticmethod
-    def _out_append(root: Connection, conn: Connection) -> None:
-        last = root._out_prev
-        conn._out_prev = last
-        conn._out_next = root
-        last._out_next = conn
-        root._out_prev = conn
-
-    @staticmethod
-    def _out_detach(conn: Connection) -> None:
-        prev = conn._out_prev
-        nxt = conn._out_next
-        prev._out_next = nxt
-        nxt._out_prev = prev
-        conn._out_prev = conn._out_next = conn
-
-    def _out_unlink(self, conn: Connection) -> None:
+    def _out_leave(self, conn: Connection) -> None:
         """Out of ``stalled`` or ``closing``, and its state with it."""
         if conn.out_state == OUT_STALLED:
-            self._n_stalled -= 1
+            self.stalled.unlink(conn)
+        elif conn.out_state == OUT_CLOSING:
+            self.closing.unlink(conn)
         conn.out_state = OUT_NONE
-        self._out_detach(conn)
 
     # -- events --------------------------------------------------------------
 
@@ -628,7 +554,6 @@ class ConnectionsList:
         """The first byte of a request: clock restarted, moved to the tail of ``active``."""
         if conn._all_next is conn:
             return  # removed (closed or upgraded): never rejoin
-        # The links written out (see "links" above).
         nxt = conn._active_next
         if nxt is not conn:
             prev = conn._active_prev
@@ -637,8 +562,7 @@ class ConnectionsList:
             if conn.headers_completed:
                 self._n_headers_pending += 1
                 # A new message while a body was being received: that body is over.
-                if conn._body_next is not conn:
-                    self._body_unlink(conn)
+                self.body.unlink(conn)
         else:
             self._n_active += 1
             self._n_headers_pending += 1
@@ -719,8 +643,10 @@ class ConnectionsList:
             self._n_active -= 1
             if not conn.headers_completed:
                 self._n_headers_pending -= 1
-            elif conn._body_next is not conn:
-                self._body_unlink(conn)
+            else:
+                body = conn._body_link
+                if body.next is not body:
+                    self.body.unlink(conn)
         elif conn.last_message_start != 0.0:
             # Expired and not yet closed: its request is fully received after all.
             self._n_timed_out -= 1
@@ -728,12 +654,13 @@ class ConnectionsList:
             return  # idle already: a second call for the same request counts nothing
         conn.last_message_start = 0.0
         conn.requests += 1
-        if conn._idle_next is conn:
-            # Joins the tail of ``idle``; a record still in it (idle before
-            # this request) stays where it is, ``idle_oldest`` sees it was used.
-            self._idle_append(conn)
+        idle = conn._idle_link
+        if idle.next is idle:
+            # Joins the tail of ``idle``, unstamped; a record still in it
+            # stays where it is (connlist.budget sees it was used).
             conn.idle_requests = conn.requests
             conn.idle_since = 0.0
+            self.idle_queue.append(conn)
 
     def remove(self, conn: Connection) -> None:
         """Closed or upgraded: leaves every list it is in.  Idempotent, safe in any state."""
@@ -748,156 +675,18 @@ class ConnectionsList:
                 self._n_timed_out -= 1
             # Nothing is left to finish on a removed record.
             conn.responding = False
-            if conn._body_next is not conn:
-                self._body_unlink(conn)
+            if conn._body_link.next is not conn._body_link:
+                self.body.unlink(conn)
             if conn.out_state:
-                self._out_unlink(conn)
-            if conn._idle_next is not conn:
-                self._idle_unlink(conn)
+                self._out_leave(conn)
+            if conn._idle_link.next is not conn._idle_link:
+                self.idle_queue.unlink(conn)
             if conn.gone:
                 self._n_gone -= 1
             self._all_unlink(conn)
             self._n_all -= 1
 
-    # -- the connection budget: idle order, and letting connections go --------
-
-    def _idle_append(self, conn: Connection) -> None:
-        root = self._idle_root
-        last = root._idle_prev
-        conn._idle_prev = last
-        conn._idle_next = root
-        last._idle_next = conn
-        root._idle_prev = conn
-
-    @staticmethod
-    def _idle_unlink(conn: Connection) -> None:
-        prev = conn._idle_prev
-        nxt = conn._idle_next
-        prev._idle_next = nxt
-        nxt._idle_prev = prev
-        conn._idle_prev = conn._idle_next = conn
-
-    def _idle_check(self, node: Connection, stamp: float) -> int:
-        """Where the record at the head of ``idle`` stands: _IDLE_DROP, _IDLE_AGAIN (put back) or _IDLE_FREE.
-
-        ``idle`` is ordered by when a record joined it, and a request that
-        arrives whole on an idle connection (``message``) does not move it,
-        so the head may have served requests since: it goes back to the
-        tail, stamped ``stamp``, with a new ``idle_requests`` (a second
-        chance, as in the CLOCK page-replacement algorithm).  So does a
-        connection that is responding or whose client is taking a response
-        (stalled): a request being served is never let go.  A record that
-        is no longer idle (a request began, it expired, it is closing) leaves
-        ``idle``; it joins again at its next ``message_complete``.
-        """
-        if node.last_message_start != 0.0 or node.gone or node.out_state == OUT_CLOSING:
-            self._idle_unlink(node)
-            return _IDLE_DROP
-        if node.requests != node.idle_requests or node.responding or node.out_state == OUT_STALLED:
-            self._idle_unlink(node)
-            node.idle_requests = node.requests
-            node.idle_since = stamp
-            self._idle_append(node)
-            return _IDLE_AGAIN
-        self._idle_unlink(node)
-        return _IDLE_FREE
-
-    def idle_oldest(self) -> Connection | None:
-        """Unlink and return the longest-idle keep-alive connection that can be closed, or None.
-
-        Each record looked at and not returned either leaves ``idle`` or goes
-        back to its tail because it served a request since it was last looked
-        at (see ``_idle_check``), so the cost is O(1) amortised over the
-        requests, plus one step per connection responding right now that is
-        older in ``idle`` than the one returned.  The walk stops when it
-        meets a record it put back: it went round.
-        """
-        root = self._idle_root
-        node = root._idle_next
-        first: Connection | None = None
-        while node is not root and node is not first:
-            nxt = node._idle_next
-            verdict = self._idle_check(node, 0.0)
-            if verdict == _IDLE_FREE:
-                return node
-            if verdict == _IDLE_AGAIN and first is None:
-                first = node
-            node = nxt
-        return None
-
-    def idle_expired(self, idle_time: float, now: float, limit: int) -> list[Connection]:
-        """Unlink and return up to ``limit`` connections idle (and closable) for at least ``idle_time``.
-
-        Records join ``idle`` unstamped (``message_complete`` reads no
-        clock); this stamps them ``now`` first, from the tail back to the
-        first stamped one, so each is stamped once and ``idle`` stays ordered
-        by ``idle_since``.  An idle time is therefore counted from the first
-        sweep that saw the connection idle (the timer's resolution late).
-        """
-        root = self._idle_root
-        node = root._idle_prev
-        while node is not root and node.idle_since == 0.0:
-            node.idle_since = now
-            node = node._idle_prev
-        bound = now - idle_time
-        due: list[Connection] = []
-        node = root._idle_next
-        while node is not root and node.idle_since <= bound and len(due) < limit:
-            nxt = node._idle_next
-            if self._idle_check(node, now) == _IDLE_FREE:
-                due.append(node)
-            node = nxt
-        return due
-
-    def idle_head_since(self) -> float | None:
-        """When the record at the head of ``idle`` was stamped, or None (empty, or not stamped yet)."""
-        head = self._idle_root._idle_next
-        if head is self._idle_root or head.idle_since == 0.0:
-            return None
-        return head.idle_since
-
-    def headers_oldest(self, skip: Connection | None = None) -> Connection | None:
-        """The oldest connection still sending its headers (or connected and silent), other than ``skip``.
-
-        ``active`` is ordered by message start, so it is at its head, behind
-        only the requests older than it that are receiving a body (or whose
-        connection is responding to an earlier, pipelined, request).
-        """
-        root = self._active_root
-        node = root._active_next
-        while node is not root:
-            # (A pipelined request's head arriving behind a response being served is not taken.)
-            if not node.headers_completed and not node.responding and node is not skip:
-                return node
-            node = node._active_next
-        return None
-
-    def body_slowest(
-        self,
-        min_rate: float,
-        now: float,
-        look: int,
-        excused: Callable[[Connection], bool] | None = None,
-    ) -> Connection | None:
-        """Of the ``look`` oldest bodies, the one furthest behind ``min_rate`` since it began, or None.
-
-        Grace is not granted here (this chooses what goes when there is no
-        room, it does not time anything out): a body is behind if fewer than
-        ``min_rate`` bytes per second have arrived since it began.  A body
-        for which ``excused(conn)`` is true (the server itself stopped
-        reading it, as for ``rate_expired``) is not behind.
-        """
-        root = self._body_root
-        node = root._body_next
-        worst: Connection | None = None
-        worst_lag = 0.0
-        while node is not root and look > 0:
-            lag = (now - node.body_started) * min_rate - node.body_received
-            if lag > worst_lag and not (excused is not None and excused(node)):
-                worst, worst_lag = node, lag
-            node = node._body_next
-            look -= 1
-        return worst
+    # -- the connection budget, and the queues' events ---------------------------
 
     def let_go(self, conn: Connection) -> None:
         """The connection is being closed to make room: it stops counting against the budget.
@@ -915,16 +704,15 @@ class ConnectionsList:
             self._n_active -= 1
             if not conn.headers_completed:
                 self._n_headers_pending -= 1
-            elif conn._body_next is not conn:
-                self._body_unlink(conn)
+            else:
+                self.body.unlink(conn)
             self._n_timed_out += 1
         elif conn.last_message_start == 0.0:
-            # (Never one that is responding: idle_oldest and idle_expired
-            # hand out none, and the others are active.)
+            # (Never one that is responding: connlist.budget hands out none
+            # from idle_queue, and the others are active.)
             conn.last_message_start = self._clock()
             self._n_timed_out += 1
-        if conn._idle_next is not conn:
-            self._idle_unlink(conn)
+        self.idle_queue.unlink(conn)
 
     @property
     def occupied(self) -> int:
@@ -943,69 +731,27 @@ class ConnectionsList:
         received (in ``active``, headers complete) can join; a second call
         for the same body does nothing.
         """
-        if conn._body_next is conn and conn._active_next is not conn and conn.headers_completed:
+        if not conn.receiving_body and conn._active_next is not conn and conn.headers_completed:
             conn.body_started = self._clock()
             conn.body_received = received
-            self._body_append(self._body_root, conn)
+            self.body.append(conn)
 
     def body_bytes(self, conn: Connection, nbytes: int) -> None:
         """``nbytes`` more of the body arrived (the server layer may add to ``body_received`` itself)."""
         conn.body_received += nbytes
 
-    def rate_expired(
-        self,
-        min_rate: float,
-        grace: float,
-        now: float,
-        limit: int = -1,
-        excused: Callable[[Connection], bool] | None = None,
-    ) -> tuple[list[Connection], float | None, float | None]:
-        """Unlink and return the bodies that fell behind ``min_rate`` bytes/s (after ``grace`` seconds).
+    def expire(self, conn: Connection) -> None:
+        """The connection ran out of time (outside ``expired``'s walk): it leaves ``active`` and ``body``.
 
-        A body that began at ``t`` with ``b`` bytes received is behind when
-        ``now > t + grace + b / min_rate``.  Expired connections leave
-        ``body`` and ``active`` (they count as timed out, like ``expired``).
-        A body behind for which ``excused(conn)`` is true (the server itself
-        stopped reading it) is not the client's fault: its clock starts
-        again, now, with a new grace period, at the tail of ``body``.
-        Walks ``body`` from the head and stops at the first body still in
-        its grace period, or after ``limit`` expired ones (``-1``: no
-        limit).  For the timer, also returns the earliest deadline of the
-        bodies it walked and kept, and the end of the grace period of the
-        body it stopped at (each None if there is none): no other body can
-        be due before either.
+        It counts as timed out, like those ``expired`` returns, until it is removed.
         """
-        expired: list[Connection] = []
-        earliest = _INF
-        grace_end: float | None = None
-        root = self._body_root
-        young = now - grace
-        node = root._body_next
-        while node is not root:
-            started = node.body_started
-            if started >= young:
-                grace_end = started + grace
-                break
-            nxt = node._body_next
-            deadline = started + grace + node.body_received / min_rate
-            if now > deadline and excused is not None and excused(node):
-                self._body_unlink(node)
-                node.body_started = now
-                node.body_received = 0
-                self._body_append(root, node)
-            elif now > deadline:
-                if len(expired) == limit:
-                    break
-                self._body_unlink(node)
-                if node._active_next is not node:
-                    self._active_unlink(node)
-                    self._n_active -= 1
-                    self._n_timed_out += 1
-                expired.append(node)
-            elif deadline < earliest:
-                earliest = deadline
-            node = nxt
-        return expired, (None if earliest == _INF else earliest), grace_end
+        if conn._active_next is not conn:
+            self._active_unlink(conn)
+            self._n_active -= 1
+            self._n_timed_out += 1
+            if not conn.headers_completed:
+                self._n_headers_pending -= 1
+        self.body.unlink(conn)
 
     def stall(self, conn: Connection, pending: int, acked: tuple[int, int] | None = None) -> None:
         """The client stopped taking the response (``pending`` bytes unsent): joins the tail of ``stalled``.
@@ -1031,92 +777,22 @@ class ConnectionsList:
                 step = acked[0] if acked[0] > acked[1] else acked[1]
                 if step > conn.out_step:
                     conn.out_step = step
-            self._out_append(self._stalled_root, conn)
-            self._n_stalled += 1
+            self.stalled.append(conn)
 
     def unstall(self, conn: Connection) -> None:
         """The response is flowing again: leaves ``stalled`` (nothing happens if it was not in it)."""
         if conn.out_state == OUT_STALLED:
-            self._out_unlink(conn)
-
-    def stalled_due(self, interval: float, now: float, limit: int) -> list[Connection]:
-        """Up to ``limit`` stalled connections, oldest first, last sampled at least ``interval`` ago."""
-        due: list[Connection] = []
-        root = self._stalled_root
-        bound = now - interval
-        node = root._out_next
-        while node is not root and node.out_sampled <= bound and len(due) < limit:
-            due.append(node)
-            node = node._out_next
-        return due
-
-    def stall_sample(
-        self, conn: Connection, pending: int, now: float, acked: tuple[int, int] | None = None
-    ) -> float:
-        """Record a sample of a stalled connection; return how long it made no progress.
-
-        Progress is more bytes acknowledged by the client than at the last
-        sample, when the kernel reports them (``acked``: bytes acknowledged
-        and the client's window, as for ``stall``), else fewer bytes unsent.
-        The step, the progress since the last sample (or the window, if
-        larger), raises ``out_step``: see ``send_allowance``.  The record
-        moves to the tail of ``stalled``, stamped ``now`` (``now`` must not be
-        older than any stamp in the list).
-        """
-        if conn.out_state != OUT_STALLED:
-            return 0.0
-        window = 0
-        if acked is None or conn.out_acked < 0:
-            progress = conn.out_pending - pending
-        else:
-            progress = acked[0] - conn.out_acked
-            window = acked[1]
-        if acked is not None:
-            conn.out_acked = acked[0]
-        if progress > 0:
-            conn.out_since = now
-        step = progress if progress > window else window
-        if step > conn.out_step:
-            conn.out_step = step
-        conn.out_pending = pending
-        conn.out_sampled = now
-        # To the tail of ``stalled``: the least recently sampled stay ahead.
-        self._out_detach(conn)
-        self._out_append(self._stalled_root, conn)
-        return now - conn.out_since
-
-    def stalled_head_sampled(self) -> float | None:
-        """When the least recently sampled stalled connection was sampled, or None."""
-        head = self._stalled_root._out_next
-        return None if head is self._stalled_root else head.out_sampled
+            self._out_leave(conn)
 
     def linger(self, conn: Connection) -> None:
         """The enforcer closed the connection: it joins the tail of ``closing`` (leaving ``stalled``)."""
         if conn._all_next is conn or conn.out_state == OUT_CLOSING:
             return
         if conn.out_state == OUT_STALLED:
-            self._out_unlink(conn)
+            self._out_leave(conn)
         conn.out_state = OUT_CLOSING
         conn.out_since = self._clock()
-        self._out_append(self._closing_root, conn)
-
-    def lingered(self, linger: float, now: float, limit: int) -> list[Connection]:
-        """Unlink and return up to ``limit`` closing connections closed at least ``linger`` ago."""
-        done: list[Connection] = []
-        root = self._closing_root
-        bound = now - linger
-        node = root._out_next
-        while node is not root and node.out_since <= bound and len(done) < limit:
-            nxt = node._out_next
-            self._out_unlink(node)
-            done.append(node)
-            node = nxt
-        return done
-
-    def closing_head_since(self) -> float | None:
-        """When the oldest connection in ``closing`` was closed, or None."""
-        head = self._closing_root._out_next
-        return None if head is self._closing_root else head.out_since
+        self.closing.append(conn)
 
     # -- views ---------------------------------------------------------------
 
@@ -1161,7 +837,7 @@ class ConnectionsList:
     @property
     def stalled_count(self) -> int:
         """Connections in ``stalled``: the client stopped taking the response."""
-        return self._n_stalled
+        return len(self.stalled)
 
     def counts(self) -> dict[str, int]:
         """The view's exact counts: ``all``, ``idle``, ``active``, the ``PHASES`` and ``stalled``.
@@ -1185,7 +861,7 @@ class ConnectionsList:
             "writing": n_active - reading + handling,
             "waiting": n_idle - handling,
             "timed_out": self._n_timed_out,
-            "stalled": self._n_stalled,
+            "stalled": len(self.stalled),
         }
 
     def iter_all(self) -> Iterator[Connection]:
@@ -1310,8 +986,8 @@ class ConnectionsList:
                 self._active_unlink(node)
                 if not node.headers_completed:
                     self._n_headers_pending -= 1
-                elif node._body_next is not node:
-                    self._body_unlink(node)
+                else:
+                    self.body.unlink(node)
                 expired.append(node)
             node = nxt
         self._n_active -= len(expired)
@@ -1344,7 +1020,7 @@ class ConnectionsList:
                 kind, when = "request", start + request_timeout
             if headers_timeout and not conn.headers_completed and start + headers_timeout < when:
                 kind, when = "headers", start + headers_timeout
-            if body_min_rate and conn._body_next is not conn:
+            if body_min_rate and conn.receiving_body:
                 due = conn.body_started + timeouts.body_grace + conn.body_received / body_min_rate
                 if due < when:
                     kind, when = "rate", due

@@ -69,6 +69,7 @@ import resource
 import time
 from collections.abc import Callable
 
+from connlist.budget import body_slowest, headers_oldest, idle_oldest
 from connlist.connections import Connection, ConnectionsList
 from connlist.kinds import (
     BUDGET_BY_NAME,
@@ -194,7 +195,7 @@ class Enforcer:
         self._soon: asyncio.Handle | None = None
         # The rate step's, from the last sweep: the earliest rate deadline of
         # the bodies it kept, and the end of the next grace period (see
-        # ConnectionsList.rate_expired).
+        # connlist.sweep.rate_expired).
         self.rate_next: float | None = None
         self.grace_end: float | None = None
         self._slow_callback_warned = False
@@ -259,7 +260,7 @@ class Enforcer:
         return bool(
             connections.active_count  # a body being received is active too
             or connections.stalled_count
-            or connections.closing_head_since() is not None
+            or connections.closing
             or self.summary.pending
             or self.pressed
         )
@@ -400,16 +401,16 @@ class Enforcer:
         connections = self.connections
         settings = self.settings
         kind: RoomKind
-        victim = connections.idle_oldest()
+        victim = idle_oldest(connections)
         if victim is not None:
             kind = "idle"
         else:
-            victim = connections.headers_oldest(record)
+            victim = headers_oldest(connections, record)
             if victim is not None:
                 kind = "headers"
             elif settings.body_min_rate and (
-                victim := connections.body_slowest(
-                    settings.body_min_rate, self.clock(), BODY_LOOK, reading_paused
+                victim := body_slowest(
+                    connections, settings.body_min_rate, self.clock(), BODY_LOOK, reading_paused
                 )
             ):
                 kind = "body"

@@ -40,8 +40,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Literal, TypedDict, get_args
 
+from connlist.budget import idle_expired, idle_head_since
 from connlist.checks import check_number, nearest
 from connlist.connections import Connection, send_allowance
+from connlist.sweep import lingered, rate_expired, stall_sample, stalled_due
 
 if TYPE_CHECKING:
     # Annotations only (typing.Unpack is Python 3.11+).
@@ -312,14 +314,14 @@ def _run_keepalive(enforcer: Enforcer, now: float, stop: float) -> bool:
         if conn.handle is not None:
             enforcer.call(conn.handle.connlist_close_idle)
 
-    return enforcer.drain(lambda n: connections.idle_expired(idle_time, now, n), close, stop)
+    return enforcer.drain(lambda n: idle_expired(connections, idle_time, now, n), close, stop)
 
 
 def _due_keepalive(enforcer: Enforcer, now: float) -> float | None:
     # Unstamped records are stamped at the next sweep, which the pressure's
     # tick (Enforcer._next_due) brings.
     idle_time = enforcer.idle_time_now
-    since = enforcer.connections.idle_head_since()
+    since = idle_head_since(enforcer.connections)
     if idle_time >= enforcer.keep_alive or since is None:
         return None
     return since + idle_time + SLACK
@@ -357,8 +359,8 @@ def _run_rate(enforcer: Enforcer, now: float, stop: float) -> bool:
     connections = enforcer.connections
 
     def take(n: int) -> list[Connection]:
-        batch, enforcer.rate_next, enforcer.grace_end = connections.rate_expired(
-            settings.body_min_rate, settings.body_grace, now, n, reading_paused
+        batch, enforcer.rate_next, enforcer.grace_end = rate_expired(
+            connections, settings.body_min_rate, settings.body_grace, now, n, reading_paused
         )
         return batch
 
@@ -395,20 +397,20 @@ def _run_send(enforcer: Enforcer, now: float, stop: float) -> bool:
             pending, acked = 0, None
         else:
             pending, acked = handle.connlist_pending(), handle.connlist_acked()
-        still = connections.stall_sample(conn, pending, now, acked)
+        still = stall_sample(connections, conn, pending, now, acked)
         if still >= send_allowance(send_timeout, conn.out_step):
             connections.unstall(conn)
             enforcer.record(conn, "send")
             if handle is not None:
                 enforcer.call(handle.connlist_abort)
 
-    return enforcer.drain(lambda n: connections.stalled_due(send_timeout / 4, now, n), sample, stop)
+    return enforcer.drain(lambda n: stalled_due(connections, send_timeout / 4, now, n), sample, stop)
 
 
 def _due_send(enforcer: Enforcer, now: float) -> float | None:
     # A stalled connection is sampled every send_timeout / 4.
     send_timeout = enforcer.settings.send_timeout
-    sampled = enforcer.connections.stalled_head_sampled() if send_timeout else None
+    sampled = enforcer.connections.stalled.head_stamp() if send_timeout else None
     return None if sampled is None else sampled + send_timeout / 4
 
 
@@ -423,11 +425,11 @@ def _run_linger(enforcer: Enforcer, now: float, stop: float) -> bool:
         if conn.handle is not None:
             enforcer.call(conn.handle.connlist_abort)
 
-    return enforcer.drain(lambda n: connections.lingered(enforcer.linger, now, n), abort, stop)
+    return enforcer.drain(lambda n: lingered(connections, enforcer.linger, now, n), abort, stop)
 
 
 def _due_linger(enforcer: Enforcer, now: float) -> float | None:
-    since = enforcer.connections.closing_head_since()
+    since = enforcer.connections.closing.head_stamp()
     return None if since is None else since + enforcer.linger
 
 
