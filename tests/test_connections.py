@@ -15,16 +15,8 @@ from typing import NamedTuple
 import pytest
 
 from connlist.budget import headers_oldest, idle_expired, idle_oldest
-from connlist.checks import check_timeout
-from connlist.connections import (
-    SEND_STEP,
-    SEND_STEP_LIMIT,
-    Connection,
-    ConnectionsList,
-    connection_state,
-    send_allowance,
-)
-from connlist.kinds import Settings
+from connlist.connections import Connection, ConnectionsList, connection_state
+from connlist.kinds import SEND_STEP, SEND_STEP_LIMIT, Settings, check_timeout, deadline, send_allowance
 from connlist.sweep import lingered, rate_expired, stall_sample, stalled_due
 from tests.fakes import T0, FakeClock
 
@@ -1367,32 +1359,32 @@ def test_deadline_names_the_timeout_that_cuts_first_and_when(lst: ConnectionsLis
     # The enforcer's settings: headers, request, send, min rate, grace.
     timeouts = settings(10.0, 30.0, 60.0, 100.0, 5.0)
     new = lst.connect()
-    assert lst.deadline(new, timeouts) == ("headers", T0 + 10)
-    assert lst.deadline(new, settings(0.0, 30.0)) == ("request", T0 + 30)  # headers timeout off
-    assert lst.deadline(new, settings(0.0, 0.0)) is None
+    assert deadline(new, timeouts) == ("headers", T0 + 10)
+    assert deadline(new, settings(0.0, 30.0)) == ("request", T0 + 30)  # headers timeout off
+    assert deadline(new, settings(0.0, 0.0)) is None
     clock.advance(2)
     upload = lst.connect()
     lst.message_begin(upload)
     lst.headers_complete(upload)
-    assert lst.deadline(upload, timeouts) == ("request", T0 + 32)  # headers in: the request timeout
+    assert deadline(upload, timeouts) == ("request", T0 + 32)  # headers in: the request timeout
     lst.body_begin(upload)
     # The rate's deadline: grace, then 1 s per 100 bytes received; it moves on as they arrive.
-    assert lst.deadline(upload, timeouts) == ("rate", T0 + 7)
+    assert deadline(upload, timeouts) == ("rate", T0 + 7)
     lst.body_bytes(upload, 1000)
-    assert lst.deadline(upload, timeouts) == ("rate", T0 + 17)
+    assert deadline(upload, timeouts) == ("rate", T0 + 17)
     lst.body_bytes(upload, 10_000)
-    assert lst.deadline(upload, timeouts) == ("request", T0 + 32)  # ahead of the rate
-    assert lst.deadline(upload, settings(10.0, 30.0, 60.0, 0.0, 5.0)) == ("request", T0 + 32)  # rate off
+    assert deadline(upload, timeouts) == ("request", T0 + 32)  # ahead of the rate
+    assert deadline(upload, settings(10.0, 30.0, 60.0, 0.0, 5.0)) == ("request", T0 + 32)  # rate off
     lst.message_complete(upload)
-    assert lst.deadline(upload, timeouts) is None  # handling: nothing runs
+    assert deadline(upload, timeouts) is None  # handling: nothing runs
     clock.advance(1)
     lst.stall(upload, 5000)
-    assert lst.deadline(upload, timeouts) == ("send", T0 + 63)  # from its last progress
-    assert lst.deadline(upload, settings(10.0, 30.0, 0.0, 100.0, 5.0)) is None  # send timeout off
+    assert deadline(upload, timeouts) == ("send", T0 + 63)  # from its last progress
+    assert deadline(upload, settings(10.0, 30.0, 0.0, 100.0, 5.0)) is None  # send timeout off
     # An expired connection is cut already: none.
     clock.now = T0 + 11
     assert lst.expired(10.0, 30.0) == [new]
-    assert lst.deadline(new, timeouts) is None
+    assert deadline(new, timeouts) is None
 
 
 def test_let_go_counts_each_record_once_whatever_it_was_doing(lst: ConnectionsList, clock: FakeClock) -> None:

@@ -105,9 +105,8 @@ The counts add nginx ``stub_status``-style phases (``PHASES``): ``reading``
 (new + reading_headers), ``writing`` (reading_body + handling), ``waiting``
 (idle) and ``timed_out``; they add up to ``all``.  A stalled connection keeps
 the phase of what it does otherwise.  Which timeout runs for a connection,
-and when it is due (``ConnectionsList.deadline``: the view's ``timeout`` and
-``time_left``), is derived here too, by the rules of the checks below.
-``docs/debug-endpoint.md`` is the reference of both.
+and when it is due (the view's ``timeout`` and ``time_left``), is
+``connlist.kinds.deadline``'s.  ``docs/debug-endpoint.md`` is the reference.
 """
 
 from __future__ import annotations
@@ -118,7 +117,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from connlist.checks import check_timeout
+from connlist.kinds import effective_timeouts
 from connlist.queues import UNQUEUED, Link, Queue
 
 __all__ = [
@@ -127,30 +126,13 @@ __all__ = [
     "Connection",
     "ConnectionHandle",
     "ConnectionsList",
-    "Timeouts",
     "connection_state",
-    "send_allowance",
 ]
 
 # What ``connection_state`` answers for a tracked connection (see "States").
 STATES = ("new", "reading_headers", "reading_body", "handling", "stalled", "idle", "timed_out")
 # The phases of ``ConnectionsList.counts``; they add up to ``all``.
 PHASES = ("reading", "writing", "waiting", "timed_out")
-
-
-class Timeouts(Protocol):
-    """The settings ``ConnectionsList.deadline`` reads (``connlist.kinds.Settings``): 0 disables each."""
-
-    @property
-    def headers_timeout(self) -> float: ...
-    @property
-    def request_timeout(self) -> float: ...
-    @property
-    def send_timeout(self) -> float: ...
-    @property
-    def body_min_rate(self) -> float: ...
-    @property
-    def body_grace(self) -> float: ...
 
 
 class ConnectionHandle(Protocol):
@@ -415,35 +397,6 @@ class Received(Connection):
     def tracked(self) -> bool:
         """Whether the request is still in the list (the app has not returned)."""
         return self.id in self._table
-
-
-# The send timeout's allowance for a client whose window opens in large steps
-# (see send_allowance): the step a client must take within a send timeout,
-# and the longest allowance, in send timeouts.
-SEND_STEP = 32768
-SEND_STEP_LIMIT = 8
-
-
-def send_allowance(send_timeout: float, step: int) -> float:
-    """How long a stalled response may go without progress before it is cut: the send timeout's rule.
-
-    Linux acknowledges a slowly read response in steps: a receiver whose
-    buffer is full advertises a zero window until a good part of it is free
-    again (on loopback, whose segments are 32-64 KiB, 95-128 KB of a default
-    buffer; after a fast start at MSS 1460, about 200 KB of a buffer that
-    grew), and the sender sees no progress in between, however steadily the
-    client reads.  So a client must take ``SEND_STEP`` bytes per
-    ``send_timeout``: one whose largest step seen so far
-    (``Connection.out_step``, bytes) is larger gets one send timeout per
-    ``SEND_STEP`` of it, up to ``SEND_STEP_LIMIT``.  At the default 60 s, a
-    client reading 546 bytes/s or more is never cut for the size of its
-    steps (up to 480 s of them), and one that stops reading is cut at most
-    480 s after its last step.
-    """
-    steps = step / SEND_STEP
-    if steps <= 1.0:
-        return send_timeout
-    return send_timeout * (steps if steps < SEND_STEP_LIMIT else SEND_STEP_LIMIT)
 
 
 class ConnectionsList:
@@ -758,7 +711,7 @@ class ConnectionsList:
 
         ``acked`` is what the kernel reports, if it does (``TCP_INFO``): the
         bytes the client acknowledged so far, and its window now; the larger
-        of the two is a step (see ``send_allowance``).  Does nothing for a
+        of the two is a step (see ``kinds.send_allowance``).  Does nothing for a
         connection that is closing, already stalled, or not tracked.
         """
         if conn.out_state == OUT_NONE and conn._all_next is not conn:
@@ -926,43 +879,17 @@ class ConnectionsList:
 
     # -- timeouts ------------------------------------------------------------
 
-    @staticmethod
-    def _effective(headers_timeout: float, request_timeout: float) -> tuple[float, float]:
-        # The list's arguments are raw numbers (its methods are public), so
-        # they are checked here, by settings' rule.  The enforcer passes its
-        # validated settings at every sweep: those pass the cheap test
-        # (NaN and inf fail the comparisons), anything else the full one.
-        if not (
-            type(headers_timeout) is float
-            and type(request_timeout) is float
-            and 0.0 <= headers_timeout < _INF
-            and 0.0 <= request_timeout < _INF
-        ):
-            headers_timeout = check_timeout("headers_timeout", headers_timeout)
-            request_timeout = check_timeout("request_timeout", request_timeout)
-        # As Node's list does (``ConnectionsList::Expired`` in
-        # src/node_http_parser.cc swaps them): the shorter of two enabled
-        # timeouts is the headers timeout.  Options are checked before they
-        # get here: ``kinds.resolve_timeouts``, like Node's
-        # ``http.createServer``, rejects a headers timeout above the request
-        # timeout, so the enforcer never passes a pair this changes.
-        if headers_timeout and request_timeout and headers_timeout > request_timeout:
-            headers_timeout, request_timeout = request_timeout, headers_timeout
-        return headers_timeout, request_timeout
-
     def expired(self, headers_timeout: float, request_timeout: float, limit: int = -1) -> list[Connection]:
         """Unlink and return the active connections that ran out of time (Node's rule).
 
-        0 disables a timeout; if both are set and ``headers_timeout >
-        request_timeout`` they are swapped, as Node's list does (the
-        options reject such a pair: ``kinds.resolve_timeouts``).
-        ``TypeError``/``ValueError`` for a timeout that is not a finite
-        number >= 0 (``checks.check_timeout``).  The cost is proportional to the
+        0 disables a timeout; the two are taken as Node's list takes them
+        (``kinds.effective_timeouts``: checked, and swapped if the headers
+        timeout is the longer).  The cost is proportional to the
         connections older than the shorter timeout, not to all active ones.
         At most ``limit`` are returned (``-1``: no limit); the rest stay for
         the next call.
         """
-        headers_timeout, request_timeout = self._effective(headers_timeout, request_timeout)
+        headers_timeout, request_timeout = effective_timeouts(headers_timeout, request_timeout)
         if not headers_timeout and not request_timeout:
             return []
         now = self._clock()
@@ -994,41 +921,6 @@ class ConnectionsList:
         self._n_timed_out += len(expired)
         return expired
 
-    def deadline(self, conn: Connection, timeouts: Timeouts) -> tuple[str, float] | None:
-        """The timeout that cuts ``conn`` off first if nothing changes, and when (a clock value); or None.
-
-        The rules are those the checks apply: Node's for an active
-        connection (``expired``: the headers timeout while its headers are
-        incomplete, the request timeout from its message's first byte), the
-        minimum rate for a body in ``body`` (``rate_expired``: ``t + grace +
-        b / min_rate``; it moves on as bytes arrive), and for a stalled
-        response the send timeout from its last progress (the earliest the
-        sampling can cut it; the latest is a quarter of ``send_timeout``
-        later).  The kind is ``"headers"``, ``"request"``, ``"rate"`` or
-        ``"send"``, as the enforcer names its cuts; 0 disables a timeout.
-        An idle, handling or timed-out connection has none.  ``timeouts``
-        gives the settings (``connlist.kinds.Settings``, or anything with
-        their attributes).
-        """
-        headers_timeout, request_timeout = timeouts.headers_timeout, timeouts.request_timeout
-        send_timeout, body_min_rate = timeouts.send_timeout, timeouts.body_min_rate
-        if conn._active_next is not conn:
-            headers_timeout, request_timeout = self._effective(headers_timeout, request_timeout)
-            start = conn.last_message_start
-            kind, when = "", _INF
-            if request_timeout:
-                kind, when = "request", start + request_timeout
-            if headers_timeout and not conn.headers_completed and start + headers_timeout < when:
-                kind, when = "headers", start + headers_timeout
-            if body_min_rate and conn.receiving_body:
-                due = conn.body_started + timeouts.body_grace + conn.body_received / body_min_rate
-                if due < when:
-                    kind, when = "rate", due
-            return None if when == _INF else (kind, when)
-        if conn.out_state == OUT_STALLED and send_timeout:
-            return "send", conn.out_since + send_timeout
-        return None
-
     def next_deadline(self, headers_timeout: float, request_timeout: float) -> float | None:
         """The earliest clock value at which some active connection can expire, or None.
 
@@ -1039,7 +931,7 @@ class ConnectionsList:
         have an earlier deadline: at most the connections whose headers are
         complete and that started before the first one whose are not.
         """
-        headers_timeout, request_timeout = self._effective(headers_timeout, request_timeout)
+        headers_timeout, request_timeout = effective_timeouts(headers_timeout, request_timeout)
         if not headers_timeout and not request_timeout:
             return None
         shortest = headers_timeout or request_timeout

@@ -61,10 +61,9 @@ from urllib.parse import parse_qsl
 from starlette.types import Receive, Scope, Send
 
 from connlist import page
-from connlist.checks import check_whole
 from connlist.connections import Connection, ConnectionsList, connection_state
 from connlist.enforcer import Enforcer, shrink
-from connlist.kinds import TIMEOUT_KINDS
+from connlist.kinds import TIMEOUT_KINDS, check_whole
 from connlist.logs import format_address
 from connlist.slices import STEP, cooperatively, json_cooperatively
 from connlist.workers import WorkerGroup, combine

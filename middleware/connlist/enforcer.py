@@ -37,7 +37,7 @@ timer forward.
 
 Cutting a connection off costs tens of microseconds (the ``408``, the
 transport, the callback), so a mass timeout is spread over loop iterations:
-one sweep spends at most ``BUDGET`` seconds closing, then yields to the loop
+one sweep spends at most ``SWEEP_TIME`` seconds closing, then yields to the loop
 and carries on at the next iteration, so requests of other clients are served
 in between.
 
@@ -72,24 +72,24 @@ from collections.abc import Callable
 from connlist.budget import body_slowest, headers_oldest, idle_oldest
 from connlist.connections import Connection, ConnectionsList
 from connlist.kinds import (
-    BUDGET_BY_NAME,
-    STEPS,
+    ROOM_BY_NAME,
     TIMEOUT_BY_NAME,
     Kind,
     RoomKind,
     Settings,
     TimeoutKind,
     Totals,
-    reading_paused,
+    deadline,
 )
 from connlist.logs import Summary, log, logger
+from connlist.sweep import STEPS, reading_paused
 
 __all__ = [
-    "BUDGET",
     "LINGER",
     "PRESSURE_FLOOR",
     "PRESSURE_WATERMARK",
     "STATE_KEY",
+    "SWEEP_TIME",
     "Enforcer",
     "OnTimeout",
     "shrink",
@@ -102,9 +102,10 @@ STATE_KEY = "connlist.enforcer"
 # How long a connection connlist closed may take to go (long enough for a
 # well-behaved client to read the 408) before it is aborted.
 LINGER = 1.0
-# Seconds of cutting-off work per loop iteration, and how many connections
-# are taken from a list at a time between two looks at the clock.
-BUDGET = 0.008
+# Seconds of cutting-off work per loop iteration (the sweep's time, not the
+# connection budget), and how many connections are taken from a list at a
+# time between two looks at the clock.
+SWEEP_TIME = 0.008
 _BATCH = 32
 # An on_timeout callback that runs longer than this is warned about, once.
 SLOW_CALLBACK = 0.010
@@ -232,9 +233,9 @@ class Enforcer:
     def deadline(self, conn: Connection) -> tuple[str, float] | None:
         """Which timeout cuts ``conn`` off first under this enforcer's settings, and when; or None.
 
-        ``ConnectionsList.deadline`` has the rules; the debug view shows it.
+        ``connlist.kinds.deadline`` has the rules; the debug view shows it.
         """
-        return self.connections.deadline(conn, self.settings)
+        return deadline(conn, self.settings)
 
     def configure(self, settings: Settings, *, on_timeout: OnTimeout | None) -> None:
         """Take over another owner's settings (already validated); re-arm the timer."""
@@ -342,18 +343,18 @@ class Enforcer:
             self._timer_loop = loop
 
     def _work(self) -> bool:
-        """Cut off what is due, within ``BUDGET``; whether everything due was done."""
+        """Cut off what is due, within ``SWEEP_TIME``; whether everything due was done."""
         now = self.clock()
         if self.pressed:
             self.pressed = self.pressure > PRESSURE_WATERMARK
         self._apply_pressure()
-        stop = now + BUDGET
+        stop = now + SWEEP_TIME
         return all(step.run(self, now, stop) for step in STEPS)
 
     def drain(
         self, take: Callable[[int], list[Connection]], act: Callable[[Connection], object], stop: float
     ) -> bool:
-        """One step's loop (``connlist.kinds``): ``act`` on each batch ``take`` finds, until one is short.
+        """One step's loop (``connlist.sweep``): ``act`` on each batch ``take`` finds, until one is short.
 
         Whether the list has nothing more due (False: the sweep's budget, ``stop``, ran out).
         """
@@ -416,7 +417,7 @@ class Enforcer:
                 kind = "body"
             else:
                 victim, kind = record, "refused"
-        self.count(BUDGET_BY_NAME[kind], victim)
+        self.count(ROOM_BY_NAME[kind], victim)
         connections.let_go(victim)
         handle = victim.handle
         if handle is not None:
@@ -486,7 +487,11 @@ class Enforcer:
         """Count ``conn`` in ``kind``'s total, and in the log summary (a DEBUG line)."""
         totals = self.totals
         setattr(totals, kind.counter, getattr(totals, kind.counter) + 1)
-        self.summary.add(kind.name, conn.client, kind.detail(self), room=kind.room)
+        self.summary.add(kind.name, conn.client, self._detail(kind), room=kind.room)
+
+    def _detail(self, kind: Kind) -> Callable[[], str]:
+        """``kind``'s DEBUG line under this enforcer's settings, built only if it is written."""
+        return lambda: kind.message.format(s=self.settings, now=self.headers_timeout_now)
 
     def record(self, conn: Connection, kind: TimeoutKind) -> None:
         """Count a timeout, log it, and call ``on_timeout``."""
