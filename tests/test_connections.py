@@ -1290,8 +1290,8 @@ def test_message_is_the_three_events_at_one_instant(before: str) -> None:
 def test_requests_received_whole_are_counted_and_walked_as_handling_records(
     lst: ConnectionsList, clock: FakeClock
 ) -> None:
-    from connlist.connections import Received
     from connlist.debug import connection_state
+    from connlist.records import Received
 
     body = lst.connect(client=("127.0.0.1", 1), server=("127.0.0.1", 80))
     lst.headers_complete(body, "POST", "/upload")

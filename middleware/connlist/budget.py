@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from connlist.connections import OUT_CLOSING, OUT_STALLED, Connection, ConnectionsList
+from connlist.connections import ConnectionsList
+from connlist.records import OUT_CLOSING, OUT_STALLED, Connection
 
 __all__ = ["body_slowest", "headers_oldest", "idle_expired", "idle_head_since", "idle_oldest"]
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from connlist.budget import idle_expired, idle_head_since
-from connlist.connections import OUT_NONE, OUT_STALLED, Connection, ConnectionsList
+from connlist.connections import ConnectionsList
 from connlist.kinds import ROOM_BY_NAME, send_allowance
+from connlist.records import OUT_NONE, OUT_STALLED, Connection
 
 if TYPE_CHECKING:
     from connlist.enforcer import Enforcer
@@ -93,33 +94,14 @@ def stall_sample(
     now: float,
     acked: tuple[int, int] | None = None,
 ) -> float:
-    """Record a sample of a stalled connection; return how long it made no progress.
+    """Record a sample of a stalled connection (``Connection.sample``); return how long it made no progress.
 
-    Progress is more bytes acknowledged by the client than at the last
-    sample, when the kernel reports them (``acked``: bytes acknowledged
-    and the client's window, as for ``ConnectionsList.stall``), else fewer
-    bytes unsent.  The step, the progress since the last sample (or the
-    window, if larger), raises ``out_step``: see ``send_allowance``.  The
-    record moves to the tail of ``stalled``, stamped ``now`` (``now`` must
-    not be older than any stamp in the queue).
+    The record moves to the tail of ``stalled``, stamped ``now`` (``now``
+    must not be older than any stamp in the queue).
     """
     if conn.out_state != OUT_STALLED:
         return 0.0
-    window = 0
-    if acked is None or conn.out_acked < 0:
-        progress = conn.out_pending - pending
-    else:
-        progress = acked[0] - conn.out_acked
-        window = acked[1]
-    if acked is not None:
-        conn.out_acked = acked[0]
-    if progress > 0:
-        conn.out_since = now
-    step = progress if progress > window else window
-    if step > conn.out_step:
-        conn.out_step = step
-    conn.out_pending = pending
-    conn.out_sampled = now
+    conn.sample(now, pending, acked)
     # To the tail: the least recently sampled stay ahead.
     connections.stalled.move_to_end(conn)
     return now - conn.out_since
