@@ -1389,7 +1389,7 @@ def test_deadline_names_the_timeout_that_cuts_first_and_when(lst: ConnectionsLis
 
 def test_let_go_counts_each_record_once_whatever_it_was_doing(lst: ConnectionsList, clock: FakeClock) -> None:
     # Closed to make room: out of the budget and timed out until removed,
-    # from any state; a second let_go, or one of a removed record, changes nothing.
+    # from any state; a second evict, or one of a removed record, changes nothing.
     idle = lst.connect()
     lst.message_begin(idle)
     lst.headers_complete(idle, "GET", "/")
@@ -1415,8 +1415,8 @@ def test_let_go_counts_each_record_once_whatever_it_was_doing(lst: ConnectionsLi
     }
     assert lst.occupied == 3
     for conn in (idle, untimed, expired, removed, idle, untimed):
-        lst.let_go(conn)
-    assert (idle.gone, untimed.gone, expired.gone, removed.gone) == (True, True, True, False)
+        lst.evict(conn)
+    assert (idle.evicted, untimed.evicted, expired.evicted, removed.evicted) == (True, True, True, False)
     assert lst.counts() == {
         "all": 3,
         "idle": 0,

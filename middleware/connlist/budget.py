@@ -7,7 +7,7 @@ still sending its headers (``headers_oldest``), the body furthest behind the
 minimum rate (``body_slowest``).  Under pressure the sweep also closes the
 connections idle longer than a shrunk keep-alive time (``idle_expired``).
 Each is found from the head of one of the list's ordered lists, and the list
-lets it go (``ConnectionsList.let_go``).
+lets it go (``ConnectionsList.evict``).
 
 The idle order.  ``ConnectionsList.idle_queue`` holds connections in the
 order they became idle: a record joins its tail at ``message_complete``,
@@ -45,7 +45,7 @@ def _look(connections: ConnectionsList, node: Connection, stamp: float) -> int:
     """Take ``node`` off the idle queue: _DROP, _AGAIN (put back at the tail, stamped ``stamp``) or _FREE."""
     queue = connections.idle_queue
     queue.unlink(node)
-    if node.last_message_start != 0.0 or node.gone or node.out_state == OUT_CLOSING:
+    if node.last_message_start != 0.0 or node.evicted or node.out_state == OUT_CLOSING:
         return _DROP
     if node.requests != node.idle_requests or node.responding or node.out_state == OUT_STALLED:
         node.idle_requests = node.requests

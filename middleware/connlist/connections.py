@@ -50,7 +50,7 @@ arrives whole::
               (``connlist.budget``; ``idle()`` is Node's view)
 
 A record is in at most one of ``stalled`` and ``closing`` (one link,
-``out_state`` says which).  A connection closed to make room (``let_go``)
+``out_state`` says which).  A connection closed to make room (``evict``)
 leaves ``active``, ``body`` and the idle queue, counts as timed out until removed,
 and no longer counts in ``occupied``.
 
@@ -162,7 +162,7 @@ class ConnectionsList(ListViews):
         "_clock",
         "_n_active",
         "_n_all",
-        "_n_gone",
+        "_n_evicted",
         "_n_headers_pending",
         "_n_timed_out",
         "body",
@@ -177,8 +177,8 @@ class ConnectionsList(ListViews):
         # Sentinels: an empty list is a root linked to itself.
         self._all_root = Connection()
         self._active_root = Connection()
-        # The counts (see the invariants); gone: let go, not yet removed.
-        self._n_all = self._n_active = self._n_timed_out = self._n_headers_pending = self._n_gone = 0
+        # The counts (see the invariants); evicted: closed to make room, not yet removed.
+        self._n_all = self._n_active = self._n_timed_out = self._n_headers_pending = self._n_evicted = 0
         self.body: Queue[Connection] = Queue("_body_link", "body_started")
         self.stalled: Queue[Connection] = Queue("_out_link", "out_sampled")
         self.closing: Queue[Connection] = Queue("_out_link", "out_since")
@@ -362,25 +362,25 @@ class ConnectionsList(ListViews):
                 self._out_leave(conn)
             if conn._idle_link.next is not conn._idle_link:
                 self.idle_queue.unlink(conn)
-            if conn.gone:
-                self._n_gone -= 1
+            if conn.evicted:
+                self._n_evicted -= 1
             self._all_unlink(conn)
             self._n_all -= 1
 
     # -- the connection budget ---------------------------------------------------
 
-    def let_go(self, conn: Connection) -> None:
+    def evict(self, conn: Connection) -> None:
         """Closed to make room: it no longer counts in ``occupied``, and is cut (``expire``) until removed."""
-        if conn._all_next is not conn and not conn.gone:
-            conn.gone = True
-            self._n_gone += 1
+        if conn._all_next is not conn and not conn.evicted:
+            conn.evicted = True
+            self._n_evicted += 1
             self.expire(conn)
             self.idle_queue.unlink(conn)
 
     @property
     def occupied(self) -> int:
-        """Connections that count against the budget: those in ``all`` not let go."""
-        return self._n_all - self._n_gone
+        """Connections that count against the budget: those in ``all`` not evicted."""
+        return self._n_all - self._n_evicted
 
     # -- the queues' events ---------------------------------------------------
 

@@ -33,7 +33,7 @@ Every worker, and the page
 snapshot under ``workers`` and the sums of their counts and totals
 (``connlist.workers`` finds and asks the siblings).  A browser (``Accept``
 preferring ``text/html``) or ``?format=html`` gets the view as a page
-(``connlist.page``); everything else gets the JSON, as it always did.
+(``connlist.page``); everything else gets the JSON.
 
 Access
 ------

@@ -30,8 +30,8 @@ closing, or a log summary is pending.  The server layer's common case, a
 whole request in one read on an idle connection, never makes one active, so
 it never touches the timer; and a loop with no timer of ours in its heap does
 less at each iteration (asyncio's loop reads its clock at every iteration
-while any timer is scheduled: about 1,400 instructions per request of a hello
-world in benchmarks/per_request.py).  ``unwatch`` cancels the timer once
+while any timer is scheduled: docs/benchmarks.md, "Instructions per request,
+observing uvicorn").  ``unwatch`` cancels the timer once
 nothing can be due; a close that starts a linger outside a sweep brings the
 timer forward.
 
@@ -418,7 +418,7 @@ class Enforcer:
             else:
                 victim, kind = record, "refused"
         self.count(ROOM_BY_NAME[kind], victim)
-        connections.let_go(victim)
+        connections.evict(victim)
         handle = victim.handle
         if handle is not None:
             if kind == "idle":

@@ -2,8 +2,8 @@
 
 The list (``connlist.connections``) owns a record's links and the fields its
 events and counts depend on (``last_message_start``, ``headers_completed``);
-the feeders write the record's own fields (``responding``, ``requests``,
-``body_received``, ``method``, ``path``); the views read them.  The server
+the feeders may write the record's own (the rule is the list's invariant,
+"the feeder's own writes"); the views read them.  The server
 layer attaches a ``ConnectionHandle`` through which the enforcer closes the
 connection.  ``Received`` is ASGI-only mode's record of a request without a
 body, made only when a view walks the list.
@@ -101,7 +101,7 @@ class Connection:
         "body_started",
         "client",
         "connected_at",
-        "gone",
+        "evicted",
         "handle",
         "headers_completed",
         "id",
@@ -158,8 +158,7 @@ class Connection:
         self._begun = False
         # A response to a received request is unfinished: from
         # ``response_begin`` (``headers_complete`` with the request,
-        # ``message``) to ``response_complete`` (``remove``).  The feeder's to
-        # write, through those events or directly (see the module docstring).
+        # ``message``) to ``response_complete`` (``remove``).
         self.responding = False
         # The body being received (while in ``body``): when it began, and
         # how many bytes have arrived since (framing included).
@@ -182,9 +181,9 @@ class Connection:
         # (0: not stamped yet; the timer stamps it).
         self.idle_requests = 0
         self.idle_since = 0.0
-        # Closed or aborted to make room (``ConnectionsList.let_go``): its
+        # Closed or aborted to make room (``ConnectionsList.evict``): its
         # descriptor is on its way out, it no longer counts against the budget.
-        self.gone = False
+        self.evicted = False
 
     @property
     def method(self) -> str | None:

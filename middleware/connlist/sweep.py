@@ -158,7 +158,7 @@ def _run_keepalive(enforcer: Enforcer, now: float, stop: float) -> bool:
     kind = ROOM_BY_NAME["keepalive"]
 
     def close(conn: Connection) -> None:
-        connections.let_go(conn)
+        connections.evict(conn)
         enforcer.count(kind, conn)
         if conn.handle is not None:
             enforcer.call(conn.handle.connlist_close_idle)
