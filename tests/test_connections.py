@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import pytest
 
-from connlist.budget import headers_oldest, idle_expired, idle_oldest
+from connlist.budget import body_slowest, headers_oldest, idle_expired, idle_oldest
 from connlist.connections import Connection, ConnectionsList, connection_state
 from connlist.kinds import SEND_STEP, SEND_STEP_LIMIT, Settings, check_timeout, deadline, send_allowance
 from connlist.sweep import lingered, rate_expired, stall_sample, stalled_due
@@ -1465,3 +1465,14 @@ def test_idle_expired_passes_over_a_record_still_responding(lst: ConnectionsList
     lst.response_complete(busy)
     clock.advance(6)
     assert idle_expired(lst, 5, clock.now, 10) == [busy]
+
+
+def test_body_slowest_looks_at_the_oldest_bodies_only(lst: ConnectionsList, clock: FakeClock) -> None:
+    first = receiving_body(lst, clock)
+    clock.advance(1)
+    behind = receiving_body(lst, clock)
+    lst.body_bytes(first, 1000)  # ahead of 100 bytes/s
+    clock.advance(1)
+    assert body_slowest(lst, 100, clock.now, 2) is behind
+    assert body_slowest(lst, 100, clock.now, 1) is None  # only the first looked at, and it is ahead
+    assert body_slowest(lst, 100, clock.now, 2, excused=lambda conn: conn is behind) is None

@@ -227,11 +227,8 @@ class ConnectionsList(ListViews):
         conn._active_prev = conn._active_next = conn
 
     def _out_leave(self, conn: Connection) -> None:
-        """Out of ``stalled`` or ``closing``, and its state with it."""
-        if conn.out_state == OUT_STALLED:
-            self.stalled.unlink(conn)
-        elif conn.out_state == OUT_CLOSING:
-            self.closing.unlink(conn)
+        """Out of ``stalled`` or ``closing`` (the one it is in), and its state with it."""
+        (self.stalled if conn.out_state == OUT_STALLED else self.closing).unlink(conn)
         conn.out_state = OUT_NONE
 
     # -- events --------------------------------------------------------------

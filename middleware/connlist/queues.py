@@ -12,7 +12,7 @@ a record is in at most one of them), and each queue has a sentinel root.
 Invariants:
 
 * A link in no queue is linked to itself: "is it queued?" is one identity
-  test (``queued``), and ``unlink`` is idempotent.  A record that was never
+  test (``link.next is not link``), and ``unlink`` is idempotent.  A record that was never
   queued holds the shared ``UNQUEUED`` link; its first ``append`` gives it
   its own, which it keeps.
 * ``append`` (at the tail), ``unlink`` and ``move_to_end`` are O(1) and,
@@ -50,10 +50,6 @@ class Link(Generic[T]):
         self.next: Link[T] = self
         # The record whose place this is (None: a root's, or UNQUEUED).
         self.owner = owner
-
-    @property
-    def queued(self) -> bool:
-        return self.next is not self
 
 
 # The link of every record not queued yet: never linked.
