@@ -11,7 +11,7 @@ anything can be due:
   ``body``; the others cannot be due before their grace ends);
 * a stalled response's next sample: a stalled connection is sampled every
   ``send_timeout / 4`` and cut once it made no progress for its allowance
-  (``connections.send_allowance``: ``send_timeout``, or longer for a client
+  (``kinds.send_allowance``: ``send_timeout``, or longer for a client
   whose window opens in large steps), so it is cut up to ``send_timeout /
   4`` (plus the timer's lateness) after its allowance ran out.  Progress is
   what the client acknowledged (``TCP_INFO``), or, where the kernel does not

@@ -1,4 +1,4 @@
-"""The ordered queue of the lists beyond Node's: ``body``, ``stalled``, ``closing`` and ``idle``.
+"""The ordered queue of the lists beyond Node's: ``body``, ``stalled``, ``closing`` and ``idle_queue``.
 
 Theory of operation.  Each of these lists holds records in the order of one
 stamp, a clock value written on the record before it joins the tail (the
@@ -19,7 +19,7 @@ Invariants:
   after that first one, allocate nothing; ``len`` is kept as links move.
 * The stamps of a queue's records never decrease from head to tail, as long
   as every record is stamped no earlier than the tail's before it joins.
-  (``idle`` is the exception its owner handles: records join it unstamped,
+  (``idle_queue`` is the exception its owner handles: records join it unstamped,
   0, and are stamped from the tail back before a walk: ``connlist.budget``.)
 * A walk may unlink the record it is on, or move it to the tail.
 
