@@ -40,19 +40,19 @@ Four more lists serve what Node does not do, each a ``connlist.queues.Queue``
 ordered by the time that matters to it; none is touched by a request that
 arrives whole::
 
-    body      requests receiving a body, by when it began (``body_begin``;
-              ``connlist.sweep`` times the minimum rate)
-    stalled   responses the client stopped taking (``stall``, ``unstall``),
-              by when they were last sampled (``connlist.sweep``)
-    closing   connections the enforcer closed (``linger``), by when
+    body        requests receiving a body, by when it began (``body_begin``;
+                ``connlist.sweep`` times the minimum rate)
+    stalled     responses the client stopped taking (``stall``, ``unstall``),
+                by when they were last sampled (``connlist.sweep``)
+    closing     connections the enforcer closed (``linger``), by when
     idle_queue  connections in the order they became idle, for the
-              connection budget's choice of what to close
-              (``connlist.budget``; ``idle()`` is Node's view)
+                connection budget's choice of what to close
+                (``connlist.budget``; ``idle()`` is Node's view)
 
 A record is in at most one of ``stalled`` and ``closing`` (one link,
 ``out_state`` says which).  A connection closed to make room (``evict``)
-leaves ``active``, ``body`` and the idle queue, counts as timed out until removed,
-and no longer counts in ``occupied``.
+leaves ``active``, ``body`` and the idle queue, counts as timed out until
+removed, and no longer counts in ``occupied``.
 
 ``all`` and ``active`` are intrusive, circular and doubly linked, like the
 pure-Python ``OrderedDict`` in CPython: each ``Connection`` carries its own
