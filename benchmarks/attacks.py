@@ -494,7 +494,7 @@ class ConnectionTracker:
                 lifetime.after = now
             lifetime.misses += 1
             if lifetime.misses > GAP_SAMPLES:
-                lifetime.evicted = True
+                lifetime.gone = True
                 self.done.append(self.open.pop(port))
         for port in peers:
             if port not in self.open:
@@ -696,7 +696,7 @@ def analyse(attack: Attack, server: Server, csv_text: str | None, output: str) -
             return False
         # Missing from the last samples only: a gap in the reading of
         # /proc/net/tcp just before the attack's end looks the same.
-        return lifetime.evicted or all_closed
+        return lifetime.gone or all_closed
 
     lifetimes = [lt for lt in attack.tracker.lifetimes() if not is_probe(lt)]
     attack_conns = [lt for lt in lifetimes if lt.samples >= 2]
