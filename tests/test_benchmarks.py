@@ -321,8 +321,8 @@ def test_attacks_connection_lifetimes_bridge_a_missed_sample() -> None:
     by_port = {lifetime.port: lifetime for lifetime in tracker.lifetimes()}
     assert sorted(by_port) == [1, 2]
     one, two = by_port[1], by_port[2]
-    assert (one.first_seen, one.last_seen, one.after, one.evicted, one.samples) == (0.5, 4.0, None, False, 7)
-    assert (two.last_seen, two.after, two.evicted) == (2.0, 2.5, True)
+    assert (one.first_seen, one.last_seen, one.after, one.gone, one.samples) == (0.5, 4.0, None, False, 7)
+    assert (two.last_seen, two.after, two.gone) == (2.0, 2.5, True)
     assert (two.opened, two.closed) == (0.25, 2.25)
 
 
