@@ -22,7 +22,7 @@ The five alternatives implement the list's interface (``connect``,
 
 Their records carry connlist's payload (``Connection``'s slots but the links)
 and two flags, ``tracked`` and ``active``, instead of the links.  They check
-their timeouts with connlist's own ``_effective``, and the methods that the
+their timeouts with connlist's own ``kinds.effective_timeouts``, and the methods that the
 workloads time are written out, without helper calls, as connlist's are: the
 comparison isolates the ordering structure.  ``self_check`` runs one random
 event stream on all six and requires the same expired connections of each.
@@ -72,11 +72,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "middleware"))
 
 from connlist.connections import Connection, ConnectionsList
+from connlist.kinds import effective_timeouts as _effective
 
 SEED = 20240601
 _INF = float("inf")
-_effective = ConnectionsList._effective
-_PAYLOAD = tuple(slot for slot in Connection.__slots__ if not slot.endswith(("_next", "_prev")))
+_PAYLOAD = tuple(slot for slot in Connection.__slots__ if not slot.endswith(("_next", "_prev", "_link")))
 _DEFAULTS = [(slot, getattr(Connection(), slot)) for slot in _PAYLOAD if slot != "id"]
 _ids = itertools.count(1)
 

@@ -10,6 +10,7 @@ import resource
 
 import pytest
 
+from connlist.budget import idle_oldest
 from connlist.connections import Connection, ConnectionsList, connection_state
 from connlist.enforcer import PRESSURE_FLOOR, PRESSURE_WATERMARK, Enforcer, shrink
 from connlist.kinds import default_max_connections, resolve
@@ -219,9 +220,9 @@ def test_the_second_chance_walk_stops_after_going_round(clock: FakeClock, loop: 
         connections.message_begin(conn)
         connections.headers_complete(conn, "GET", "/")
         connections.message_complete(conn)  # responding: idle, serving
-    assert connections.idle_oldest() is None
+    assert idle_oldest(connections) is None
     connections.response_complete(conns[2])
-    assert connections.idle_oldest() is conns[2]
+    assert idle_oldest(connections) is conns[2]
 
 
 def test_shrink_is_linear_above_the_watermark_to_the_floor() -> None:

@@ -14,16 +14,10 @@ from typing import NamedTuple
 
 import pytest
 
-from connlist.checks import check_timeout
-from connlist.connections import (
-    SEND_STEP,
-    SEND_STEP_LIMIT,
-    Connection,
-    ConnectionsList,
-    connection_state,
-    send_allowance,
-)
-from connlist.kinds import Settings
+from connlist.budget import body_slowest, headers_oldest, idle_expired, idle_oldest
+from connlist.connections import Connection, ConnectionsList, connection_state
+from connlist.kinds import SEND_STEP, SEND_STEP_LIMIT, Settings, check_timeout, deadline, send_allowance
+from connlist.sweep import lingered, rate_expired, stall_sample, stalled_due
 from tests.fakes import T0, FakeClock
 
 
@@ -64,21 +58,6 @@ def REMOVED(start: float, headers: bool = False, requests: int = 0) -> S:
     return S(start, headers, requests, False, False)
 
 
-def _walk(root: Connection, nxt: str, prv: str) -> tuple[list[Connection], list[Connection]]:
-    forward, backward = [], []
-    node = getattr(root, nxt)
-    while node is not root:
-        forward.append(node)
-        assert len(forward) < 10_000, "cycle that misses the root"
-        node = getattr(node, nxt)
-    node = getattr(root, prv)
-    while node is not root:
-        backward.append(node)
-        assert len(backward) < 10_000, "cycle that misses the root"
-        node = getattr(node, prv)
-    return forward, backward
-
-
 def check(
     lst: ConnectionsList,
     *,
@@ -100,24 +79,13 @@ def check(
     # The debug view's phase counts.
     assert lst.headers_pending_count == sum(not conn.headers_completed for conn in active)
     assert lst.idle_responding_count == sum(conn.responding for conn in idle)
-    # Both directions of both intrusive lists agree with the views.
-    forward, backward = _walk(lst._all_root, "_all_next", "_all_prev")
-    assert forward == all_
-    assert backward == all_[::-1]
-    forward, backward = _walk(lst._active_root, "_active_next", "_active_prev")
-    assert forward == active
-    assert backward == active[::-1]
     # ``active`` is ordered by message start.
     starts = [conn.last_message_start for conn in active]
     assert starts == sorted(starts)
     for conn, expected in states.items():
         assert fields(conn) == expected, conn
-        if not expected.tracked:
-            # Linked to itself in both lists.
-            assert conn._all_next is conn and conn._all_prev is conn
-            assert conn._active_next is conn and conn._active_prev is conn
-        elif not expected.is_active:
-            assert conn._active_next is conn and conn._active_prev is conn
+        assert (conn in all_) == expected.tracked
+        assert (conn in active) == expected.is_active
 
 
 @pytest.fixture
@@ -144,7 +112,8 @@ def test_default_clock_is_monotonic() -> None:
 def test_fresh_connection_is_in_no_list() -> None:
     conn = Connection()
     assert fields(conn) == S(0.0, False, 0, False, False)
-    assert conn._all_next is conn and conn._active_next is conn
+    assert connection_state(conn) == "closed"
+    assert not (conn.receiving_body or conn.stalled)
 
 
 def test_connect_joins_all_and_active_timed(lst: ConnectionsList, clock: FakeClock) -> None:
@@ -1052,23 +1021,18 @@ def check_extra(
     stalled: list[Connection],
     closing: list[Connection],
 ) -> None:
-    """Assert the three lists beyond Node's, both directions, and every other record linked to itself."""
-    for root, expected, nxt, prv in (
-        (lst._body_root, body, "_body_next", "_body_prev"),
-        (lst._stalled_root, stalled, "_out_next", "_out_prev"),
-        (lst._closing_root, closing, "_out_next", "_out_prev"),
-    ):
-        forward, backward = _walk(root, nxt, prv)
-        assert forward == expected
-        assert backward == expected[::-1]
+    """Assert the three queues beyond Node's, both ways, their counts, and what the records say."""
+    for queue, expected in ((lst.body, body), (lst.stalled, stalled), (lst.closing, closing)):
+        assert list(queue) == expected
+        assert list(reversed(queue)) == expected[::-1]
+        assert len(queue) == len(expected)
+        assert queue.head() == (expected[0] if expected else None)
+        stamps = [queue.stamp(conn) for conn in expected]
+        assert stamps == sorted(stamps)
     assert lst.stalled_count == len(stalled)
     for conn in lst.all():
         assert conn.receiving_body == (conn in body)
         assert conn.stalled == (conn in stalled)
-        if conn not in body:
-            assert conn._body_next is conn and conn._body_prev is conn
-        if conn not in stalled and conn not in closing:
-            assert conn._out_next is conn and conn._out_prev is conn
 
 
 def receiving_body(lst: ConnectionsList, clock: FakeClock) -> Connection:
@@ -1130,10 +1094,10 @@ def test_rate_expired_walks_past_the_grace_and_stops_at_the_first_young_body(
     young = receiving_body(lst, clock)
     # At the end of the grace (10 s after the first two): nothing is behind (the rule is strict).
     clock.advance(5)
-    assert lst.rate_expired(500, 10, clock.now) == ([], None, T0 + 10)
+    assert rate_expired(lst, 500, 10, clock.now) == ([], None, T0 + 10)
     lst.body_bytes(slow, 50)  # 0.1 s of credit
     clock.advance(0.125)
-    assert lst.rate_expired(500, 10, clock.now) == ([slow], T0 + 14, T0 + 15)
+    assert rate_expired(lst, 500, 10, clock.now) == ([slow], T0 + 14, T0 + 15)
     check_extra(lst, body=[fast, young], stalled=[], closing=[])
     # Behind: it left ``active`` and counts as timed out, like an expiry.
     check(
@@ -1146,8 +1110,8 @@ def test_rate_expired_walks_past_the_grace_and_stops_at_the_first_young_body(
     assert lst.timed_out_count == 1
     clock.advance(10)
     # A limit leaves the rest for the next call.
-    assert lst.rate_expired(500, 10, clock.now, limit=1) == ([fast], None, None)
-    assert lst.rate_expired(500, 10, clock.now) == ([young], None, None)
+    assert rate_expired(lst, 500, 10, clock.now, limit=1) == ([fast], None, None)
+    assert rate_expired(lst, 500, 10, clock.now) == ([young], None, None)
     check_extra(lst, body=[], stalled=[], closing=[])
 
 
@@ -1159,21 +1123,21 @@ def test_stall_sample_unstall(lst: ConnectionsList, clock: FakeClock) -> None:
     lst.stall(a, 7)  # already stalled: nothing changes
     check_extra(lst, body=[], stalled=[a, b], closing=[])
     assert (a.out_since, a.out_sampled, a.out_pending) == (T0, T0, 1000)
-    assert lst.stalled_due(1, clock.now, 10) == [a]
-    assert lst.stalled_due(0, clock.now, 10) == [a, b]
-    assert lst.stalled_due(0, clock.now, 1) == [a]
-    assert lst.stalled_due(2, clock.now, 10) == []
+    assert stalled_due(lst, 1, clock.now, 10) == [a]
+    assert stalled_due(lst, 0, clock.now, 10) == [a, b]
+    assert stalled_due(lst, 0, clock.now, 1) == [a]
+    assert stalled_due(lst, 2, clock.now, 10) == []
     clock.advance(1)
     # Progress: fewer bytes unsent; the sample moves it to the tail, stamped now.
-    assert lst.stall_sample(a, 400, clock.now) == 0.0
+    assert stall_sample(lst, a, 400, clock.now) == 0.0
     assert (a.out_since, a.out_sampled, a.out_pending) == (T0 + 2, T0 + 2, 400)
     # No progress: as many bytes unsent (or more) as at the last sample.
-    assert lst.stall_sample(b, 500, clock.now) == 1.0
+    assert stall_sample(lst, b, 500, clock.now) == 1.0
     assert (b.out_since, b.out_sampled, b.out_pending) == (T0 + 1, T0 + 2, 500)
     check_extra(lst, body=[], stalled=[a, b], closing=[])
     lst.unstall(a)
     lst.unstall(c)  # not stalled: nothing happens
-    assert lst.stall_sample(a, 0, clock.now) == 0.0  # not stalled any more: no sample
+    assert stall_sample(lst, a, 0, clock.now) == 0.0  # not stalled any more: no sample
     check_extra(lst, body=[], stalled=[b], closing=[])
     lst.remove(b)
     check_extra(lst, body=[], stalled=[], closing=[])
@@ -1189,14 +1153,14 @@ def test_stall_sample_with_what_the_kernel_reports(lst: ConnectionsList, clock: 
     clock.advance(15)
     # Nothing acknowledged: no progress, even though fewer bytes are unsent
     # (with TCP_INFO only the client's acknowledgements count).
-    assert lst.stall_sample(a, 4_000_000, clock.now, (128_000, 0)) == 15.0
+    assert stall_sample(lst, a, 4_000_000, clock.now, (128_000, 0)) == 15.0
     clock.advance(15)
     # A window opened but nothing acknowledged: a step of that size, no progress.
-    assert lst.stall_sample(a, 4_000_000, clock.now, (128_000, 200_000)) == 30.0
+    assert stall_sample(lst, a, 4_000_000, clock.now, (128_000, 200_000)) == 30.0
     assert a.out_step == 200_000
     clock.advance(15)
     # 95,232 bytes acknowledged: progress; the largest step stays.
-    assert lst.stall_sample(a, 3_900_000, clock.now, (223_232, 0)) == 0.0
+    assert stall_sample(lst, a, 3_900_000, clock.now, (223_232, 0)) == 0.0
     assert (a.out_acked, a.out_step, a.out_since) == (223_232, 200_000, clock.now)
     # The step survives the stall: the next one starts with it.
     lst.unstall(a)
@@ -1207,7 +1171,7 @@ def test_stall_sample_with_what_the_kernel_reports(lst: ConnectionsList, clock: 
     lst.stall(b, 1000)
     assert b.out_acked == -1
     clock.advance(1)
-    assert lst.stall_sample(b, 400, clock.now) == 0.0
+    assert stall_sample(lst, b, 400, clock.now) == 0.0
     assert b.out_step == 600
 
 
@@ -1235,11 +1199,11 @@ def test_linger_takes_a_connection_out_of_stalled_and_lingered_returns_the_old_o
     check_extra(lst, body=[], stalled=[], closing=[a, b])
     assert (a.out_since, b.out_since) == (T0, T0 + 0.5)
     clock.advance(0.5)
-    assert lst.lingered(1, clock.now, 10) == [a]
+    assert lingered(lst, 1, clock.now, 10) == [a]
     check_extra(lst, body=[], stalled=[], closing=[b])
     lst.remove(b)
     check_extra(lst, body=[], stalled=[], closing=[])
-    assert lst.lingered(0, clock.now, 10) == []
+    assert lingered(lst, 0, clock.now, 10) == []
     lst.remove(c)
     lst.linger(c)  # removed: never joins
     check_extra(lst, body=[], stalled=[], closing=[])
@@ -1249,9 +1213,9 @@ def test_rate_boundary_is_strict(lst: ConnectionsList, clock: FakeClock) -> None
     conn = receiving_body(lst, clock)
     lst.body_bytes(conn, 250)  # 0.5 s of credit at 500 bytes/s: the deadline is T0 + 10.5
     clock.advance(10.5)
-    assert lst.rate_expired(500, 10, clock.now) == ([], T0 + 10.5, None)
+    assert rate_expired(lst, 500, 10, clock.now) == ([], T0 + 10.5, None)
     clock.advance(0.125)
-    assert lst.rate_expired(500, 10, clock.now) == ([conn], None, None)
+    assert rate_expired(lst, 500, 10, clock.now) == ([conn], None, None)
 
 
 def test_rate_expired_restarts_the_clock_of_an_excused_body(lst: ConnectionsList, clock: FakeClock) -> None:
@@ -1261,7 +1225,7 @@ def test_rate_expired_restarts_the_clock_of_an_excused_body(lst: ConnectionsList
     lst.body_bytes(held, 100)
     clock.advance(9.5)
     # The server stopped reading ``held``: a new grace period from now, at the tail.
-    result = lst.rate_expired(500, 10, clock.now, excused=lambda conn: conn is held)
+    result = rate_expired(lst, 500, 10, clock.now, excused=lambda conn: conn is held)
     assert result == ([behind], None, T0 + 11)
     assert (held.body_started, held.body_received) == (T0 + 10.5, 0)
     check_extra(lst, body=[later, held], stalled=[], closing=[])
@@ -1326,8 +1290,8 @@ def test_message_is_the_three_events_at_one_instant(before: str) -> None:
 def test_requests_received_whole_are_counted_and_walked_as_handling_records(
     lst: ConnectionsList, clock: FakeClock
 ) -> None:
-    from connlist.connections import Received
     from connlist.debug import connection_state
+    from connlist.records import Received
 
     body = lst.connect(client=("127.0.0.1", 1), server=("127.0.0.1", 80))
     lst.headers_complete(body, "POST", "/upload")
@@ -1395,37 +1359,37 @@ def test_deadline_names_the_timeout_that_cuts_first_and_when(lst: ConnectionsLis
     # The enforcer's settings: headers, request, send, min rate, grace.
     timeouts = settings(10.0, 30.0, 60.0, 100.0, 5.0)
     new = lst.connect()
-    assert lst.deadline(new, timeouts) == ("headers", T0 + 10)
-    assert lst.deadline(new, settings(0.0, 30.0)) == ("request", T0 + 30)  # headers timeout off
-    assert lst.deadline(new, settings(0.0, 0.0)) is None
+    assert deadline(new, timeouts) == ("headers", T0 + 10)
+    assert deadline(new, settings(0.0, 30.0)) == ("request", T0 + 30)  # headers timeout off
+    assert deadline(new, settings(0.0, 0.0)) is None
     clock.advance(2)
     upload = lst.connect()
     lst.message_begin(upload)
     lst.headers_complete(upload)
-    assert lst.deadline(upload, timeouts) == ("request", T0 + 32)  # headers in: the request timeout
+    assert deadline(upload, timeouts) == ("request", T0 + 32)  # headers in: the request timeout
     lst.body_begin(upload)
     # The rate's deadline: grace, then 1 s per 100 bytes received; it moves on as they arrive.
-    assert lst.deadline(upload, timeouts) == ("rate", T0 + 7)
+    assert deadline(upload, timeouts) == ("rate", T0 + 7)
     lst.body_bytes(upload, 1000)
-    assert lst.deadline(upload, timeouts) == ("rate", T0 + 17)
+    assert deadline(upload, timeouts) == ("rate", T0 + 17)
     lst.body_bytes(upload, 10_000)
-    assert lst.deadline(upload, timeouts) == ("request", T0 + 32)  # ahead of the rate
-    assert lst.deadline(upload, settings(10.0, 30.0, 60.0, 0.0, 5.0)) == ("request", T0 + 32)  # rate off
+    assert deadline(upload, timeouts) == ("request", T0 + 32)  # ahead of the rate
+    assert deadline(upload, settings(10.0, 30.0, 60.0, 0.0, 5.0)) == ("request", T0 + 32)  # rate off
     lst.message_complete(upload)
-    assert lst.deadline(upload, timeouts) is None  # handling: nothing runs
+    assert deadline(upload, timeouts) is None  # handling: nothing runs
     clock.advance(1)
     lst.stall(upload, 5000)
-    assert lst.deadline(upload, timeouts) == ("send", T0 + 63)  # from its last progress
-    assert lst.deadline(upload, settings(10.0, 30.0, 0.0, 100.0, 5.0)) is None  # send timeout off
+    assert deadline(upload, timeouts) == ("send", T0 + 63)  # from its last progress
+    assert deadline(upload, settings(10.0, 30.0, 0.0, 100.0, 5.0)) is None  # send timeout off
     # An expired connection is cut already: none.
     clock.now = T0 + 11
     assert lst.expired(10.0, 30.0) == [new]
-    assert lst.deadline(new, timeouts) is None
+    assert deadline(new, timeouts) is None
 
 
 def test_let_go_counts_each_record_once_whatever_it_was_doing(lst: ConnectionsList, clock: FakeClock) -> None:
     # Closed to make room: out of the budget and timed out until removed,
-    # from any state; a second let_go, or one of a removed record, changes nothing.
+    # from any state; a second evict, or one of a removed record, changes nothing.
     idle = lst.connect()
     lst.message_begin(idle)
     lst.headers_complete(idle, "GET", "/")
@@ -1451,8 +1415,8 @@ def test_let_go_counts_each_record_once_whatever_it_was_doing(lst: ConnectionsLi
     }
     assert lst.occupied == 3
     for conn in (idle, untimed, expired, removed, idle, untimed):
-        lst.let_go(conn)
-    assert (idle.gone, untimed.gone, expired.gone, removed.gone) == (True, True, True, False)
+        lst.evict(conn)
+    assert (idle.evicted, untimed.evicted, expired.evicted, removed.evicted) == (True, True, True, False)
     assert lst.counts() == {
         "all": 3,
         "idle": 0,
@@ -1466,8 +1430,8 @@ def test_let_go_counts_each_record_once_whatever_it_was_doing(lst: ConnectionsLi
     assert lst.occupied == 0 and lst.idle_responding_count == 0
     assert [connection_state(conn) for conn in lst.iter_all()] == ["timed_out"] * 3
     # Out of the lists that choose what goes next: never chosen twice.
-    assert lst.idle_oldest() is None and lst.headers_oldest() is None
-    assert lst.idle_expired(0, clock.now, 10) == []
+    assert idle_oldest(lst) is None and headers_oldest(lst) is None
+    assert idle_expired(lst, 0, clock.now, 10) == []
     for conn in (idle, untimed, expired):
         lst.remove(conn)
     assert lst.counts()["all"] == lst.counts()["timed_out"] == 0
@@ -1477,7 +1441,7 @@ def test_a_smaller_step_at_the_next_stall_keeps_the_largest(lst: ConnectionsList
     a = lst.connect()
     lst.stall(a, 1_000_000, (300_000, 0))
     clock.advance(1)
-    lst.stall_sample(a, 1_000_000, clock.now, (300_000, 400_000))  # a window larger than all acknowledged
+    stall_sample(lst, a, 1_000_000, clock.now, (300_000, 400_000))  # a window larger than all acknowledged
     assert a.out_step == 400_000
     lst.unstall(a)
     lst.stall(a, 500_000, (310_000, 0))  # acknowledged further, less than the window: the step stays
@@ -1494,10 +1458,21 @@ def test_idle_expired_passes_over_a_record_still_responding(lst: ConnectionsList
         lst.response_begin(conn)
         lst.message_complete(conn)
     lst.response_complete(done)
-    assert lst.idle_expired(5, clock.now, 10) == []  # stamps both, now
+    assert idle_expired(lst, 5, clock.now, 10) == []  # stamps both, now
     clock.advance(6)
-    assert lst.idle_expired(5, clock.now, 10) == [done]
+    assert idle_expired(lst, 5, clock.now, 10) == [done]
     assert busy.idle_since == clock.now
     lst.response_complete(busy)
     clock.advance(6)
-    assert lst.idle_expired(5, clock.now, 10) == [busy]
+    assert idle_expired(lst, 5, clock.now, 10) == [busy]
+
+
+def test_body_slowest_looks_at_the_oldest_bodies_only(lst: ConnectionsList, clock: FakeClock) -> None:
+    first = receiving_body(lst, clock)
+    clock.advance(1)
+    behind = receiving_body(lst, clock)
+    lst.body_bytes(first, 1000)  # ahead of 100 bytes/s
+    clock.advance(1)
+    assert body_slowest(lst, 100, clock.now, 2) is behind
+    assert body_slowest(lst, 100, clock.now, 1) is None  # only the first looked at, and it is ahead
+    assert body_slowest(lst, 100, clock.now, 2, excused=lambda conn: conn is behind) is None

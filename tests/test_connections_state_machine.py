@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from connlist.connections import PHASES, STATES, Connection, ConnectionsList, connection_state
+from connlist.sweep import lingered, rate_expired, stall_sample, stalled_due
 from tests.fakes import FakeClock
 
 
@@ -228,7 +229,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
                 expected.append(conn)
             else:
                 kept.append(deadline)
-        assert self.lst.rate_expired(rate, grace, now) == (expected, min(kept, default=None), grace_end)
+        assert rate_expired(self.lst, rate, grace, now) == (expected, min(kept, default=None), grace_end)
         self.body_order = [c for c in self.body_order if c not in expected]
         self.active_order = [c for c in self.active_order if c not in expected]
 
@@ -250,7 +251,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
     def sample_stalled(self, interval: float, limit: int, data: st.DataObject) -> None:
         now = self.clock.now
         due = [c for c in self.stalled_order if self.model[c].out_sampled <= now - interval][:limit]
-        assert self.lst.stalled_due(interval, now, limit) == due
+        assert stalled_due(self.lst, interval, now, limit) == due
         for conn in due:
             pending = data.draw(PENDING)
             m = self.model[conn]
@@ -260,7 +261,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             m.out_sampled = now
             self.stalled_order.remove(conn)
             self.stalled_order.append(conn)
-            assert self.lst.stall_sample(conn, pending, now) == now - m.out_since
+            assert stall_sample(self.lst, conn, pending, now) == now - m.out_since
 
     @rule(conn=conns)
     def linger(self, conn: Connection) -> None:
@@ -279,7 +280,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             if self.model[conn].out_since > now - linger or len(done) == limit:
                 break
             done.append(conn)
-        assert self.lst.lingered(linger, now, limit) == done
+        assert lingered(self.lst, linger, now, limit) == done
         self.closing_order = [c for c in self.closing_order if c not in done]
 
     @rule(seconds=ADVANCES)
@@ -318,10 +319,10 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         )
         assert lst.idle_responding_count == sum(self.model[c].responding for c in idle)
         assert lst.stalled_count == len(self.stalled_order)
-        assert lst.stalled_head_sampled() == (
+        assert lst.stalled.head_stamp() == (
             self.model[self.stalled_order[0]].out_sampled if self.stalled_order else None
         )
-        assert lst.closing_head_since() == (
+        assert lst.closing.head_stamp() == (
             self.model[self.closing_order[0]].out_since if self.closing_order else None
         )
 
@@ -396,49 +397,29 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             if conn in self.closing_order:
                 assert conn.out_since == m.out_since
             if m.removed:
-                # In no list: linked to itself in both.
                 assert not conn.tracked and not conn.is_active
-                assert conn._all_next is conn and conn._all_prev is conn
-                assert conn._active_next is conn and conn._active_prev is conn
-            elif conn not in active:
-                assert conn._active_next is conn and conn._active_prev is conn
+                assert connection_state(conn) == "closed"
 
     @invariant()
-    def links_are_consistent(self) -> None:
+    def lists_match_the_model(self) -> None:
+        # Through the views: each list's order, its count, and its stamps in order.
         lst = self.lst
-        for order, root, nxt, prv in (
-            (self.all_order, lst._all_root, "_all_next", "_all_prev"),
-            (self.active_order, lst._active_root, "_active_next", "_active_prev"),
-            (self.body_order, lst._body_root, "_body_next", "_body_prev"),
-            (self.stalled_order, lst._stalled_root, "_out_next", "_out_prev"),
-            (self.closing_order, lst._closing_root, "_out_next", "_out_prev"),
+        assert list(lst.iter_all()) == self.all_order
+        assert list(lst.iter_active()) == self.active_order
+        for order, queue in (
+            (self.body_order, lst.body),
+            (self.stalled_order, lst.stalled),
+            (self.closing_order, lst.closing),
         ):
-            walked = []
-            node = root
-            for _ in range(len(self.model) + 1):
-                following = getattr(node, nxt)
-                assert getattr(following, prv) is node
-                node = following
-                if node is root:
-                    break
-                walked.append(node)
-            else:
-                raise AssertionError("list does not return to its root")
-            assert walked == order
-        # Ordered by the time that matters to each list.
-        for order, stamp in (
-            (self.body_order, "body_started"),
-            (self.stalled_order, "out_sampled"),
-            (self.closing_order, "out_since"),
-        ):
-            stamps = [getattr(self.model[c], stamp) for c in order]
+            assert list(queue) == order
+            assert list(reversed(queue)) == order[::-1]
+            assert len(queue) == len(order)
+            stamps = [queue.stamp(c) for c in order]
             assert stamps == sorted(stamps)
-        # A node in no list of a pair is linked to itself.
+        # What the list says of a record and what the model says agree.
         for conn in self.model:
-            if conn not in self.body_order:
-                assert conn._body_next is conn and conn._body_prev is conn
-            if conn not in self.stalled_order and conn not in self.closing_order:
-                assert conn._out_next is conn and conn._out_prev is conn
+            assert conn.receiving_body == (conn in self.body_order)
+            assert conn.stalled == (conn in self.stalled_order)
 
     @invariant()
     def next_deadline_is_the_brute_force_minimum(self) -> None:

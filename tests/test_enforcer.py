@@ -18,11 +18,9 @@ import typing
 import pytest
 
 from connlist.connections import Connection
-from connlist.enforcer import _BATCH, BUDGET, SLOW_CALLBACK, Enforcer
+from connlist.enforcer import _BATCH, SLOW_CALLBACK, SWEEP_TIME, Enforcer
 from connlist.kinds import (
-    BUDGET_KINDS,
-    RATE_RESOLUTION,
-    SLACK,
+    ROOM_KINDS,
     TIMEOUT_KINDS,
     RoomKind,
     TimeoutKind,
@@ -30,6 +28,7 @@ from connlist.kinds import (
     resolve,
 )
 from connlist.logs import SUMMARY_INTERVAL
+from connlist.sweep import RATE_RESOLUTION, SLACK
 from tests.fakes import RESPONSE_408, T0, FakeClock, MemoryHandle, MockLoop
 
 LINGER = 1.0
@@ -201,10 +200,10 @@ def test_configure_rearms_with_the_new_settings(clock: FakeClock, loop: MockLoop
 
 
 def costly(enforcer: Enforcer, clock: FakeClock) -> None:
-    """Make every reading of the enforcer's clock cost half of ``BUDGET``, as cutting off costs time."""
+    """Make every reading of the enforcer's clock cost half of ``SWEEP_TIME``, as cutting off costs time."""
 
     def reading() -> float:
-        clock.now += BUDGET / 2
+        clock.now += SWEEP_TIME / 2
         return clock.now
 
     enforcer.clock = reading
@@ -541,10 +540,10 @@ def test_every_timeout_kind_has_its_total() -> None:
     names = {field.name for field in dataclasses.fields(Totals)}
     assert [kind.name for kind in TIMEOUT_KINDS] == list(typing.get_args(TimeoutKind))
     assert {kind.name for kind in TIMEOUT_KINDS} == {"headers", "request", "rate", "send"}
-    assert set(typing.get_args(RoomKind)) < {kind.name for kind in BUDGET_KINDS}
-    for kind in (*TIMEOUT_KINDS, *BUDGET_KINDS):
+    assert set(typing.get_args(RoomKind)) < {kind.name for kind in ROOM_KINDS}
+    for kind in (*TIMEOUT_KINDS, *ROOM_KINDS):
         assert kind.counter in names, kind
-    assert {kind.counter for kind in (*TIMEOUT_KINDS, *BUDGET_KINDS)} == names - {
+    assert {kind.counter for kind in (*TIMEOUT_KINDS, *ROOM_KINDS)} == names - {
         "connections",
         "requests",
         "accept_failures",

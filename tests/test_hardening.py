@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from connlist.connections import SEND_STEP_LIMIT, Connection, connection_state, send_allowance
+from connlist.connections import Connection, connection_state
 from connlist.enforcer import LINGER
+from connlist.kinds import SEND_STEP_LIMIT, send_allowance
 from tests import servers
 from tests.servers import (
     EARLY,

@@ -15,6 +15,7 @@ from connlist import server
 from connlist import uvicorn as connlist_uvicorn
 from connlist.connections import Connection, ConnectionHandle
 from connlist.enforcer import STATE_KEY, Enforcer
+from connlist.sweep import lingered
 from tests.fakes import FakeClock, MockLoop
 from tests.servers import wait_for
 
@@ -144,7 +145,7 @@ def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
 
 def closing(enforcer: Enforcer, now: float) -> list[Connection]:
     """The records the enforcer closed and will abort once the linger is over."""
-    return enforcer.connections.lingered(0.0, now, 100)
+    return lingered(enforcer.connections, 0.0, now, 100)
 
 
 def test_a_timed_out_request_is_answered_408_unless_its_response_began(

@@ -7,9 +7,12 @@ Node.js (``src/node_http_parser.cc``, ``lib/_http_server.js``) keeps, per
 server, every connection in a list ``all`` and every connection that is in the
 middle of receiving a request in a list ``active``.  A periodic check asks the
 list which active connections are *expired*, answers them with ``408`` and
-closes them.  This module is that list, with no I/O; the server layer
-(``connlist.uvicorn``) and the middleware feed it, ``connlist.enforcer`` acts on
-what it reports.
+closes them.  This module is that list: its lists, its events, its counts
+and its states.  The records are ``connlist.records``'; the walks of the
+views ``connlist.views``'.  The server layer (``connlist.uvicorn``) and the
+middleware feed it; ``connlist.sweep`` and ``connlist.budget`` walk it; the
+enforcer acts on what they find, through the handles the server layer
+attached.
 
 A connection moves through these events (the clock is monotonic)::
 
@@ -33,50 +36,34 @@ incomplete and its message started more than ``headers_timeout`` ago, or its
 message started more than ``request_timeout`` ago.  Expired connections leave
 ``active`` (so each is reported once) and stay in ``all`` until removed.
 
-Three more lists, in the same design, serve the checks beyond Node's; each is
-ordered by the time that matters to it, so a check stops at the first young
-record, and none is touched by a request without a body::
+Four more lists serve what Node does not do, each a ``connlist.queues.Queue``
+ordered by the time that matters to it; none is touched by a request that
+arrives whole::
 
-    body      requests receiving a body (``body_begin`` once the headers are
-              in; each read adds to ``body_received``, through ``body_bytes``
-              or, on a feeder's hot path, directly), by the time their body
-              began: the minimum body rate applies once ``body_grace`` has
-              passed (Apache mod_reqtimeout's ``body=10,MinRate=500``)
-    stalled   connections whose response the client stopped taking
-              (``stall`` from the transport's ``pause_writing``, ``unstall``
-              from ``resume_writing``), by when they were last sampled; the
-              enforcer samples what the client acknowledged and cuts a
-              connection that made no progress for its allowance
-              (``send_allowance``: nginx's ``send_timeout``, longer for a
-              client whose window opens in large steps)
-    closing   connections the enforcer closed (``linger``), by when: what
-              has not gone after a short linger is aborted
+    body        requests receiving a body, by when it began (``body_begin``;
+                ``connlist.sweep`` times the minimum rate)
+    stalled     responses the client stopped taking (``stall``, ``unstall``),
+                by when they were last sampled (``connlist.sweep``)
+    closing     connections the enforcer closed (``linger``), by when
+    idle_queue  connections in the order they became idle, for the
+                connection budget's choice of what to close
+                (``connlist.budget``; ``idle()`` is Node's view)
 
-A sixth, ``idle``, serves the connection budget (``max_connections``, see
-``connlist.enforcer``): connections in the order they became idle.  A record
-joins its tail at ``message_complete``; ``message`` (a whole request on an
-idle connection, the common case) does not move it and reads no clock, so
-``idle_oldest`` gives the head a second chance when it served requests since
-it joined (its ``requests`` differ from ``idle_requests``), as the CLOCK
-page-replacement algorithm does, and puts back one that is responding.
-``idle_expired`` stamps records lazily (``idle_since``, from the tail back
-to the first stamped one), so ``idle`` stays ordered by that stamp.  A
-connection closed to make room (``let_go``) leaves ``active``, ``body`` and
-``idle``, counts as timed out until removed, and no longer counts in
-``occupied``.
+A record is in at most one of ``stalled`` and ``closing`` (one link,
+``out_state`` says which).  A connection closed to make room (``evict``)
+leaves ``active``, ``body`` and the idle queue, counts as timed out until
+removed, and no longer counts in ``occupied``.
 
-A record is in at most one of ``stalled`` and ``closing`` (one link pair,
-``out_state`` says which).
-
-The lists are intrusive, circular and doubly linked, like the pure-Python
-``OrderedDict`` in CPython: each ``Connection`` carries its own links, one pair
-per list, and each list has a sentinel root.
+``all`` and ``active`` are intrusive, circular and doubly linked, like the
+pure-Python ``OrderedDict`` in CPython: each ``Connection`` carries its own
+links, and each list has a sentinel root.  Their links are written out in
+the events a request runs (docs/benchmarks.md, "Where the remaining
+instructions go").
 
 Invariants:
 
 * A node that is in no list is linked to itself, so unlinking is idempotent
   and always safe, and "is it linked?" is one identity test.
-* Appending to the tail and unlinking are O(1) and allocate nothing.
 * ``message_begin`` stamps the current clock and moves the node to the tail,
   and the clock never goes back, so ``active`` is always ordered by
   ``last_message_start``, oldest first.  ``expired()`` therefore stops at the
@@ -86,26 +73,17 @@ Invariants:
   requests); an expired connection keeps its start, so it is neither idle
   nor active.  The clock must therefore never return 0 (``time.monotonic``
   does not).
-* ``body_started``, ``out_sampled`` and ``out_since`` are stamped from the
-  same clock as records are appended, so ``body``, ``stalled`` and
-  ``closing`` stay ordered too.  Sampling a stalled record moves it to the
-  tail of ``stalled``, stamped now.
 * The counts are kept as the nodes move, so each is O(1): ``all``,
-  ``active``, and expired connections not yet closed (``timed_out``); idle
-  is what remains (``all - active - timed_out``), so a request, which moves
-  a connection out of idle and back, updates one count, not two.  One more
-  serves the debug view's phases: active connections whose headers are
-  incomplete.  ``headers_completed`` and ``last_message_start`` must
-  therefore change only through the list's events.
-* ``responding`` (a response to a received request is unfinished, from
-  ``response_begin`` to ``response_complete``) and ``requests`` are the
-  record's own: no count and no link depends on them, so a feeder's hot
-  path may write them itself, as it adds to ``body_received``.  A whole
-  request on an idle connection (``message``) is ``requests += 1`` and
-  ``responding = True``; the end of the last response is ``responding =
-  False``.  The view's count of idle connections that are responding (its
-  ``handling``) is taken when it asks, by a walk of ``all``
-  (``idle_responding_count``), not kept at every request.
+  ``active``, expired connections not yet closed (``timed_out``), and active
+  connections whose headers are incomplete; idle is what remains (``all -
+  active - timed_out``), so a request updates one count, not two.
+  ``headers_completed`` and ``last_message_start`` must therefore change
+  only through the list's events.
+* The feeder's own writes: ``responding``, ``requests`` and
+  ``body_received`` are the record's own, no count and no link depends on
+  them, so a feeder's hot path may write them itself (``message`` says
+  which).  The view's count of idle connections that are responding is
+  taken when it asks, by a walk of ``all`` (``idle_responding_count``).
 
 States
 ------
@@ -129,20 +107,21 @@ The counts add nginx ``stub_status``-style phases (``PHASES``): ``reading``
 (new + reading_headers), ``writing`` (reading_body + handling), ``waiting``
 (idle) and ``timed_out``; they add up to ``all``.  A stalled connection keeps
 the phase of what it does otherwise.  Which timeout runs for a connection,
-and when it is due (``ConnectionsList.deadline``: the view's ``timeout`` and
-``time_left``), is derived here too, by the rules of the checks below.
-``docs/debug-endpoint.md`` is the reference of both.
+and when it is due (the view's ``timeout`` and ``time_left``), is
+``connlist.kinds.deadline``'s.  ``docs/debug-endpoint.md`` is the reference.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
-from connlist.checks import check_timeout
+from connlist.kinds import effective_timeouts
+from connlist.queues import Queue
+from connlist.records import OUT_CLOSING, OUT_NONE, OUT_STALLED, Connection, ConnectionHandle
+from connlist.views import ListViews
 
 __all__ = [
     "PHASES",
@@ -150,255 +129,13 @@ __all__ = [
     "Connection",
     "ConnectionHandle",
     "ConnectionsList",
-    "Timeouts",
     "connection_state",
-    "send_allowance",
 ]
 
 # What ``connection_state`` answers for a tracked connection (see "States").
 STATES = ("new", "reading_headers", "reading_body", "handling", "stalled", "idle", "timed_out")
 # The phases of ``ConnectionsList.counts``; they add up to ``all``.
 PHASES = ("reading", "writing", "waiting", "timed_out")
-
-
-class Timeouts(Protocol):
-    """The settings ``ConnectionsList.deadline`` reads (``connlist.kinds.Settings``): 0 disables each."""
-
-    @property
-    def headers_timeout(self) -> float: ...
-    @property
-    def request_timeout(self) -> float: ...
-    @property
-    def send_timeout(self) -> float: ...
-    @property
-    def body_min_rate(self) -> float: ...
-    @property
-    def body_grace(self) -> float: ...
-
-
-class ConnectionHandle(Protocol):
-    """What the server layer gives the list so that a connection can be closed.
-
-    The names are prefixed because the server layer's protocol objects are
-    themselves the handles, and must not clash with their own methods.
-    """
-
-    def connlist_close_expired(self) -> None:
-        """Answer ``408`` if no response byte was written for the current request, then close."""
-
-    def connlist_close_idle(self) -> bool:
-        """Close the connection if no response is in progress; return whether it was closed."""
-
-    def connlist_close(self) -> None:
-        """Close the connection now, whatever it is doing."""
-
-    def connlist_abort(self) -> None:
-        """Abort the connection: drop what is unsent and close it at once."""
-
-    def connlist_refuse(self) -> None:
-        """Answer ``503`` with ``Connection: close`` to a new connection and close it (no room for it)."""
-
-    def connlist_pending(self) -> int:
-        """Bytes of the response the client has not taken yet (the transport's buffer and the kernel's)."""
-
-    def connlist_acked(self) -> tuple[int, int] | None:
-        """What the kernel says the client took: bytes acknowledged so far and its window now, or None.
-
-        None where the transport has no such report (not Linux, not TCP).
-        """
-
-    def connlist_reading_paused(self) -> bool:
-        """Whether the server itself stopped reading the request (the app has not consumed its body)."""
-
-    def connlist_request(self) -> tuple[str | None, str | None]:
-        """Method and path of the current or last request whose headers were received, if any.
-
-        Read by ``Connection.method`` and ``.path`` when the server layer
-        stored none: the server keeps them anyway, so the list need not
-        copy them at every request.
-        """
-
-
-# A peer or local address as the server layer has it: an ASGI ``(host, port)``
-# pair (uvicorn's ``client`` and ``server``), a string, or None (unknown, or a
-# unix socket); the debug view formats it.
-Address = tuple[str, int | None] | str | None
-
-# Connection.out_state: in neither ``stalled`` nor ``closing``, or in one of them.
-OUT_NONE = 0
-OUT_STALLED = 1
-OUT_CLOSING = 2
-
-# ConnectionsList._idle_check's verdicts.
-_IDLE_DROP = 0
-_IDLE_AGAIN = 1
-_IDLE_FREE = 2
-
-_ids = itertools.count(1)
-# The id of a record not given one, unique in the process.  ASGI-only mode
-# gives its records their request number instead (connlist.asgi says why).
-next_id = _ids.__next__
-_INF = math.inf
-
-
-class Connection:
-    """One TCP connection (in ASGI-only mode: one request), as the list sees it.
-
-    Links are private to the list; the other fields are read by the debug
-    view and the enforcer, and written by the server layer.
-    """
-
-    __slots__ = (
-        "_active_next",
-        "_active_prev",
-        "_all_next",
-        "_all_prev",
-        "_begun",
-        "_body_next",
-        "_body_prev",
-        "_idle_next",
-        "_idle_prev",
-        "_method",
-        "_out_next",
-        "_out_prev",
-        "_path",
-        "body_received",
-        "body_started",
-        "client",
-        "connected_at",
-        "gone",
-        "handle",
-        "headers_completed",
-        "id",
-        "idle_requests",
-        "idle_since",
-        "last_message_start",
-        "out_acked",
-        "out_pending",
-        "out_sampled",
-        "out_since",
-        "out_state",
-        "out_step",
-        "requests",
-        "responding",
-        "server",
-    )
-
-    def __init__(
-        self,
-        *,
-        client: Address = None,
-        server: Address = None,
-        handle: ConnectionHandle | None = None,
-        connected_at: float = 0.0,
-        id: int | None = None,
-    ) -> None:
-        # Linked to itself: in no list.
-        self._all_prev: Connection = self
-        self._all_next: Connection = self
-        self._active_prev: Connection = self
-        self._active_next: Connection = self
-        self._body_prev: Connection = self
-        self._body_next: Connection = self
-        self._out_prev: Connection = self
-        self._out_next: Connection = self
-        self._idle_prev: Connection = self
-        self._idle_next: Connection = self
-        # Given by ASGI-only mode, which numbers its requests as it counts them.
-        self.id: int = next_id() if id is None else id
-        self.client = client
-        self.server = server
-        self.handle = handle
-        self.connected_at = connected_at
-        # Clock value at which the current message began; 0 when idle.
-        self.last_message_start: float = 0.0
-        self.headers_completed = False
-        # Requests fully received on this connection.
-        self.requests = 0
-        # Method and path (never the query string) of the current or last
-        # request, when the server layer stores them (see ``method``).
-        self._method: str | None = None
-        self._path: str | None = None
-        # Whether a byte of a request ever arrived (``message_begin``): a
-        # connection that has not is ``new``.
-        self._begun = False
-        # A response to a received request is unfinished: from
-        # ``response_begin`` (``headers_complete`` with the request,
-        # ``message``) to ``response_complete`` (``remove``).  The feeder's to
-        # write, through those events or directly (see the module docstring).
-        self.responding = False
-        # The body being received (while in ``body``): when it began, and
-        # how many bytes have arrived since (framing included).
-        self.body_started = 0.0
-        self.body_received = 0
-        # ``stalled`` or ``closing`` (OUT_STALLED, OUT_CLOSING; OUT_NONE: in
-        # neither).  Stalled: last progress, last sample, bytes unsent then;
-        # closing: when the enforcer closed it.
-        self.out_state = OUT_NONE
-        self.out_since = 0.0
-        self.out_sampled = 0.0
-        self.out_pending = 0
-        # Stalled: the bytes the client had acknowledged at the last sample
-        # (-1: the transport cannot tell), and the largest step in which its
-        # acknowledgements came (kept from one stall to the next).
-        self.out_acked = -1
-        self.out_step = 0
-        # While in ``idle`` (see ``ConnectionsList.idle_oldest``): ``requests``
-        # when it joined or was last looked at there, and when that was
-        # (0: not stamped yet; the timer stamps it).
-        self.idle_requests = 0
-        self.idle_since = 0.0
-        # Closed or aborted to make room (``ConnectionsList.let_go``): its
-        # descriptor is on its way out, it no longer counts against the budget.
-        self.gone = False
-
-    @property
-    def method(self) -> str | None:
-        """The current or last request's method: as stored, else as the handle has it."""
-        if self._method is None and self.handle is not None:
-            return self.handle.connlist_request()[0]
-        return self._method
-
-    @method.setter
-    def method(self, value: str | None) -> None:
-        self._method = value
-
-    @property
-    def path(self) -> str | None:
-        """The current or last request's path (no query string): as stored, else as the handle has it."""
-        if self._path is None and self.handle is not None:
-            return self.handle.connlist_request()[1]
-        return self._path
-
-    @path.setter
-    def path(self, value: str | None) -> None:
-        self._path = value
-
-    @property
-    def tracked(self) -> bool:
-        """Whether the connection is in ``all`` (connected and not yet removed)."""
-        return self._all_next is not self
-
-    @property
-    def is_active(self) -> bool:
-        """Whether the connection is in ``active`` (receiving a request)."""
-        return self._active_next is not self
-
-    @property
-    def receiving_body(self) -> bool:
-        """Whether the connection is in ``body`` (its request's body is timed by the minimum rate)."""
-        return self._body_next is not self
-
-    @property
-    def stalled(self) -> bool:
-        """Whether the client stopped taking the response (the transport paused writing)."""
-        return self.out_state == OUT_STALLED
-
-    def __repr__(self) -> str:
-        return (
-            f"<Connection id={self.id} client={self.client!r} start={self.last_message_start!r} "
-            f"headers_completed={self.headers_completed!r}>"
-        )
 
 
 def connection_state(conn: Connection) -> str:
@@ -416,89 +153,23 @@ def connection_state(conn: Connection) -> str:
     return "handling" if conn.responding else "idle"
 
 
-class Received(Connection):
-    """The record of one of ASGI-only mode's requests without a body, made when a view walks the list.
-
-    Such a request arrives whole (its headers are all there is to receive),
-    so nothing times it; it is handled from its arrival until the app
-    returns.  Per request, the feeder (``connlist.asgi``) writes only an entry
-    in ``ConnectionsList.received``, ``id -> (arrival, scope)``, and deletes
-    it when the app returns: that is all a request costs.  The list counts
-    the entries as idle connections whose response is unfinished, and
-    ``iter_all`` hands each out as one of these records, in the handling
-    state, after the linked records (in arrival order).  A record stays
-    ``tracked`` while its entry is in the table.
-    """
-
-    __slots__ = ("_table",)
-
-    def __init__(self, key: int, arrival: float, scope: Any, table: dict[int, tuple[float, Any]]) -> None:
-        super().__init__(client=scope.get("client"), server=scope.get("server"), connected_at=arrival, id=key)
-        self._table = table
-        # Received whole, and handed to the app: idle, one request, responding.
-        self.headers_completed = True
-        self.requests = 1
-        self._method = scope.get("method")
-        self._path = scope.get("path")
-        self.responding = True
-
-    @property
-    def tracked(self) -> bool:
-        """Whether the request is still in the list (the app has not returned)."""
-        return self.id in self._table
-
-
-# The send timeout's allowance for a client whose window opens in large steps
-# (see send_allowance): the step a client must take within a send timeout,
-# and the longest allowance, in send timeouts.
-SEND_STEP = 32768
-SEND_STEP_LIMIT = 8
-
-
-def send_allowance(send_timeout: float, step: int) -> float:
-    """How long a stalled response may go without progress before it is cut: the send timeout's rule.
-
-    Linux acknowledges a slowly read response in steps: a receiver whose
-    buffer is full advertises a zero window until a good part of it is free
-    again (on loopback, whose segments are 32-64 KiB, 95-128 KB of a default
-    buffer; after a fast start at MSS 1460, about 200 KB of a buffer that
-    grew), and the sender sees no progress in between, however steadily the
-    client reads.  So a client must take ``SEND_STEP`` bytes per
-    ``send_timeout``: one whose largest step seen so far
-    (``Connection.out_step``, bytes) is larger gets one send timeout per
-    ``SEND_STEP`` of it, up to ``SEND_STEP_LIMIT``.  At the default 60 s, a
-    client reading 546 bytes/s or more is never cut for the size of its
-    steps (up to 480 s of them), and one that stops reading is cut at most
-    480 s after its last step.
-    """
-    steps = step / SEND_STEP
-    if steps <= 1.0:
-        return send_timeout
-    return send_timeout * (steps if steps < SEND_STEP_LIMIT else SEND_STEP_LIMIT)
-
-
-class ConnectionsList:
-    """Every connection of one worker, in five intrusive lists (see the module docstring).
-
-    ``all``, ``active`` (receiving a request), ``body``, ``stalled`` and
-    ``closing``; the last two share one link pair.
-    """
+class ConnectionsList(ListViews):
+    """Every connection of one worker: Node's ``all`` and ``active``, and the queues (module docstring)."""
 
     __slots__ = (
         "_active_root",
         "_all_root",
-        "_body_root",
         "_clock",
-        "_closing_root",
-        "_idle_root",
         "_n_active",
         "_n_all",
-        "_n_gone",
+        "_n_evicted",
         "_n_headers_pending",
-        "_n_stalled",
         "_n_timed_out",
-        "_stalled_root",
+        "body",
+        "closing",
+        "idle_queue",
         "received",
+        "stalled",
     )
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -506,24 +177,13 @@ class ConnectionsList:
         # Sentinels: an empty list is a root linked to itself.
         self._all_root = Connection()
         self._active_root = Connection()
-        self._n_all = 0
-        self._n_active = 0
-        # Expired connections not yet closed (neither active nor idle); the
-        # idle count is derived from it, so that requests, which move
-        # connections between active and idle, update one count, not two.
-        self._n_timed_out = 0
-        # Active connections whose headers are incomplete.
-        self._n_headers_pending = 0
-        # The lists beyond Node's (see the module docstring); their roots are
-        # Connections too, so the link code is the same.
-        self._body_root = Connection()
-        self._stalled_root = Connection()
-        self._closing_root = Connection()
-        self._n_stalled = 0
-        # Connections in the order they became idle (see ``idle_oldest``),
-        # and those let go to make room, not yet removed.
-        self._idle_root = Connection()
-        self._n_gone = 0
+        # The counts (see the invariants); evicted: closed to make room, not yet removed.
+        self._n_all = self._n_active = self._n_timed_out = self._n_headers_pending = self._n_evicted = 0
+        self.body: Queue[Connection] = Queue("_body_link", "body_started")
+        self.stalled: Queue[Connection] = Queue("_out_link", "out_sampled")
+        self.closing: Queue[Connection] = Queue("_out_link", "out_since")
+        # ``idle()`` is Node's view; this is the budget's queue (connlist.budget).
+        self.idle_queue: Queue[Connection] = Queue("_idle_link", "idle_since")
         # ASGI-only mode's requests without a body (see Received).
         self.received: dict[int, tuple[float, Any]] = {}
 
@@ -531,13 +191,8 @@ class ConnectionsList:
     def clock(self) -> Callable[[], float]:
         return self._clock
 
-    # -- links -------------------------------------------------------------
-    #
-    # Every list's append (at the tail) and unlink, each once.  Only
-    # message_begin and message_complete write theirs out: they run for every
-    # request that does not arrive whole in one read, and a Python call costs
-    # as much as the link it makes (docs/benchmarks.md, "Where the remaining
-    # instructions go": a no-op method call is about 420 instructions).
+    # -- the links of all and active; message_begin and message_complete write
+    # theirs out (docs/benchmarks.md, "Where the remaining instructions go")
 
     def _all_append(self, conn: Connection) -> None:
         root = self._all_root
@@ -571,44 +226,10 @@ class ConnectionsList:
         nxt._active_prev = prev
         conn._active_prev = conn._active_next = conn
 
-    @staticmethod
-    def _body_append(root: Connection, conn: Connection) -> None:
-        last = root._body_prev
-        conn._body_prev = last
-        conn._body_next = root
-        last._body_next = conn
-        root._body_prev = conn
-
-    @staticmethod
-    def _body_unlink(conn: Connection) -> None:
-        prev = conn._body_prev
-        nxt = conn._body_next
-        prev._body_next = nxt
-        nxt._body_prev = prev
-        conn._body_prev = conn._body_next = conn
-
-    @staticmethod
-    def _out_append(root: Connection, conn: Connection) -> None:
-        last = root._out_prev
-        conn._out_prev = last
-        conn._out_next = root
-        last._out_next = conn
-        root._out_prev = conn
-
-    @staticmethod
-    def _out_detach(conn: Connection) -> None:
-        prev = conn._out_prev
-        nxt = conn._out_next
-        prev._out_next = nxt
-        nxt._out_prev = prev
-        conn._out_prev = conn._out_next = conn
-
-    def _out_unlink(self, conn: Connection) -> None:
-        """Out of ``stalled`` or ``closing``, and its state with it."""
-        if conn.out_state == OUT_STALLED:
-            self._n_stalled -= 1
+    def _out_leave(self, conn: Connection) -> None:
+        """Out of ``stalled`` or ``closing`` (the one it is in), and its state with it."""
+        (self.stalled if conn.out_state == OUT_STALLED else self.closing).unlink(conn)
         conn.out_state = OUT_NONE
-        self._out_detach(conn)
 
     # -- events --------------------------------------------------------------
 
@@ -628,7 +249,6 @@ class ConnectionsList:
         """The first byte of a request: clock restarted, moved to the tail of ``active``."""
         if conn._all_next is conn:
             return  # removed (closed or upgraded): never rejoin
-        # The links written out (see "links" above).
         nxt = conn._active_next
         if nxt is not conn:
             prev = conn._active_prev
@@ -637,8 +257,7 @@ class ConnectionsList:
             if conn.headers_completed:
                 self._n_headers_pending += 1
                 # A new message while a body was being received: that body is over.
-                if conn._body_next is not conn:
-                    self._body_unlink(conn)
+                self.body.unlink(conn)
         else:
             self._n_active += 1
             self._n_headers_pending += 1
@@ -655,14 +274,7 @@ class ConnectionsList:
         root._active_prev = conn
 
     def headers_complete(self, conn: Connection, method: str | None = None, path: str | None = None) -> None:
-        """The request's headers are all in: only the request timeout applies from now on.
-
-        The server layer passes the request's ``method`` and ``path``: the
-        request is then handed to the app, so the connection is
-        ``responding`` (``response_begin``) until ``response_complete``.
-        (One call of the server layer's instead of three: this runs once per
-        request.)
-        """
+        """The request's headers are all in; with its ``method`` and ``path``, it goes to the app too."""
         if not conn.headers_completed and conn._active_next is not conn:
             self._n_headers_pending -= 1
         conn.headers_completed = True
@@ -672,18 +284,10 @@ class ConnectionsList:
             self.response_begin(conn)
 
     def message(self, conn: Connection) -> None:
-        """A whole request begun and fully received at one instant: the three events at once.
+        """A whole request received at one instant and handed to the app: four events in one.
 
-        On an idle connection (the server's common case: a request in one
-        read between two responses) ``message_begin`` would link it into
-        ``active`` and read the clock, and ``message_complete`` would unlink
-        it and reset the clock: nothing of that remains, so nothing is done.
-        The connection has one request more, and is responding (the request
-        goes to the app): a feeder's hot path writes these two itself (see
-        the module docstring), since its record's headers were completed (a
-        record becomes idle only through ``message_complete``, which a feeder
-        sends only after ``headers_complete``).  In any other state, the
-        events one by one.
+        On an idle connection nothing moves and no clock is read: one request
+        more, responding (what a feeder's hot path writes itself).
         """
         if conn.last_message_start != 0.0 or conn._all_next is conn:
             self.message_begin(conn)
@@ -719,8 +323,10 @@ class ConnectionsList:
             self._n_active -= 1
             if not conn.headers_completed:
                 self._n_headers_pending -= 1
-            elif conn._body_next is not conn:
-                self._body_unlink(conn)
+            else:
+                body = conn._body_link
+                if body.next is not body:
+                    self.body.unlink(conn)
         elif conn.last_message_start != 0.0:
             # Expired and not yet closed: its request is fully received after all.
             self._n_timed_out -= 1
@@ -728,17 +334,16 @@ class ConnectionsList:
             return  # idle already: a second call for the same request counts nothing
         conn.last_message_start = 0.0
         conn.requests += 1
-        if conn._idle_next is conn:
-            # Joins the tail of ``idle``; a record still in it (idle before
-            # this request) stays where it is, ``idle_oldest`` sees it was used.
-            self._idle_append(conn)
+        idle = conn._idle_link
+        if idle.next is idle:
+            # Joins the tail unstamped; one still queued stays (connlist.budget).
             conn.idle_requests = conn.requests
             conn.idle_since = 0.0
+            self.idle_queue.append(conn)
 
     def remove(self, conn: Connection) -> None:
         """Closed or upgraded: leaves every list it is in.  Idempotent, safe in any state."""
         if conn._all_next is not conn:
-            # Only a tracked connection can be in ``active``.
             if conn._active_next is not conn:
                 self._active_unlink(conn)
                 self._n_active -= 1
@@ -748,377 +353,90 @@ class ConnectionsList:
                 self._n_timed_out -= 1
             # Nothing is left to finish on a removed record.
             conn.responding = False
-            if conn._body_next is not conn:
-                self._body_unlink(conn)
+            if conn._body_link.next is not conn._body_link:
+                self.body.unlink(conn)
             if conn.out_state:
-                self._out_unlink(conn)
-            if conn._idle_next is not conn:
-                self._idle_unlink(conn)
-            if conn.gone:
-                self._n_gone -= 1
+                self._out_leave(conn)
+            if conn._idle_link.next is not conn._idle_link:
+                self.idle_queue.unlink(conn)
+            if conn.evicted:
+                self._n_evicted -= 1
             self._all_unlink(conn)
             self._n_all -= 1
 
-    # -- the connection budget: idle order, and letting connections go --------
+    # -- the connection budget ---------------------------------------------------
 
-    def _idle_append(self, conn: Connection) -> None:
-        root = self._idle_root
-        last = root._idle_prev
-        conn._idle_prev = last
-        conn._idle_next = root
-        last._idle_next = conn
-        root._idle_prev = conn
-
-    @staticmethod
-    def _idle_unlink(conn: Connection) -> None:
-        prev = conn._idle_prev
-        nxt = conn._idle_next
-        prev._idle_next = nxt
-        nxt._idle_prev = prev
-        conn._idle_prev = conn._idle_next = conn
-
-    def _idle_check(self, node: Connection, stamp: float) -> int:
-        """Where the record at the head of ``idle`` stands: _IDLE_DROP, _IDLE_AGAIN (put back) or _IDLE_FREE.
-
-        ``idle`` is ordered by when a record joined it, and a request that
-        arrives whole on an idle connection (``message``) does not move it,
-        so the head may have served requests since: it goes back to the
-        tail, stamped ``stamp``, with a new ``idle_requests`` (a second
-        chance, as in the CLOCK page-replacement algorithm).  So does a
-        connection that is responding or whose client is taking a response
-        (stalled): a request being served is never let go.  A record that
-        is no longer idle (a request began, it expired, it is closing) leaves
-        ``idle``; it joins again at its next ``message_complete``.
-        """
-        if node.last_message_start != 0.0 or node.gone or node.out_state == OUT_CLOSING:
-            self._idle_unlink(node)
-            return _IDLE_DROP
-        if node.requests != node.idle_requests or node.responding or node.out_state == OUT_STALLED:
-            self._idle_unlink(node)
-            node.idle_requests = node.requests
-            node.idle_since = stamp
-            self._idle_append(node)
-            return _IDLE_AGAIN
-        self._idle_unlink(node)
-        return _IDLE_FREE
-
-    def idle_oldest(self) -> Connection | None:
-        """Unlink and return the longest-idle keep-alive connection that can be closed, or None.
-
-        Each record looked at and not returned either leaves ``idle`` or goes
-        back to its tail because it served a request since it was last looked
-        at (see ``_idle_check``), so the cost is O(1) amortised over the
-        requests, plus one step per connection responding right now that is
-        older in ``idle`` than the one returned.  The walk stops when it
-        meets a record it put back: it went round.
-        """
-        root = self._idle_root
-        node = root._idle_next
-        first: Connection | None = None
-        while node is not root and node is not first:
-            nxt = node._idle_next
-            verdict = self._idle_check(node, 0.0)
-            if verdict == _IDLE_FREE:
-                return node
-            if verdict == _IDLE_AGAIN and first is None:
-                first = node
-            node = nxt
-        return None
-
-    def idle_expired(self, idle_time: float, now: float, limit: int) -> list[Connection]:
-        """Unlink and return up to ``limit`` connections idle (and closable) for at least ``idle_time``.
-
-        Records join ``idle`` unstamped (``message_complete`` reads no
-        clock); this stamps them ``now`` first, from the tail back to the
-        first stamped one, so each is stamped once and ``idle`` stays ordered
-        by ``idle_since``.  An idle time is therefore counted from the first
-        sweep that saw the connection idle (the timer's resolution late).
-        """
-        root = self._idle_root
-        node = root._idle_prev
-        while node is not root and node.idle_since == 0.0:
-            node.idle_since = now
-            node = node._idle_prev
-        bound = now - idle_time
-        due: list[Connection] = []
-        node = root._idle_next
-        while node is not root and node.idle_since <= bound and len(due) < limit:
-            nxt = node._idle_next
-            if self._idle_check(node, now) == _IDLE_FREE:
-                due.append(node)
-            node = nxt
-        return due
-
-    def idle_head_since(self) -> float | None:
-        """When the record at the head of ``idle`` was stamped, or None (empty, or not stamped yet)."""
-        head = self._idle_root._idle_next
-        if head is self._idle_root or head.idle_since == 0.0:
-            return None
-        return head.idle_since
-
-    def headers_oldest(self, skip: Connection | None = None) -> Connection | None:
-        """The oldest connection still sending its headers (or connected and silent), other than ``skip``.
-
-        ``active`` is ordered by message start, so it is at its head, behind
-        only the requests older than it that are receiving a body (or whose
-        connection is responding to an earlier, pipelined, request).
-        """
-        root = self._active_root
-        node = root._active_next
-        while node is not root:
-            # (A pipelined request's head arriving behind a response being served is not taken.)
-            if not node.headers_completed and not node.responding and node is not skip:
-                return node
-            node = node._active_next
-        return None
-
-    def body_slowest(
-        self,
-        min_rate: float,
-        now: float,
-        look: int,
-        excused: Callable[[Connection], bool] | None = None,
-    ) -> Connection | None:
-        """Of the ``look`` oldest bodies, the one furthest behind ``min_rate`` since it began, or None.
-
-        Grace is not granted here (this chooses what goes when there is no
-        room, it does not time anything out): a body is behind if fewer than
-        ``min_rate`` bytes per second have arrived since it began.  A body
-        for which ``excused(conn)`` is true (the server itself stopped
-        reading it, as for ``rate_expired``) is not behind.
-        """
-        root = self._body_root
-        node = root._body_next
-        worst: Connection | None = None
-        worst_lag = 0.0
-        while node is not root and look > 0:
-            lag = (now - node.body_started) * min_rate - node.body_received
-            if lag > worst_lag and not (excused is not None and excused(node)):
-                worst, worst_lag = node, lag
-            node = node._body_next
-            look -= 1
-        return worst
-
-    def let_go(self, conn: Connection) -> None:
-        """The connection is being closed to make room: it stops counting against the budget.
-
-        It leaves ``active``, ``body`` and ``idle`` and counts as timed out
-        (closed by connlist, not yet gone) until it is removed; ``occupied``
-        no longer counts it.
-        """
-        if conn._all_next is conn or conn.gone:
-            return
-        conn.gone = True
-        self._n_gone += 1
-        if conn._active_next is not conn:
-            self._active_unlink(conn)
-            self._n_active -= 1
-            if not conn.headers_completed:
-                self._n_headers_pending -= 1
-            elif conn._body_next is not conn:
-                self._body_unlink(conn)
-            self._n_timed_out += 1
-        elif conn.last_message_start == 0.0:
-            # (Never one that is responding: idle_oldest and idle_expired
-            # hand out none, and the others are active.)
-            conn.last_message_start = self._clock()
-            self._n_timed_out += 1
-        if conn._idle_next is not conn:
-            self._idle_unlink(conn)
+    def evict(self, conn: Connection) -> None:
+        """Closed to make room: it no longer counts in ``occupied``, and is cut (``expire``) until removed."""
+        if conn._all_next is not conn and not conn.evicted:
+            conn.evicted = True
+            self._n_evicted += 1
+            self.expire(conn)
+            self.idle_queue.unlink(conn)
 
     @property
     def occupied(self) -> int:
-        """Connections that count against the budget: those in ``all`` not let go."""
-        return self._n_all - self._n_gone
+        """Connections that count against the budget: those in ``all`` not evicted."""
+        return self._n_all - self._n_evicted
 
-    # -- the body, the stalled and the closing lists ---------------------------
+    # -- the queues' events ---------------------------------------------------
 
     def body_begin(self, conn: Connection, received: int = 0) -> None:
-        """The body's clock starts: it joins the tail of ``body``, timed from now, ``received`` bytes in.
+        """The body's clock starts now, ``received`` bytes in (after ``100 Continue``): joins ``body``.
 
-        The server layer calls it once the request's headers are in and a
-        body follows, or, while the client waits for ``100 Continue``, once
-        the server lets the body come (``received``: the bytes that arrived
-        before, which count like any other).  Only a request that is being
-        received (in ``active``, headers complete) can join; a second call
-        for the same body does nothing.
+        Only a request being received (active, headers complete) joins, once.
         """
-        if conn._body_next is conn and conn._active_next is not conn and conn.headers_completed:
+        if not conn.receiving_body and conn._active_next is not conn and conn.headers_completed:
             conn.body_started = self._clock()
             conn.body_received = received
-            self._body_append(self._body_root, conn)
+            self.body.append(conn)
 
     def body_bytes(self, conn: Connection, nbytes: int) -> None:
         """``nbytes`` more of the body arrived (the server layer may add to ``body_received`` itself)."""
         conn.body_received += nbytes
 
-    def rate_expired(
-        self,
-        min_rate: float,
-        grace: float,
-        now: float,
-        limit: int = -1,
-        excused: Callable[[Connection], bool] | None = None,
-    ) -> tuple[list[Connection], float | None, float | None]:
-        """Unlink and return the bodies that fell behind ``min_rate`` bytes/s (after ``grace`` seconds).
-
-        A body that began at ``t`` with ``b`` bytes received is behind when
-        ``now > t + grace + b / min_rate``.  Expired connections leave
-        ``body`` and ``active`` (they count as timed out, like ``expired``).
-        A body behind for which ``excused(conn)`` is true (the server itself
-        stopped reading it) is not the client's fault: its clock starts
-        again, now, with a new grace period, at the tail of ``body``.
-        Walks ``body`` from the head and stops at the first body still in
-        its grace period, or after ``limit`` expired ones (``-1``: no
-        limit).  For the timer, also returns the earliest deadline of the
-        bodies it walked and kept, and the end of the grace period of the
-        body it stopped at (each None if there is none): no other body can
-        be due before either.
-        """
-        expired: list[Connection] = []
-        earliest = _INF
-        grace_end: float | None = None
-        root = self._body_root
-        young = now - grace
-        node = root._body_next
-        while node is not root:
-            started = node.body_started
-            if started >= young:
-                grace_end = started + grace
-                break
-            nxt = node._body_next
-            deadline = started + grace + node.body_received / min_rate
-            if now > deadline and excused is not None and excused(node):
-                self._body_unlink(node)
-                node.body_started = now
-                node.body_received = 0
-                self._body_append(root, node)
-            elif now > deadline:
-                if len(expired) == limit:
-                    break
-                self._body_unlink(node)
-                if node._active_next is not node:
-                    self._active_unlink(node)
-                    self._n_active -= 1
-                    self._n_timed_out += 1
-                expired.append(node)
-            elif deadline < earliest:
-                earliest = deadline
-            node = nxt
-        return expired, (None if earliest == _INF else earliest), grace_end
+    def expire(self, conn: Connection) -> None:
+        """Cut outside ``expired``'s walk: out of ``active`` and ``body`` (an idle one stamped), timed out."""
+        if conn._active_next is not conn:
+            self._active_unlink(conn)
+            self._n_active -= 1
+            if not conn.headers_completed:
+                self._n_headers_pending -= 1
+            self.body.unlink(conn)
+        elif conn.last_message_start == 0.0:
+            # (Never one that is responding: connlist.budget hands out none.)
+            conn.last_message_start = self._clock()
+        else:
+            return
+        self._n_timed_out += 1
 
     def stall(self, conn: Connection, pending: int, acked: tuple[int, int] | None = None) -> None:
-        """The client stopped taking the response (``pending`` bytes unsent): joins the tail of ``stalled``.
+        """The client stopped taking the response (``pending`` bytes unsent): joins ``stalled``.
 
-        ``acked`` is what the kernel reports, if it does (``TCP_INFO``): the
-        bytes the client acknowledged so far, and its window now; the larger
-        of the two is a step (see ``send_allowance``).  Does nothing for a
-        connection that is closing, already stalled, or not tracked.
+        ``acked`` as for ``Connection.sample``.  Not a connection closing,
+        stalled already, or not tracked.
         """
         if conn.out_state == OUT_NONE and conn._all_next is not conn:
-            now = self._clock()
             conn.out_state = OUT_STALLED
-            conn.out_since = conn.out_sampled = now
-            conn.out_pending = pending
-            if acked is None:
-                conn.out_acked = -1
-            else:
-                # What the client took before it stopped taking more is a
-                # step of its own: on loopback its kernel acknowledges the
-                # fill of its buffer before the server's write returns, so
-                # the window is already zero when the stall begins.
-                conn.out_acked = acked[0]
-                step = acked[0] if acked[0] > acked[1] else acked[1]
-                if step > conn.out_step:
-                    conn.out_step = step
-            self._out_append(self._stalled_root, conn)
-            self._n_stalled += 1
+            conn.first_sample(self._clock(), pending, acked)
+            self.stalled.append(conn)
 
     def unstall(self, conn: Connection) -> None:
         """The response is flowing again: leaves ``stalled`` (nothing happens if it was not in it)."""
         if conn.out_state == OUT_STALLED:
-            self._out_unlink(conn)
-
-    def stalled_due(self, interval: float, now: float, limit: int) -> list[Connection]:
-        """Up to ``limit`` stalled connections, oldest first, last sampled at least ``interval`` ago."""
-        due: list[Connection] = []
-        root = self._stalled_root
-        bound = now - interval
-        node = root._out_next
-        while node is not root and node.out_sampled <= bound and len(due) < limit:
-            due.append(node)
-            node = node._out_next
-        return due
-
-    def stall_sample(
-        self, conn: Connection, pending: int, now: float, acked: tuple[int, int] | None = None
-    ) -> float:
-        """Record a sample of a stalled connection; return how long it made no progress.
-
-        Progress is more bytes acknowledged by the client than at the last
-        sample, when the kernel reports them (``acked``: bytes acknowledged
-        and the client's window, as for ``stall``), else fewer bytes unsent.
-        The step, the progress since the last sample (or the window, if
-        larger), raises ``out_step``: see ``send_allowance``.  The record
-        moves to the tail of ``stalled``, stamped ``now`` (``now`` must not be
-        older than any stamp in the list).
-        """
-        if conn.out_state != OUT_STALLED:
-            return 0.0
-        window = 0
-        if acked is None or conn.out_acked < 0:
-            progress = conn.out_pending - pending
-        else:
-            progress = acked[0] - conn.out_acked
-            window = acked[1]
-        if acked is not None:
-            conn.out_acked = acked[0]
-        if progress > 0:
-            conn.out_since = now
-        step = progress if progress > window else window
-        if step > conn.out_step:
-            conn.out_step = step
-        conn.out_pending = pending
-        conn.out_sampled = now
-        # To the tail of ``stalled``: the least recently sampled stay ahead.
-        self._out_detach(conn)
-        self._out_append(self._stalled_root, conn)
-        return now - conn.out_since
-
-    def stalled_head_sampled(self) -> float | None:
-        """When the least recently sampled stalled connection was sampled, or None."""
-        head = self._stalled_root._out_next
-        return None if head is self._stalled_root else head.out_sampled
+            self._out_leave(conn)
 
     def linger(self, conn: Connection) -> None:
         """The enforcer closed the connection: it joins the tail of ``closing`` (leaving ``stalled``)."""
         if conn._all_next is conn or conn.out_state == OUT_CLOSING:
             return
         if conn.out_state == OUT_STALLED:
-            self._out_unlink(conn)
+            self._out_leave(conn)
         conn.out_state = OUT_CLOSING
         conn.out_since = self._clock()
-        self._out_append(self._closing_root, conn)
+        self.closing.append(conn)
 
-    def lingered(self, linger: float, now: float, limit: int) -> list[Connection]:
-        """Unlink and return up to ``limit`` closing connections closed at least ``linger`` ago."""
-        done: list[Connection] = []
-        root = self._closing_root
-        bound = now - linger
-        node = root._out_next
-        while node is not root and node.out_since <= bound and len(done) < limit:
-            nxt = node._out_next
-            self._out_unlink(node)
-            done.append(node)
-            node = nxt
-        return done
-
-    def closing_head_since(self) -> float | None:
-        """When the oldest connection in ``closing`` was closed, or None."""
-        head = self._closing_root._out_next
-        return None if head is self._closing_root else head.out_since
-
-    # -- views ---------------------------------------------------------------
+    # -- counts --------------------------------------------------------------
 
     def __len__(self) -> int:
         return self._n_all + len(self.received)
@@ -1142,36 +460,15 @@ class ConnectionsList:
         return self._n_headers_pending
 
     @property
-    def idle_responding_count(self) -> int:
-        """Idle connections (no request being received) whose response is unfinished: O(n).
-
-        Counted now, by a walk of ``all``, rather than kept as requests come
-        and go: that would take a write of the list's own at every request,
-        which a feeder's hot path does not make (see ``responding``).
-        """
-        n = len(self.received)
-        root = self._all_root
-        node = root._all_next
-        while node is not root:
-            if node.responding and node.last_message_start == 0.0:
-                n += 1
-            node = node._all_next
-        return n
-
-    @property
     def stalled_count(self) -> int:
         """Connections in ``stalled``: the client stopped taking the response."""
-        return self._n_stalled
+        return len(self.stalled)
 
     def counts(self) -> dict[str, int]:
         """The view's exact counts: ``all``, ``idle``, ``active``, the ``PHASES`` and ``stalled``.
 
-        O(1) but for ``writing`` and ``waiting``, which take the walk of
-        ``idle_responding_count`` (O(n)).
-
-        ``stalled`` is not a phase: a stalled connection keeps the phase of
-        what it does otherwise (``writing`` while its app responds,
-        ``waiting`` once the app has handed over the whole response).
+        O(1) but for ``writing`` and ``waiting`` (``idle_responding_count``).
+        ``stalled`` is not a phase (see "States").
         """
         n_active = self._n_active
         n_idle = self.idle_count
@@ -1185,116 +482,25 @@ class ConnectionsList:
             "writing": n_active - reading + handling,
             "waiting": n_idle - handling,
             "timed_out": self._n_timed_out,
-            "stalled": self._n_stalled,
+            "stalled": len(self.stalled),
         }
-
-    def iter_all(self) -> Iterator[Connection]:
-        """``all`` in connection order; the current node may be removed while iterating."""
-        root = self._all_root
-        node = root._all_next
-        # A node removed during the yield is linked to itself: carry on from
-        # its old successor.  (A linked node is never linked to itself, so a
-        # successor that was removed too ends the walk instead of looping.)
-        while node is not root and node._all_next is not node:
-            nxt = node._all_next
-            yield node
-            node = nxt if node._all_next is node else node._all_next
-        if node is root:
-            yield from self._iter_received()
-
-    def _iter_received(self) -> Iterator[Connection]:
-        """ASGI-only mode's requests without a body, in arrival order, as records (see Received)."""
-        table = self.received
-        # A copy: the table changes while the caller has the loop.
-        for key, (arrival, scope) in list(table.items()):
-            if key in table:
-                yield Received(key, arrival, scope, table)
-
-    def iter_active(self) -> Iterator[Connection]:
-        """``active`` by message start, oldest first; unlinking the current node is safe."""
-        root = self._active_root
-        node = root._active_next
-        while node is not root and node._active_next is not node:
-            nxt = node._active_next
-            yield node
-            node = nxt if node._active_next is node else node._active_next
-
-    def all(self) -> list[Connection]:
-        return list(self.iter_all())
-
-    def active(self) -> list[Connection]:
-        return list(self.iter_active())
-
-    def idle(self) -> list[Connection]:
-        return [conn for conn in self.iter_all() if conn.last_message_start == 0]
-
-    # -- closing (through the handles the server layer attached) -------------
-
-    def close_idle(self) -> int:
-        """Close idle connections, skipping any whose response is unfinished (Node's closeIdleConnections).
-
-        Returns how many were closed.
-        """
-        closed = 0
-        for conn in self.idle():
-            if conn.handle is not None and conn.handle.connlist_close_idle():
-                closed += 1
-        return closed
-
-    def close_all(self) -> int:
-        """Close every connection (Node's closeAllConnections); returns how many."""
-        conns = [conn for conn in self.iter_all() if conn.handle is not None]
-        for conn in conns:
-            conn.handle.connlist_close()  # type: ignore[union-attr]
-        return len(conns)
 
     # -- timeouts ------------------------------------------------------------
 
-    @staticmethod
-    def _effective(headers_timeout: float, request_timeout: float) -> tuple[float, float]:
-        # The list's arguments are raw numbers (its methods are public), so
-        # they are checked here, by settings' rule.  The enforcer passes its
-        # validated settings at every sweep: those pass the cheap test
-        # (NaN and inf fail the comparisons), anything else the full one.
-        if not (
-            type(headers_timeout) is float
-            and type(request_timeout) is float
-            and 0.0 <= headers_timeout < _INF
-            and 0.0 <= request_timeout < _INF
-        ):
-            headers_timeout = check_timeout("headers_timeout", headers_timeout)
-            request_timeout = check_timeout("request_timeout", request_timeout)
-        # As Node's list does (``ConnectionsList::Expired`` in
-        # src/node_http_parser.cc swaps them): the shorter of two enabled
-        # timeouts is the headers timeout.  Options are checked before they
-        # get here: ``kinds.resolve_timeouts``, like Node's
-        # ``http.createServer``, rejects a headers timeout above the request
-        # timeout, so the enforcer never passes a pair this changes.
-        if headers_timeout and request_timeout and headers_timeout > request_timeout:
-            headers_timeout, request_timeout = request_timeout, headers_timeout
-        return headers_timeout, request_timeout
-
     def expired(self, headers_timeout: float, request_timeout: float, limit: int = -1) -> list[Connection]:
-        """Unlink and return the active connections that ran out of time (Node's rule).
+        """Unlink and return up to ``limit`` (-1: all) active connections that ran out of time (Node's rule).
 
-        0 disables a timeout; if both are set and ``headers_timeout >
-        request_timeout`` they are swapped, as Node's list does (the
-        options reject such a pair: ``kinds.resolve_timeouts``).
-        ``TypeError``/``ValueError`` for a timeout that is not a finite
-        number >= 0 (``checks.check_timeout``).  The cost is proportional to the
-        connections older than the shorter timeout, not to all active ones.
-        At most ``limit`` are returned (``-1``: no limit); the rest stay for
-        the next call.
+        0 disables a timeout; the pair is taken as Node's list takes it
+        (``kinds.effective_timeouts``).  The cost is that of the connections
+        older than the shorter timeout, not of all active ones.
         """
-        headers_timeout, request_timeout = self._effective(headers_timeout, request_timeout)
+        headers_timeout, request_timeout = effective_timeouts(headers_timeout, request_timeout)
         if not headers_timeout and not request_timeout:
             return []
         now = self._clock()
         headers_deadline = now - headers_timeout if headers_timeout else -math.inf
         request_deadline = now - request_timeout if request_timeout else -math.inf
-        # headers_timeout <= request_timeout, so a connection that started at
-        # or after this bound is safe under both rules, and so is every
-        # connection after it in ``active``.
+        # headers_timeout <= request_timeout: from here on, nothing can be expired.
         young = headers_deadline if headers_timeout else request_deadline
         expired: list[Connection] = []
         root = self._active_root
@@ -1310,60 +516,21 @@ class ConnectionsList:
                 self._active_unlink(node)
                 if not node.headers_completed:
                     self._n_headers_pending -= 1
-                elif node._body_next is not node:
-                    self._body_unlink(node)
+                else:
+                    self.body.unlink(node)
                 expired.append(node)
             node = nxt
         self._n_active -= len(expired)
         self._n_timed_out += len(expired)
         return expired
 
-    def deadline(self, conn: Connection, timeouts: Timeouts) -> tuple[str, float] | None:
-        """The timeout that cuts ``conn`` off first if nothing changes, and when (a clock value); or None.
-
-        The rules are those the checks apply: Node's for an active
-        connection (``expired``: the headers timeout while its headers are
-        incomplete, the request timeout from its message's first byte), the
-        minimum rate for a body in ``body`` (``rate_expired``: ``t + grace +
-        b / min_rate``; it moves on as bytes arrive), and for a stalled
-        response the send timeout from its last progress (the earliest the
-        sampling can cut it; the latest is a quarter of ``send_timeout``
-        later).  The kind is ``"headers"``, ``"request"``, ``"rate"`` or
-        ``"send"``, as the enforcer names its cuts; 0 disables a timeout.
-        An idle, handling or timed-out connection has none.  ``timeouts``
-        gives the settings (``connlist.kinds.Settings``, or anything with
-        their attributes).
-        """
-        headers_timeout, request_timeout = timeouts.headers_timeout, timeouts.request_timeout
-        send_timeout, body_min_rate = timeouts.send_timeout, timeouts.body_min_rate
-        if conn._active_next is not conn:
-            headers_timeout, request_timeout = self._effective(headers_timeout, request_timeout)
-            start = conn.last_message_start
-            kind, when = "", _INF
-            if request_timeout:
-                kind, when = "request", start + request_timeout
-            if headers_timeout and not conn.headers_completed and start + headers_timeout < when:
-                kind, when = "headers", start + headers_timeout
-            if body_min_rate and conn._body_next is not conn:
-                due = conn.body_started + timeouts.body_grace + conn.body_received / body_min_rate
-                if due < when:
-                    kind, when = "rate", due
-            return None if when == _INF else (kind, when)
-        if conn.out_state == OUT_STALLED and send_timeout:
-            return "send", conn.out_since + send_timeout
-        return None
-
     def next_deadline(self, headers_timeout: float, request_timeout: float) -> float | None:
         """The earliest clock value at which some active connection can expire, or None.
 
-        The timeouts are taken as ``expired`` takes them (checked, and
-        swapped if the headers timeout is the longer).
-
-        Walks from the head only as far as a later connection could still
-        have an earlier deadline: at most the connections whose headers are
-        complete and that started before the first one whose are not.
+        The timeouts are taken as ``expired`` takes them.  The walk stops
+        where no later connection can have an earlier deadline.
         """
-        headers_timeout, request_timeout = self._effective(headers_timeout, request_timeout)
+        headers_timeout, request_timeout = effective_timeouts(headers_timeout, request_timeout)
         if not headers_timeout and not request_timeout:
             return None
         shortest = headers_timeout or request_timeout
@@ -1372,8 +539,7 @@ class ConnectionsList:
         node = root._active_next
         while node is not root:
             start = node.last_message_start
-            # Every later node started at or after ``start``, so none can
-            # expire before ``start + shortest``.
+            # No later node can expire before ``start + shortest``.
             if start + shortest >= best:
                 break
             if headers_timeout and not node.headers_completed:

@@ -33,7 +33,7 @@ Every worker, and the page
 snapshot under ``workers`` and the sums of their counts and totals
 (``connlist.workers`` finds and asks the siblings).  A browser (``Accept``
 preferring ``text/html``) or ``?format=html`` gets the view as a page
-(``connlist.page``); everything else gets the JSON, as it always did.
+(``connlist.page``); everything else gets the JSON.
 
 Access
 ------
@@ -61,10 +61,9 @@ from urllib.parse import parse_qsl
 from starlette.types import Receive, Scope, Send
 
 from connlist import page
-from connlist.checks import check_whole
 from connlist.connections import Connection, ConnectionsList, connection_state
 from connlist.enforcer import Enforcer, shrink
-from connlist.kinds import TIMEOUT_KINDS
+from connlist.kinds import TIMEOUT_KINDS, check_whole
 from connlist.logs import format_address
 from connlist.slices import STEP, cooperatively, json_cooperatively
 from connlist.workers import WorkerGroup, combine

@@ -11,7 +11,7 @@ anything can be due:
   ``body``; the others cannot be due before their grace ends);
 * a stalled response's next sample: a stalled connection is sampled every
   ``send_timeout / 4`` and cut once it made no progress for its allowance
-  (``connections.send_allowance``: ``send_timeout``, or longer for a client
+  (``kinds.send_allowance``: ``send_timeout``, or longer for a client
   whose window opens in large steps), so it is cut up to ``send_timeout /
   4`` (plus the timer's lateness) after its allowance ran out.  Progress is
   what the client acknowledged (``TCP_INFO``), or, where the kernel does not
@@ -30,14 +30,14 @@ closing, or a log summary is pending.  The server layer's common case, a
 whole request in one read on an idle connection, never makes one active, so
 it never touches the timer; and a loop with no timer of ours in its heap does
 less at each iteration (asyncio's loop reads its clock at every iteration
-while any timer is scheduled: about 1,400 instructions per request of a hello
-world in benchmarks/per_request.py).  ``unwatch`` cancels the timer once
+while any timer is scheduled: docs/benchmarks.md, "Instructions per request,
+observing uvicorn").  ``unwatch`` cancels the timer once
 nothing can be due; a close that starts a linger outside a sweep brings the
 timer forward.
 
 Cutting a connection off costs tens of microseconds (the ``408``, the
 transport, the callback), so a mass timeout is spread over loop iterations:
-one sweep spends at most ``BUDGET`` seconds closing, then yields to the loop
+one sweep spends at most ``SWEEP_TIME`` seconds closing, then yields to the loop
 and carries on at the next iteration, so requests of other clients are served
 in between.
 
@@ -69,26 +69,27 @@ import resource
 import time
 from collections.abc import Callable
 
+from connlist.budget import body_slowest, headers_oldest, idle_oldest
 from connlist.connections import Connection, ConnectionsList
 from connlist.kinds import (
-    BUDGET_BY_NAME,
-    STEPS,
+    ROOM_BY_NAME,
     TIMEOUT_BY_NAME,
     Kind,
     RoomKind,
     Settings,
     TimeoutKind,
     Totals,
-    reading_paused,
+    deadline,
 )
 from connlist.logs import Summary, log, logger
+from connlist.sweep import STEPS, reading_paused
 
 __all__ = [
-    "BUDGET",
     "LINGER",
     "PRESSURE_FLOOR",
     "PRESSURE_WATERMARK",
     "STATE_KEY",
+    "SWEEP_TIME",
     "Enforcer",
     "OnTimeout",
     "shrink",
@@ -101,9 +102,10 @@ STATE_KEY = "connlist.enforcer"
 # How long a connection connlist closed may take to go (long enough for a
 # well-behaved client to read the 408) before it is aborted.
 LINGER = 1.0
-# Seconds of cutting-off work per loop iteration, and how many connections
-# are taken from a list at a time between two looks at the clock.
-BUDGET = 0.008
+# Seconds of cutting-off work per loop iteration (the sweep's time, not the
+# connection budget), and how many connections are taken from a list at a
+# time between two looks at the clock.
+SWEEP_TIME = 0.008
 _BATCH = 32
 # An on_timeout callback that runs longer than this is warned about, once.
 SLOW_CALLBACK = 0.010
@@ -196,7 +198,7 @@ class Enforcer:
         self._soon: asyncio.Handle | None = None
         # The rate step's, from the last sweep: the earliest rate deadline of
         # the bodies it kept, and the end of the next grace period (see
-        # ConnectionsList.rate_expired).
+        # connlist.sweep.rate_expired).
         self.rate_next: float | None = None
         self.grace_end: float | None = None
         self._slow_callback_warned = False
@@ -233,9 +235,9 @@ class Enforcer:
     def deadline(self, conn: Connection) -> tuple[str, float] | None:
         """Which timeout cuts ``conn`` off first under this enforcer's settings, and when; or None.
 
-        ``ConnectionsList.deadline`` has the rules; the debug view shows it.
+        ``connlist.kinds.deadline`` has the rules; the debug view shows it.
         """
-        return self.connections.deadline(conn, self.settings)
+        return deadline(conn, self.settings)
 
     def configure(self, settings: Settings, *, on_timeout: OnTimeout | None) -> None:
         """Take over another owner's settings (already validated); re-arm the timer."""
@@ -261,7 +263,7 @@ class Enforcer:
         return bool(
             connections.active_count  # a body being received is active too
             or connections.stalled_count
-            or connections.closing_head_since() is not None
+            or connections.closing
             or self.summary.pending
             or self.pressed
         )
@@ -343,18 +345,18 @@ class Enforcer:
             self._timer_loop = loop
 
     def _work(self) -> bool:
-        """Cut off what is due, within ``BUDGET``; whether everything due was done."""
+        """Cut off what is due, within ``SWEEP_TIME``; whether everything due was done."""
         now = self.clock()
         if self.pressed:
             self.pressed = self.pressure > PRESSURE_WATERMARK
         self._apply_pressure()
-        stop = now + BUDGET
+        stop = now + SWEEP_TIME
         return all(step.run(self, now, stop) for step in STEPS)
 
     def drain(
         self, take: Callable[[int], list[Connection]], act: Callable[[Connection], object], stop: float
     ) -> bool:
-        """One step's loop (``connlist.kinds``): ``act`` on each batch ``take`` finds, until one is short.
+        """One step's loop (``connlist.sweep``): ``act`` on each batch ``take`` finds, until one is short.
 
         Whether the list has nothing more due (False: the sweep's budget, ``stop``, ran out).
         """
@@ -402,23 +404,23 @@ class Enforcer:
         connections = self.connections
         settings = self.settings
         kind: RoomKind
-        victim = connections.idle_oldest()
+        victim = idle_oldest(connections)
         if victim is not None:
             kind = "idle"
         else:
-            victim = connections.headers_oldest(record)
+            victim = headers_oldest(connections, record)
             if victim is not None:
                 kind = "headers"
             elif settings.body_min_rate and (
-                victim := connections.body_slowest(
-                    settings.body_min_rate, self.clock(), BODY_LOOK, reading_paused
+                victim := body_slowest(
+                    connections, settings.body_min_rate, self.clock(), BODY_LOOK, reading_paused
                 )
             ):
                 kind = "body"
             else:
                 victim, kind = record, "refused"
-        self.count(BUDGET_BY_NAME[kind], victim)
-        connections.let_go(victim)
+        self.count(ROOM_BY_NAME[kind], victim)
+        connections.evict(victim)
         handle = victim.handle
         if handle is not None:
             if kind == "idle":
@@ -487,7 +489,11 @@ class Enforcer:
         """Count ``conn`` in ``kind``'s total, and in the log summary (a DEBUG line)."""
         totals = self.totals
         setattr(totals, kind.counter, getattr(totals, kind.counter) + 1)
-        self.summary.add(kind.name, conn.client, kind.detail(self), room=kind.room)
+        self.summary.add(kind.name, conn.client, self._detail(kind), room=kind.room)
+
+    def _detail(self, kind: Kind) -> Callable[[], str]:
+        """``kind``'s DEBUG line under this enforcer's settings, built only if it is written."""
+        return lambda: kind.message.format(s=self.settings, now=self.headers_timeout_now)
 
     def record(self, conn: Connection, kind: TimeoutKind) -> None:
         """Count a timeout, log it, and call ``on_timeout``."""

@@ -1,9 +1,9 @@
-"""The table of kinds: every way connlist cuts a connection or lets one go, and the option that turns it on.
+"""The table of kinds: every way connlist cuts a connection or lets one go, the options, and their rules.
 
 Theory of operation.  A *kind* is one rule that ends a connection: a
 timeout (``TIMEOUT_KINDS``: the headers, the request, the body's minimum
 rate, the send timeout) or a way of making room at the connection budget
-(``BUDGET_KINDS``).  Everything connlist knows of a kind is its row here, and
+(``ROOM_KINDS``).  Everything connlist knows of a kind is its row here, and
 every other module reads the rows:
 
 * its **option**: a field of ``Settings``, with its default, its unit and
@@ -11,67 +11,102 @@ every other module reads the rows:
   middleware's keyword arguments);
 * its **counter**: a field of ``Totals`` (the view's totals, the metrics'
   ``kind`` label, the log summary);
-* its **step**: the part of the enforcer's sweep that finds what is due in
-  the row's list of ``ConnectionsList`` and cuts it, with the earliest
-  moment it can next find anything (``Step.due``: where the timer is armed);
-  and how soon a clock started now can be due (``Kind.soonest``: how far
-  away the timer may ever be);
+* its **rule**: when a connection is due under it (``deadline``, the view's
+  time left; ``send_allowance``), and how soon a clock started now can be
+  due (``Kind.soonest``: how far away the enforcer's timer may ever be);
 * what the views and the metrics call it (``label``, ``unit``, ``help``),
   its DEBUG line, and whether ASGI-only mode can enforce it.
 
-So a new kind is a row here with its ``Settings`` field, ``Options`` key,
-``Totals`` field and step; the list that holds its connections
-(``connlist.connections``) if no list has them yet; and the event of the
-feeder that sees it (``connlist.uvicorn``).  The enforcer, the middleware,
-the views and the metrics take it from here.  ``_check_kinds`` holds the
-declarations to each other at import.
+The rules for numbers (``check_number`` and the rest) are here too: every
+option of the package is checked by them where it is given.
 
-The steps run inside ``Enforcer``'s sweep and use its public methods
-(``drain``, ``cut``, ``record``, ``count``, ``call``); the pressure the
-enforcer applies (``headers_timeout_now``, ``idle_time_now``) is set before
-any step or due time is asked for.
+This module is data and rules: it imports nothing of connlist's.  The
+sweep's steps that find and cut each kind are ``connlist.sweep``'s; the
+choice of what goes at the budget is ``connlist.budget``'s.  ``_rows_agree``
+holds the declarations to each other at import.
 """
 
 from __future__ import annotations
 
+import difflib
 import inspect
+import math
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Literal, TypedDict, get_args
-
-from connlist.checks import check_number, nearest
-from connlist.connections import Connection, send_allowance
+from typing import TYPE_CHECKING, Literal, Protocol, TypedDict, get_args
 
 if TYPE_CHECKING:
     # Annotations only (typing.Unpack is Python 3.11+).
     from typing_extensions import Unpack
 
-    from connlist.enforcer import Enforcer
-
 __all__ = [
-    "BUDGET_KINDS",
     "DEFAULT_BODY_GRACE",
     "DEFAULT_BODY_MIN_RATE",
     "DEFAULT_HEADERS_TIMEOUT",
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_SEND_TIMEOUT",
     "RESERVED_DESCRIPTORS",
-    "STEPS",
+    "ROOM_KINDS",
+    "SEND_STEP",
+    "SEND_STEP_LIMIT",
     "TIMEOUT_KINDS",
     "Kind",
     "Options",
     "RoomKind",
     "Settings",
-    "Step",
     "TimeoutKind",
     "Totals",
+    "check_number",
+    "check_timeout",
+    "check_whole",
+    "deadline",
     "default_max_connections",
+    "effective_timeouts",
+    "nearest",
     "option_parameters",
-    "reading_paused",
     "resolve",
     "resolve_timeouts",
+    "send_allowance",
 ]
+
+# -- the rules for numbers ---------------------------------------------------------
+
+
+def check_number(name: str, value: object, unit: str, *, none_disables: bool = False) -> float:
+    """Validate a finite number of ``unit`` >= 0 (0 disables it) and return it as a float.
+
+    ``TypeError`` for anything but an int or a float (a bool is not a
+    number here), ``ValueError`` for a negative, infinite or NaN value; both
+    name the option.  With ``none_disables``, None is accepted, as 0.
+    """
+    if value is None and none_disables:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = f"a number of {unit} or None" if none_disables else f"a number of {unit}"
+        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number of {unit} >= 0 (0 disables it), got {value!r}")
+    return float(value)
+
+
+def check_timeout(name: str, value: object) -> float:
+    """Validate one timeout (seconds, 0 disables) and return it as a float."""
+    return check_number(name, value, "seconds")
+
+
+def check_whole(name: str, value: object, maximum: int) -> int:
+    """Validate a whole number from 0 to ``maximum``: ``ValueError`` naming the option otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise ValueError(f"{name} must be an integer from 0 to {maximum}, got {value!r}")
+    return value
+
+
+def nearest(name: str, options: Sequence[str]) -> str:
+    """What an error for an unknown option ``name`` says next: the nearest of ``options``, or all of them."""
+    close = difflib.get_close_matches(name, options, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"the options are {', '.join(options)}"
+
 
 # -- the options -----------------------------------------------------------------
 
@@ -267,176 +302,111 @@ class Totals:
     accept_failures: int = 0
 
 
-# -- the steps of the sweep ----------------------------------------------------------
+# -- the rules of the timeouts -----------------------------------------------------
 
-# A timer that fires exactly at a deadline finds nothing expired: Node's rule
-# is strict (``start < now - timeout``).  Fire this much later.
-SLACK = 0.001
-# A body that keeps just ahead of the minimum rate is looked at again no
-# sooner than this: the cost of watching it stays bounded, the cut-off at most
-# this late.
-RATE_RESOLUTION = 0.1
+_INF = math.inf
 
 
-@dataclass(frozen=True)
-class Step:
-    """One step of the enforcer's sweep, over one list of ``ConnectionsList``.
+def effective_timeouts(headers_timeout: float, request_timeout: float) -> tuple[float, float]:
+    """The two timeouts as Node's list applies them: checked, and the shorter one the headers timeout.
 
-    ``run(enforcer, now, stop)`` cuts what is due, within the sweep's
-    budget (``stop``, a clock value), and says whether it finished (see
-    ``Enforcer.drain``); ``due(enforcer, now)`` is the earliest clock value
-    at which it can find anything (None: nothing in its list can be due).
+    The list's arguments are raw numbers (its methods are public), so they
+    are checked here; the enforcer's validated settings pass the first,
+    cheap, test (NaN and inf fail the comparisons).  Node's
+    ``ConnectionsList::Expired`` swaps a headers timeout longer than the
+    request timeout; ``resolve_timeouts`` rejects such a pair in the
+    options, so the enforcer never passes one this changes.
     """
-
-    run: Callable[[Enforcer, float, float], bool]
-    due: Callable[[Enforcer, float], float | None]
-
-
-def reading_paused(conn: Connection) -> bool:
-    """A body behind the rate is excused while the server, not the client, holds it up."""
-    handle = conn.handle
-    return handle is not None and handle.connlist_reading_paused()
-
-
-def _run_keepalive(enforcer: Enforcer, now: float, stop: float) -> bool:
-    """Under pressure: keep-alive connections idle longer than the shrunk idle time, closed."""
-    idle_time = enforcer.idle_time_now
-    if idle_time >= enforcer.keep_alive:
-        return True
-    connections = enforcer.connections
-    kind = BUDGET_BY_NAME["keepalive"]
-
-    def close(conn: Connection) -> None:
-        connections.let_go(conn)
-        enforcer.count(kind, conn)
-        if conn.handle is not None:
-            enforcer.call(conn.handle.connlist_close_idle)
-
-    return enforcer.drain(lambda n: connections.idle_expired(idle_time, now, n), close, stop)
+    if not (
+        type(headers_timeout) is float
+        and type(request_timeout) is float
+        and 0.0 <= headers_timeout < _INF
+        and 0.0 <= request_timeout < _INF
+    ):
+        headers_timeout = check_timeout("headers_timeout", headers_timeout)
+        request_timeout = check_timeout("request_timeout", request_timeout)
+    if headers_timeout and request_timeout and headers_timeout > request_timeout:
+        headers_timeout, request_timeout = request_timeout, headers_timeout
+    return headers_timeout, request_timeout
 
 
-def _due_keepalive(enforcer: Enforcer, now: float) -> float | None:
-    # Unstamped records are stamped at the next sweep, which the pressure's
-    # tick (Enforcer._next_due) brings.
-    idle_time = enforcer.idle_time_now
-    since = enforcer.connections.idle_head_since()
-    if idle_time >= enforcer.keep_alive or since is None:
-        return None
-    return since + idle_time + SLACK
+# The send timeout's allowance for a client whose window opens in large steps
+# (see send_allowance): the step a client must take within a send timeout,
+# and the longest allowance, in send timeouts.
+SEND_STEP = 32768
+SEND_STEP_LIMIT = 8
 
 
-def _run_active(enforcer: Enforcer, now: float, stop: float) -> bool:
-    """Headers and request timeouts, one walk of ``active`` (Node's rule)."""
-    settings = enforcer.settings
-    headers_timeout = enforcer.headers_timeout_now
-    if not (headers_timeout or settings.request_timeout):
-        return True
-    connections = enforcer.connections
+def send_allowance(send_timeout: float, step: int) -> float:
+    """How long a stalled response may go without progress before it is cut: the send timeout's rule.
 
-    def cut(conn: Connection) -> None:
-        headers = settings.headers_timeout and not conn.headers_completed
-        enforcer.cut(conn, "headers" if headers else "request")
-
-    return enforcer.drain(
-        lambda n: connections.expired(headers_timeout, settings.request_timeout, n), cut, stop
-    )
-
-
-def _due_active(enforcer: Enforcer, now: float) -> float | None:
-    deadline = enforcer.connections.next_deadline(
-        enforcer.headers_timeout_now, enforcer.settings.request_timeout
-    )
-    return None if deadline is None else deadline + SLACK
+    Linux acknowledges a slowly read response in steps: a receiver whose
+    buffer is full advertises a zero window until a good part of it is free
+    again, and the sender sees no progress in between, however steadily the
+    client reads (docs/how-it-works.md, "The send timeout").  So a client
+    must take ``SEND_STEP`` bytes per ``send_timeout``: one whose largest
+    step seen so far (``Connection.out_step``, bytes) is larger gets one
+    send timeout per ``SEND_STEP`` of it, up to ``SEND_STEP_LIMIT``.
+    """
+    steps = step / SEND_STEP
+    if steps <= 1.0:
+        return send_timeout
+    return send_timeout * (steps if steps < SEND_STEP_LIMIT else SEND_STEP_LIMIT)
 
 
-def _run_rate(enforcer: Enforcer, now: float, stop: float) -> bool:
-    """Bodies behind the minimum rate, past their grace (``body``)."""
-    settings = enforcer.settings
-    if not settings.body_min_rate:
-        return True
-    connections = enforcer.connections
+class Timed(Protocol):
+    """What ``deadline`` reads of a connection (``connlist.connections.Connection``)."""
 
-    def take(n: int) -> list[Connection]:
-        batch, enforcer.rate_next, enforcer.grace_end = connections.rate_expired(
-            settings.body_min_rate, settings.body_grace, now, n, reading_paused
+    @property
+    def is_active(self) -> bool: ...
+    @property
+    def receiving_body(self) -> bool: ...
+    @property
+    def stalled(self) -> bool: ...
+    @property
+    def last_message_start(self) -> float: ...
+    @property
+    def headers_completed(self) -> bool: ...
+    @property
+    def body_started(self) -> float: ...
+    @property
+    def body_received(self) -> int: ...
+    @property
+    def out_since(self) -> float: ...
+
+
+def deadline(conn: Timed, settings: Settings) -> tuple[TimeoutKind, float] | None:
+    """The timeout that cuts ``conn`` off first if nothing changes, and when (a clock value); or None.
+
+    The rules are those the sweep applies: Node's for an active connection
+    (the headers timeout while its headers are incomplete, the request
+    timeout from its message's first byte), the minimum rate for a body
+    being received (``t + grace + b / min_rate``; it moves on as bytes
+    arrive), and for a stalled response the send timeout from its last
+    progress (the earliest the sampling can cut it; the latest is a quarter
+    of ``send_timeout`` later).  An idle, handling or timed-out connection
+    has none.  ``settings``: ``Settings``, or anything with its attributes.
+    """
+    if conn.is_active:
+        headers_timeout, request_timeout = effective_timeouts(
+            settings.headers_timeout, settings.request_timeout
         )
-        return batch
-
-    return enforcer.drain(take, lambda conn: enforcer.cut(conn, "rate"), stop)
-
-
-def _due_rate(enforcer: Enforcer, now: float) -> float | None:
-    # From the last sweep: the earliest rate deadline of the bodies it kept,
-    # and the end of the next grace period.  Bodies begun since cannot be
-    # due before ``Settings.shortest`` from now, which bounds every delay.
-    if not enforcer.settings.body_min_rate:
-        return None
-    candidates = []
-    if enforcer.rate_next is not None:
-        candidates.append(max(enforcer.rate_next + SLACK, now + RATE_RESOLUTION))
-    if enforcer.grace_end is not None:
-        candidates.append(enforcer.grace_end + SLACK)
-    return min(candidates) if candidates else None
-
-
-def _run_send(enforcer: Enforcer, now: float, stop: float) -> bool:
-    """Stalled responses: sampled, and those without progress for their allowance aborted."""
-    send_timeout = enforcer.settings.send_timeout
-    if not send_timeout:
-        return True
-    connections = enforcer.connections
-    # Samples are stamped now, and a stall that began during this sweep (a
-    # callback wrote) may be stamped later than its start.
-    now = enforcer.clock()
-
-    def sample(conn: Connection) -> None:
-        handle = conn.handle
-        if handle is None:
-            pending, acked = 0, None
-        else:
-            pending, acked = handle.connlist_pending(), handle.connlist_acked()
-        still = connections.stall_sample(conn, pending, now, acked)
-        if still >= send_allowance(send_timeout, conn.out_step):
-            connections.unstall(conn)
-            enforcer.record(conn, "send")
-            if handle is not None:
-                enforcer.call(handle.connlist_abort)
-
-    return enforcer.drain(lambda n: connections.stalled_due(send_timeout / 4, now, n), sample, stop)
-
-
-def _due_send(enforcer: Enforcer, now: float) -> float | None:
-    # A stalled connection is sampled every send_timeout / 4.
-    send_timeout = enforcer.settings.send_timeout
-    sampled = enforcer.connections.stalled_head_sampled() if send_timeout else None
-    return None if sampled is None else sampled + send_timeout / 4
-
-
-def _run_linger(enforcer: Enforcer, now: float, stop: float) -> bool:
-    """Closed connections that did not go within the linger, aborted."""
-    connections = enforcer.connections
-
-    # Read again: the steps before may have taken a while.
-    now = enforcer.clock()
-
-    def abort(conn: Connection) -> None:
-        if conn.handle is not None:
-            enforcer.call(conn.handle.connlist_abort)
-
-    return enforcer.drain(lambda n: connections.lingered(enforcer.linger, now, n), abort, stop)
-
-
-def _due_linger(enforcer: Enforcer, now: float) -> float | None:
-    since = enforcer.connections.closing_head_since()
-    return None if since is None else since + enforcer.linger
-
-
-KEEPALIVE = Step(_run_keepalive, _due_keepalive)
-ACTIVE = Step(_run_active, _due_active)
-RATE = Step(_run_rate, _due_rate)
-SEND = Step(_run_send, _due_send)
-# Not a kind: what was cut, and did not go within the linger, is aborted.
-LINGER_STEP = Step(_run_linger, _due_linger)
+        start = conn.last_message_start
+        kind: TimeoutKind = "request"
+        when = _INF
+        if request_timeout:
+            when = start + request_timeout
+        if headers_timeout and not conn.headers_completed and start + headers_timeout < when:
+            kind, when = "headers", start + headers_timeout
+        body_min_rate = settings.body_min_rate
+        if body_min_rate and conn.receiving_body:
+            due = conn.body_started + settings.body_grace + conn.body_received / body_min_rate
+            if due < when:
+                kind, when = "rate", due
+        return None if when == _INF else (kind, when)
+    if conn.stalled and settings.send_timeout:
+        return "send", conn.out_since + settings.send_timeout
+    return None
 
 
 # -- the rows ----------------------------------------------------------------------
@@ -444,175 +414,144 @@ LINGER_STEP = Step(_run_linger, _due_linger)
 
 @dataclass(frozen=True)
 class Kind:
-    """One row of TIMEOUT_KINDS or BUDGET_KINDS."""
+    """One row of TIMEOUT_KINDS or ROOM_KINDS."""
 
     # The name on_timeout, the log lines and the metrics' ``kind`` label use.
     name: str
     # Its field of Totals.
     counter: str
-    # The Settings field that turns it on (a value of 0 turns it off), and
-    # what the views call it; None: on with max_connections.
+    # The Settings field that turns it on (a value of 0 turns it off); None:
+    # on with max_connections.
     setting: str | None
+    # What the views call it, and the unit of its setting's value as they write it.
     label: str
-    # The unit of the setting's value, as the views write it.
     unit: str
-    # The ConnectionsList list its connections are found in.
-    list: str
     # Its DEBUG line, formatted with ``s`` (the Settings) and ``now`` (the
     # headers timeout the last sweep applied, shortened under pressure).
     message: str
     # What the metrics' help says of it, and whether it is a row of
-    # BUDGET_KINDS (let go for max_connections: the summary's budget part).
+    # ROOM_KINDS (let go for max_connections: the summary's budget part).
     help: str = ""
     room: bool = False
     # Whether ASGI-only mode can enforce it: it sees a request once its
     # headers are in, and never sees the response stall (docs/how-it-works.md).
     asgi: bool = False
-    # The sweep's step that finds and cuts it (None: admit's, Enforcer._make_room).
-    step: Step | None = None
     # How soon a clock started now can make it due under ``Settings``
     # (0: it is off); the timer never sleeps longer than the least.
     soonest: Callable[[Settings], float] | None = None
 
-    def detail(self, enforcer: Enforcer) -> Callable[[], str]:
-        """Its DEBUG line for ``enforcer``, built only if it is written."""
-        return lambda: self.message.format(s=enforcer.settings, now=enforcer.headers_timeout_now)
-
 
 TIMEOUT_KINDS = (
     Kind(
-        "headers",
-        "headers_timeouts",
-        "headers_timeout",
-        "headers timeout",
-        "s",
-        "active",
-        "headers not received within {now:g}s, closing",
-        step=ACTIVE,
+        name="headers",
+        counter="headers_timeouts",
+        setting="headers_timeout",
+        label="headers timeout",
+        unit="s",
+        message="headers not received within {now:g}s, closing",
         soonest=lambda s: s.headers_timeout,
     ),
     Kind(
-        "request",
-        "request_timeouts",
-        "request_timeout",
-        "request timeout",
-        "s",
-        "active",
-        "request not received within {s.request_timeout:g}s, closing",
+        name="request",
+        counter="request_timeouts",
+        setting="request_timeout",
+        label="request timeout",
+        unit="s",
+        message="request not received within {s.request_timeout:g}s, closing",
         asgi=True,
-        step=ACTIVE,
         soonest=lambda s: s.request_timeout,
     ),
     Kind(
-        "rate",
-        "rate_timeouts",
-        "body_min_rate",
-        "minimum body rate",
-        "bytes/s",
-        "body",
-        "body slower than {s.body_min_rate:g} bytes/s, closing",
+        name="rate",
+        counter="rate_timeouts",
+        setting="body_min_rate",
+        label="minimum body rate",
+        unit="bytes/s",
+        message="body slower than {s.body_min_rate:g} bytes/s, closing",
         asgi=True,
-        step=RATE,
         # A body is never behind before its grace has passed.
         soonest=lambda s: s.body_grace if s.body_min_rate else 0.0,
     ),
     Kind(
-        "send",
-        "send_timeouts",
-        "send_timeout",
-        "send timeout",
-        "s",
-        "stalled",
-        "response not taken for {s.send_timeout:g}s or more, aborting",
-        step=SEND,
+        name="send",
+        counter="send_timeouts",
+        setting="send_timeout",
+        label="send timeout",
+        unit="s",
+        message="response not taken for {s.send_timeout:g}s or more, aborting",
         # A stall is sampled four times per send_timeout.
         soonest=lambda s: s.send_timeout / 4,
     ),
 )
 
+
+def _room(name: str, counter: str, message: str, help: str, setting: str | None = None) -> Kind:
+    # A row of ROOM_KINDS: on with max_connections (and ``setting``, if any).
+    return Kind(
+        name=name,
+        counter=counter,
+        setting=setting,
+        label="max_connections",
+        unit="connections",
+        message=message,
+        help=help,
+        room=True,
+    )
+
+
 # In the order admit looks for room (keepalive is the sweep's, under pressure).
-BUDGET_KINDS = (
-    Kind(
-        "idle",
-        "idle_evictions",
-        None,
-        "max_connections",
-        "connections",
-        "idle",
-        "longest-idle keep-alive connection closed at {s.max_connections} connections",
+ROOM_KINDS = (
+    _room(
+        name="idle",
+        counter="idle_evictions",
+        message="longest-idle keep-alive connection closed at {s.max_connections} connections",
         help="closed to make room",
-        room=True,
     ),
-    Kind(
-        "headers",
-        "headers_evictions",
-        None,
-        "max_connections",
-        "connections",
-        "active",
-        "oldest connection sending its headers cut at {s.max_connections} connections (408)",
+    _room(
+        name="headers",
+        counter="headers_evictions",
+        message="oldest connection sending its headers cut at {s.max_connections} connections (408)",
         help="closed to make room",
-        room=True,
     ),
-    Kind(
-        "body",
-        "body_evictions",
-        "body_min_rate",
-        "max_connections",
-        "connections",
-        "body",
-        "slowest body cut at {s.max_connections} connections (408)",
+    _room(
+        name="body",
+        counter="body_evictions",
+        setting="body_min_rate",
+        message="slowest body cut at {s.max_connections} connections (408)",
         help="closed to make room",
-        room=True,
     ),
-    Kind(
-        "keepalive",
-        "keepalive_evictions",
-        None,
-        "max_connections",
-        "connections",
-        "idle",
-        "idle keep-alive connection closed under pressure",
+    _room(
+        name="keepalive",
+        counter="keepalive_evictions",
+        message="idle keep-alive connection closed under pressure",
         help="idle past the keep-alive time shortened under pressure",
-        room=True,
-        step=KEEPALIVE,
     ),
-    Kind(
-        "refused",
-        "refused",
-        None,
-        "max_connections",
-        "connections",
-        "all",
-        "refused with 503: {s.max_connections} connections all serving requests",
+    _room(
+        name="refused",
+        counter="refused",
+        message="refused with 503: {s.max_connections} connections all serving requests",
         help="503",
-        room=True,
     ),
 )
 
 TIMEOUT_BY_NAME = {kind.name: kind for kind in TIMEOUT_KINDS}
-BUDGET_BY_NAME = {kind.name: kind for kind in BUDGET_KINDS}
-# The sweep's steps, in order: each list once, the closing connections last.
-STEPS: tuple[Step, ...] = (
-    *dict.fromkeys(kind.step for kind in (*BUDGET_KINDS, *TIMEOUT_KINDS) if kind.step is not None),
-    LINGER_STEP,
-)
+ROOM_BY_NAME = {kind.name: kind for kind in ROOM_KINDS}
 
 
-def _check_kinds() -> None:
+def _rows_agree() -> None:
     # The rows, their names for on_timeout, their counters and their options agree.
     counters = {item.name for item in fields(Totals)}
-    for kind in (*TIMEOUT_KINDS, *BUDGET_KINDS):
+    for kind in (*TIMEOUT_KINDS, *ROOM_KINDS):
         if kind.counter not in counters:  # pragma: no cover - a row without its Totals field
             raise AssertionError(f"Totals has no field {kind.counter!r} for the kind {kind.name!r}")
         if kind.setting is not None and kind.setting not in OPTIONS:  # pragma: no cover
             raise AssertionError(f"Settings has no field {kind.setting!r} for the kind {kind.name!r}")
     if tuple(TIMEOUT_BY_NAME) != get_args(TimeoutKind):  # pragma: no cover - a row without its name
         raise AssertionError("TimeoutKind must list the names of TIMEOUT_KINDS, in order")
-    if set(get_args(RoomKind)) - set(BUDGET_BY_NAME):  # pragma: no cover
-        raise AssertionError("every RoomKind must be a row of BUDGET_KINDS")
+    if set(get_args(RoomKind)) - set(ROOM_BY_NAME):  # pragma: no cover
+        raise AssertionError("every RoomKind must be a row of ROOM_KINDS")
     if tuple(Options.__annotations__) != OPTIONS:  # pragma: no cover - an option without its key
         raise AssertionError("Options must list the fields of Settings, in order")
 
 
-_check_kinds()
+_rows_agree()

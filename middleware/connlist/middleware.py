@@ -34,11 +34,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from connlist import integration
 from connlist.asgi import AsgiOnly
-from connlist.checks import nearest
 from connlist.connections import ConnectionsList
 from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
 from connlist.enforcer import STATE_KEY, Enforcer, OnTimeout
-from connlist.kinds import OPTIONS, Options, Settings, option_parameters, resolve
+from connlist.kinds import OPTIONS, Options, Settings, nearest, option_parameters, resolve
 from connlist.logs import PREFIX, log, route_to_uvicorn
 from connlist.workers import WorkerGroup, supervised_by
 

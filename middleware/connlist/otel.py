@@ -40,7 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import connlist
 from connlist.connections import PHASES
 from connlist.enforcer import STATE_KEY, Enforcer
-from connlist.kinds import BUDGET_KINDS, TIMEOUT_KINDS, Totals
+from connlist.kinds import ROOM_KINDS, TIMEOUT_KINDS, Totals
 
 try:
     from opentelemetry import metrics as otel_metrics
@@ -52,8 +52,8 @@ __all__ = ["HOP_TIMEOUT", "Instruments", "MetricsMiddleware", "Reading", "instru
 
 _TOTALS = tuple(field.name for field in dataclasses.fields(Totals))
 # The budget's kinds but the refusals, which are Kestrel's rejected_connections.
-_EVICTIONS = tuple(kind for kind in BUDGET_KINDS if kind.name != "refused")
-_REFUSED = next(kind.counter for kind in BUDGET_KINDS if kind.name == "refused")
+_EVICTIONS = tuple(kind for kind in ROOM_KINDS if kind.name != "refused")
+_REFUSED = next(kind.counter for kind in ROOM_KINDS if kind.name == "refused")
 # How long a collection waits for the worker's event loop; past that (the loop
 # is stuck in a handler) it reports the last reading rather than stall the exporter.
 HOP_TIMEOUT = 1.0

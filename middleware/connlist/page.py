@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
 
-from connlist.kinds import BUDGET_KINDS, TIMEOUT_KINDS
+from connlist.kinds import ROOM_KINDS, TIMEOUT_KINDS
 
 __all__ = ["COLUMNS", "CSP", "HEADERS", "LABELS", "REFRESH", "STYLE", "render"]
 
@@ -114,7 +114,7 @@ def _numbers_table(caption: str, numbers: dict[str, Any]) -> str:
 # version adds) as "totals".
 _TOTALS_GROUPS = (
     ("timeouts", frozenset(kind.counter for kind in TIMEOUT_KINDS)),
-    ("made room", frozenset(kind.counter for kind in BUDGET_KINDS)),
+    ("made room", frozenset(kind.counter for kind in ROOM_KINDS)),
 )
 
 

@@ -40,12 +40,10 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from connlist.checks import check_number
 from connlist.connections import PHASES
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.integration import POLICIES
-from connlist.kinds import BUDGET_KINDS as ENFORCER_BUDGET_KINDS
-from connlist.kinds import TIMEOUT_KINDS, Totals
+from connlist.kinds import ROOM_KINDS, TIMEOUT_KINDS, Totals, check_number
 from connlist.logs import log
 from connlist.processes import process_info
 
@@ -72,11 +70,11 @@ __all__ = [
 ]
 
 _TOTALS = tuple(field.name for field in dataclasses.fields(Totals))
-# The ``kind`` labels of connlist_timeouts and connlist_budget: the rows of the enforcer's tables.
-KINDS = tuple(kind.name for kind in TIMEOUT_KINDS)
-BUDGET_KINDS = tuple(kind.name for kind in ENFORCER_BUDGET_KINDS)
-_TIMEOUTS_HELP = f"{', '.join(KINDS[:-1])} or {KINDS[-1]}"
-_BUDGET_HELP = ", ".join(f"{kind.name} ({kind.help})" for kind in ENFORCER_BUDGET_KINDS)
+# The ``kind`` labels of connlist_timeouts and connlist_budget: the rows of the table of kinds.
+TIMEOUT_NAMES = tuple(kind.name for kind in TIMEOUT_KINDS)
+ROOM_NAMES = tuple(kind.name for kind in ROOM_KINDS)
+_TIMEOUTS_HELP = f"{', '.join(TIMEOUT_NAMES[:-1])} or {TIMEOUT_NAMES[-1]}"
+_ROOM_HELP = ", ".join(f"{kind.name} ({kind.help})" for kind in ROOM_KINDS)
 DEFAULT_INTERVAL = 1.0
 
 
@@ -141,7 +139,7 @@ class ConnlistMetrics:
         )
         self.budget = Counter(
             "connlist_budget",
-            f"Connections let go for max_connections, by kind: {_BUDGET_HELP}.",
+            f"Connections let go for max_connections, by kind: {_ROOM_HELP}.",
             ["kind"],
             registry=registry,
         )
@@ -170,9 +168,9 @@ class ConnlistMetrics:
             self.connections.labels(phase).set(0)
         self.accepted.inc(0)
         self.requests.inc(0)
-        for kind in KINDS:
+        for kind in TIMEOUT_NAMES:
             self.timeouts.labels(kind).inc(0)
-        for kind in BUDGET_KINDS:
+        for kind in ROOM_NAMES:
             self.budget.labels(kind).inc(0)
         self.max_connections.set(0)
         self.accept_failures.inc(0)
@@ -220,7 +218,7 @@ class ConnlistMetrics:
 
     def _count(self, deltas: dict[str, int]) -> None:
         """The counters, by one exporter's increments."""
-        for row in ENFORCER_BUDGET_KINDS:
+        for row in ROOM_KINDS:
             grew = deltas.get(row.counter, 0)
             if grew > 0:
                 self.budget.labels(row.name).inc(grew)
