@@ -116,6 +116,16 @@ def test_effective_timeouts(options: dict[str, Any], expected: tuple[float, floa
         ({"body_grace": -1}, ValueError, "body_grace must be a finite number of seconds >= 0"),
         ({"body_grace": None}, TypeError, "body_grace must be a number of seconds"),
         ({"body_grace": 0}, ValueError, "body_grace must be greater than 0 while body_min_rate is enabled"),
+        (
+            {"server_integration": "on"},
+            ValueError,
+            "server_integration must be one of 'auto', 'required', 'off', got 'on'",
+        ),
+        (
+            {"server_integration": True},
+            TypeError,
+            "server_integration must be one of 'auto', 'required', 'off', got bool",
+        ),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, Any], error: type[Exception], words: str) -> None:

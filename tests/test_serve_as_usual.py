@@ -138,9 +138,10 @@ def _held(port: int) -> None:
         sock.recv(1)
 
 
-def test_off_leaves_the_server_alone(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_off_leaves_the_server_alone(parser: str, tmp_path: Path) -> None:
     env = server_env(CONNLIST_TEST_OPTIONS=json.dumps({"server_integration": "off"}))
-    with run_server(_uvicorn(), tmp_path / "server.log", env=env) as server:
+    with run_server(_uvicorn("--http", parser), tmp_path / "server.log", env=env) as server:
         view = get_json(server.port, "/_connections")
         assert view["mode"] == "asgi" and view["server_integration"] == "off"
         assert view["integration_off"] == 'server_integration is "off"'
