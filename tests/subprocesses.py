@@ -84,6 +84,24 @@ def get_json(port: int, path: str, timeout: float = 5.0) -> Any:
     return json.loads(body)
 
 
+def exits_at_start(command: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run a server that must fail to start; its exit code and output (it fails the test if it serves on)."""
+    try:
+        done = subprocess.run(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=START_LIMIT,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as exc:  # it started serving: the very failure tested
+        raise AssertionError(f"the server did not stop at start:\n{exc.output!r}") from None
+    return done.returncode, done.stdout.decode(errors="replace")
+
+
 @dataclass
 class Process:
     port: int

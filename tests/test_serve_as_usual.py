@@ -30,6 +30,7 @@ from tests.subprocesses import (
     ROOT,
     START_LIMIT,
     Process,
+    exits_at_start,
     free_port,
     get_json,
     gunicorn_command,
@@ -177,22 +178,9 @@ def test_a_protocol_connlist_does_not_know_is_left_alone(protocol: str, tmp_path
 
 
 def _refuses(command: list[str], env: dict[str, str]) -> str:
-    """A server that must refuse to start: its log (it fails the test if it serves instead)."""
-    try:
-        done = subprocess.run(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=START_LIMIT,
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"the server did not refuse to start:\n{exc.output!r}") from None
-    log = done.stdout.decode(errors="replace")
-    assert done.returncode == 3, log  # uvicorn's status for a failed startup
+    """A server that must refuse to start: its log."""
+    code, log = exits_at_start(command, env)
+    assert code == 3, log  # uvicorn's status for a failed startup
     assert "Uvicorn running on" not in log
     return log
 

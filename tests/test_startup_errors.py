@@ -23,6 +23,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from connlist import ConnectionsMiddleware
+from tests import subprocesses
 from tests.servers import INTEGRATED, connect, echo_app, read_response, serve
 from tests.subprocesses import EXAMPLES, PYTHON, ROOT, START_LIMIT, free_port, gunicorn_command, server_env
 
@@ -46,22 +47,8 @@ MISTAKES: dict[str, tuple[dict[str, Any], str]] = {
 
 
 def exits_at_start(command: list[str], options: dict[str, Any]) -> tuple[int, str]:
-    """Run a server that must fail to start; its exit code and output (it is killed if it serves on)."""
-    env = server_env(CONNLIST_TEST_OPTIONS=json.dumps(options))
-    try:
-        done = subprocess.run(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=START_LIMIT,
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired as exc:  # it started serving: the very failure tested here
-        raise AssertionError(f"the server did not stop at start:\n{exc.output!r}") from None
-    return done.returncode, done.stdout.decode(errors="replace")
+    """Run a server given ``options`` that must fail to start; its exit code and output."""
+    return subprocesses.exits_at_start(command, server_env(CONNLIST_TEST_OPTIONS=json.dumps(options)))
 
 
 @pytest.mark.parametrize("parser", list(INTEGRATED))

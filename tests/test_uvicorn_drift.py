@@ -530,29 +530,6 @@ def test_the_automatic_path_refuses_to_start_when_the_check_fails(
     assert "Traceback" not in log, log
 
 
-def test_uvicorns_own_protocol_satisfies_the_requirement(tmp_path: Path) -> None:
-    # --http h11 with CONNLIST_REQUIRE_INTEGRATION=1: the lifespan turns the integration on.
-    with run_server(
-        lambda port: [
-            PYTHON,
-            "-m",
-            "uvicorn",
-            "tests.drift_app:app",
-            "--http",
-            "h11",
-            "--ws",
-            "none",
-            "--port",
-            str(port),
-        ],
-        tmp_path / "log",
-        env=server_env(CONNLIST_REQUIRE_INTEGRATION="1"),
-    ) as server:
-        view = get_json(server.port, "/_connections")
-    assert view["mode"] == "uvicorn-h11" and view["integration_off"] is None
-    assert view["server_integration"] == "required"
-
-
 def test_a_bad_require_value_refuses_to_start(tmp_path: Path) -> None:
     code, log = start_and_exit(None, "h11", tmp_path / "log", CONNLIST_REQUIRE_INTEGRATION="yes")
     assert code == 3, log
@@ -562,25 +539,18 @@ def test_a_bad_require_value_refuses_to_start(tmp_path: Path) -> None:
     )
 
 
-def test_the_integration_on_satisfies_the_requirement(tmp_path: Path) -> None:
+@pytest.mark.parametrize("http", ["connlist.uvicorn:H11Protocol", "h11"])
+def test_the_integration_on_satisfies_the_requirement(tmp_path: Path, http: str) -> None:
+    # connlist's class by the flag, or uvicorn's own, which the lifespan replaces.
+    command = [PYTHON, "-m", "uvicorn", "tests.drift_app:app", "--http", http, "--ws", "none", "--port"]
     with run_server(
-        lambda port: [
-            PYTHON,
-            "-m",
-            "uvicorn",
-            "tests.drift_app:app",
-            "--http",
-            "connlist.uvicorn:H11Protocol",
-            "--ws",
-            "none",
-            "--port",
-            str(port),
-        ],
+        lambda port: [*command, str(port)],
         tmp_path / "log",
         env=server_env(CONNLIST_REQUIRE_INTEGRATION="1"),
     ) as server:
         view = get_json(server.port, "/_connections")
     assert view["mode"] == "uvicorn-h11" and view["integration_off"] is None
+    assert view["server_integration"] == "required"
 
 
 # -- gunicorn's uvicorn worker ---------------------------------------------------------
