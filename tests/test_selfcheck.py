@@ -20,11 +20,13 @@ import pytest
 import uvicorn
 from uvicorn.protocols.http import h11_impl, httptools_impl
 
-from connlist import integration, selfcheck
+from connlist import integration, selfcheck, uvicorn_cycle, uvicorn_start
 from connlist import uvicorn as connlist_uvicorn
+from connlist.uvicorn_h11 import H11Tracking
+from connlist.uvicorn_httptools import HttpToolsTracking
 
 BASES = {"httptools": httptools_impl.HttpToolsProtocol, "h11": h11_impl.H11Protocol}
-MIXINS = {"httptools": connlist_uvicorn._HttpToolsTracking, "h11": connlist_uvicorn._H11Tracking}
+MIXINS = {"httptools": HttpToolsTracking, "h11": H11Tracking}
 
 
 def built(parser: str, base: type) -> type:
@@ -91,8 +93,8 @@ def test_the_frame_local_is_read_from_the_code() -> None:
             del previous_cycle
 
     with pytest.raises(selfcheck.CheckFailed, match="has no local `existing_cycle`"):
-        selfcheck.check_static(Renamed, connlist_uvicorn._COMMON_HOOKS, "httptools")
-    selfcheck.check_static(BASES["httptools"], connlist_uvicorn._COMMON_HOOKS, "httptools")
+        selfcheck.check_static(Renamed, uvicorn_cycle.HOOKS, "httptools")
+    selfcheck.check_static(BASES["httptools"], uvicorn_cycle.HOOKS, "httptools")
 
 
 def test_an_exception_is_a_failure_too() -> None:
@@ -114,30 +116,30 @@ def test_the_start_is_told_from_the_servers_protocol(monkeypatch: pytest.MonkeyP
     for policy in integration.POLICIES:
         # connlist's class, given by a flag: on whatever the option says, nothing touched.
         config = _config_of(connlist_cls)
-        assert integration.turn_on(config, policy) == ("uvicorn-h11", None, None, None)
+        assert uvicorn_start.turn_on(config, policy) == ("uvicorn-h11", None, None, None)
         assert config.http_protocol_class is connlist_cls
     # uvicorn's own class: connlist's in its place, unless the option is "off".
     config = _config_of(h11_impl.H11Protocol)
-    assert integration.turn_on(config, "off") == (
+    assert uvicorn_start.turn_on(config, "off") == (
         None,
         'server_integration is "off"',
         'set server_integration="auto" (the default) to let connlist turn it on',
         None,
     )
     assert config.http_protocol_class is h11_impl.H11Protocol
-    assert integration.turn_on(config, "auto") == ("uvicorn-h11", None, None, None)
+    assert uvicorn_start.turn_on(config, "auto") == ("uvicorn-h11", None, None, None)
     assert config.http_protocol_class is connlist_cls
     # A stand-in for a class whose check failed: the failure, and nothing touched.
     monkeypatch.setitem(integration._failures, httptools_impl.HttpToolsProtocol, "uvicorn 9: it moved")
     config = _config_of(httptools_impl.HttpToolsProtocol)
-    assert integration.turn_on(config, "auto") == (None, "uvicorn 9: it moved", integration.FELL_BACK, None)
-    assert integration.turn_on(config, "required").refusal == (
+    assert uvicorn_start.turn_on(config, "auto") == (None, "uvicorn 9: it moved", integration.FELL_BACK, None)
+    assert uvicorn_start.turn_on(config, "required").refusal == (
         "the server integration is off and it is required, so the server refuses to start: "
         "uvicorn 9: it moved"
     )
     assert config.http_protocol_class is httptools_impl.HttpToolsProtocol
     # A server that does not say: a passed check waits for the first connection.
-    assert integration.turn_on(None, "auto") == (None, None, None, None)
+    assert uvicorn_start.turn_on(None, "auto") == (None, None, None, None)
 
 
 def test_the_lifespan_receive_or_task_leads_to_the_servers_config() -> None:
@@ -145,7 +147,7 @@ def test_the_lifespan_receive_or_task_leads_to_the_servers_config() -> None:
     owner = SimpleNamespace(config=config, state={})
     owner.receive = lambda: None
     # uvicorn's own receive: a method of the object holding the config.
-    assert integration.server_config(SimpleNamespace(__self__=owner)) is config
+    assert uvicorn_start.server_config(SimpleNamespace(__self__=owner)) is config
     # Wrapped (FastAPI's telemetry does): found through the lifespan's task, whose ``self`` holds the
     # scope's state, and only then.
     wrapped = SimpleNamespace()
@@ -156,13 +158,13 @@ def test_the_lifespan_receive_or_task_leads_to_the_servers_config() -> None:
             self.state = state
 
         async def main(self, state: object) -> Any:
-            return integration.server_config(wrapped, state)
+            return uvicorn_start.server_config(wrapped, state)
 
     state: dict[str, object] = {}
     assert asyncio.run(LifespanOn(state).main(state)) is config
     assert asyncio.run(LifespanOn({}).main(state)) is None
-    assert integration.server_config(wrapped, state) is None  # no running task
-    assert integration.server_config(SimpleNamespace(__self__=SimpleNamespace(config=object()))) is None
+    assert uvicorn_start.server_config(wrapped, state) is None  # no running task
+    assert uvicorn_start.server_config(SimpleNamespace(__self__=SimpleNamespace(config=object()))) is None
 
 
 @pytest.mark.parametrize(("value", "required"), [("", False), ("0", False), ("1", True), (" 1 ", True)])
@@ -204,7 +206,7 @@ def test_a_moved_protocol_falls_back_to_uvicorns_own_name_for_it(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, entry: tuple[str, str], words: str
 ) -> None:
     caplog.set_level(logging.ERROR, logger="connlist")
-    monkeypatch.setitem(connlist_uvicorn._PARSERS, "h11", (*entry, connlist_uvicorn._H11Tracking))
+    monkeypatch.setitem(connlist_uvicorn._PARSERS, "h11", (*entry, H11Tracking))
     # uvicorn's own "--http h11" class stands in.
     assert connlist_uvicorn._integrate("h11") is h11_impl.H11Protocol
     (line,) = [r.getMessage() for r in caplog.records]
@@ -221,7 +223,7 @@ def test_a_moved_protocol_falls_back_to_uvicorns_own_name_for_it(
 def test_a_layout_conflict_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     # A base connlist's slots cannot be added to (here: int) is the same as a __slots__ conflict.
     with pytest.raises(TypeError):
-        connlist_uvicorn._subclass("H11Protocol", connlist_uvicorn._H11Tracking, int)
+        connlist_uvicorn._subclass("H11Protocol", H11Tracking, int)
 
     def conflict(name: str, mixin: type, base: type) -> type:
         raise TypeError("multiple bases have instance lay-out conflict")
@@ -240,7 +242,7 @@ def test_the_refusal_is_one_error_line_and_the_start_failure_status(
 ) -> None:
     caplog.set_level(logging.ERROR, logger="connlist")
     monkeypatch.setenv("CONNLIST_REQUIRE_INTEGRATION", "1")
-    moved = ("uvicorn.protocols.http.moved", "H11Protocol", connlist_uvicorn._H11Tracking)
+    moved = ("uvicorn.protocols.http.moved", "H11Protocol", H11Tracking)
     monkeypatch.setitem(connlist_uvicorn._PARSERS, "h11", moved)
     with pytest.raises(SystemExit) as info:
         connlist_uvicorn._integrate("h11")
@@ -546,14 +548,14 @@ def test_a_config_uvicorn_cannot_load_is_a_failure(monkeypatch: pytest.MonkeyPat
 @pytest.mark.usefixtures("fresh")
 def test_a_server_that_does_not_say_is_told_from_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     # Nothing checked: ASGI-only mode from the start.
-    start = integration.turn_on(None, "auto")
-    assert (start.mode, start.reason) == (None, integration.NOT_UVICORN)
+    start = uvicorn_start.turn_on(None, "auto")
+    assert (start.mode, start.reason) == (None, uvicorn_start.NOT_UVICORN)
     assert start.advice is not None and start.advice.startswith(
         "serve the app with uvicorn (`uvicorn app:app`"
     )
     # Only failures: the first one.
     monkeypatch.setitem(integration._failures, h11_impl.H11Protocol, "uvicorn 9: H11Protocol: it moved")
-    assert integration.turn_on(None, "auto").reason == "uvicorn 9: H11Protocol: it moved"
+    assert uvicorn_start.turn_on(None, "auto").reason == "uvicorn 9: H11Protocol: it moved"
 
 
 def test_a_uvicorn_without_what_the_script_imports_fails_before_any_step(
