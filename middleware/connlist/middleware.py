@@ -244,8 +244,8 @@ class ConnectionsMiddleware:
     # integration may serve the app next).  A slot rather than a method:
     # the server's call finds the slot on the class and calls what it holds,
     # all in C, where a method that called the route would be one more
-    # Python frame per request (about 500 instructions under callgrind,
-    # the frame and its bytecodes: 0.3 points of benchmarks/per_request.py).
+    # Python frame per request (docs/benchmarks.md, "Where the remaining
+    # instructions go").
     # A subclass may still define its own ``__call__`` and call
     # ``super().__call__``, which reads the slot (see _route).  Servers tell
     # ASGI 3 apps from ASGI 2 ones by whether ``app.__call__`` is a coroutine
