@@ -135,5 +135,22 @@ def test_the_middleware_turns_the_made_up_server_on_at_the_lifespan(monkeypatch:
     assert untouched.protocol_class is asyncio.Protocol and off._enforcer.mode == "asgi"
 
 
+def test_tracking_requires_what_only_the_server_can_answer(enforcer: Enforcer) -> None:
+    class Incomplete(server.Tracking):
+        """A protocol that implements none of the server's part (its addresses unknown)."""
+
+        connlist_mode = "incomplete"
+        client = None
+        server = None
+
+    protocol = Incomplete()
+    protocol._connlist_setup({STATE_KEY: enforcer}, None, None)
+    record = protocol._connlist_connect()
+    with pytest.raises(NotImplementedError):
+        protocol._connlist_settle(record, server.BODY, True)  # asks _connlist_body_begin
+    with pytest.raises(NotImplementedError):
+        protocol._connlist_remove()  # asks connlist_request
+
+
 async def _app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover - never called
     pass
