@@ -31,9 +31,9 @@ from connlist import uvicorn_cycle
 from connlist.connections import Connection, connection_state
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.kinds import resolve
-from connlist.selfcheck import MemoryTransport
 from connlist.server import Tracking
 from connlist.uvicorn import H11Protocol, HttpToolsProtocol
+from connlist.uvicorn_selfcheck import MemoryTransport
 from tests.fakes import FakeClock
 
 HEADERS_TIMEOUT, REQUEST_TIMEOUT = 10.0, 30.0

@@ -1,9 +1,9 @@
-"""connlist.selfcheck in process: the conversation passes on the installed uvicorn, fails on a change.
+"""connlist.uvicorn_selfcheck in process: the conversation passes on the installed uvicorn, fails on a change.
 
 The changes on real servers are tests/test_uvicorn_drift.py's; here the
 check itself: what it passes, what it reports, that it writes nothing to
 uvicorn's logs and leaves nothing behind, what it costs, and how the start
-is told (connlist.integration).
+is told (connlist.uvicorn_start).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 import uvicorn
 from uvicorn.protocols.http import h11_impl, httptools_impl
 
-from connlist import integration, selfcheck, uvicorn_cycle, uvicorn_start
+from connlist import integration, uvicorn_cycle, uvicorn_selfcheck, uvicorn_start
 from connlist import uvicorn as connlist_uvicorn
 from connlist.uvicorn_h11 import H11Tracking
 from connlist.uvicorn_httptools import HttpToolsTracking
@@ -37,7 +37,7 @@ def built(parser: str, base: type) -> type:
 def test_the_installed_uvicorn_passes_quietly(parser: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     started = time.perf_counter()
-    result = selfcheck.run_in_thread(built(parser, BASES[parser]), BASES[parser], parser)
+    result = uvicorn_selfcheck.run_in_thread(built(parser, BASES[parser]), BASES[parser], parser)
     elapsed = time.perf_counter() - started
     assert result.passed, result
     assert result.logger_name == "uvicorn.error"
@@ -82,7 +82,7 @@ class _NoFlow(h11_impl.H11Protocol):
     ],
 )
 def test_a_change_is_named(parser: str, base: type, words: str) -> None:
-    result = selfcheck.run_in_thread(built(parser, base), base, parser)
+    result = uvicorn_selfcheck.run_in_thread(built(parser, base), base, parser)
     assert result.failure == words
 
 
@@ -92,9 +92,9 @@ def test_the_frame_local_is_read_from_the_code() -> None:
             previous_cycle = self.cycle
             del previous_cycle
 
-    with pytest.raises(selfcheck.CheckFailed, match="has no local `existing_cycle`"):
-        selfcheck.check_static(Renamed, uvicorn_cycle.HOOKS, "httptools")
-    selfcheck.check_static(BASES["httptools"], uvicorn_cycle.HOOKS, "httptools")
+    with pytest.raises(uvicorn_selfcheck.CheckFailed, match="has no local `existing_cycle`"):
+        uvicorn_selfcheck.check_static(Renamed, uvicorn_cycle.HOOKS, "httptools")
+    uvicorn_selfcheck.check_static(BASES["httptools"], uvicorn_cycle.HOOKS, "httptools")
 
 
 def test_an_exception_is_a_failure_too() -> None:
@@ -102,7 +102,7 @@ def test_an_exception_is_a_failure_too() -> None:
         def data_received(self, data: bytes) -> None:
             raise KeyError("moved")
 
-    result = selfcheck.run_in_thread(built("h11", Raises), Raises, "h11")
+    result = uvicorn_selfcheck.run_in_thread(built("h11", Raises), Raises, "h11")
     assert result.failure == "the scripted conversation raised KeyError: 'moved'"
 
 
@@ -405,7 +405,7 @@ def _send_not_wrapped(cls: type) -> type:
 )
 def test_each_step_can_fail(parser: str, breakage: Callable[[type], type], words: str) -> None:
     broken = breakage(built(parser, BASES[parser]))
-    result = selfcheck.run_in_thread(broken, BASES[parser], parser)
+    result = uvicorn_selfcheck.run_in_thread(broken, BASES[parser], parser)
     assert result.failure == words
 
 
@@ -517,7 +517,7 @@ _Twice = _writes(
     ],
 )
 def test_what_uvicorns_protocol_must_hold(parser: str, base: type, words: str) -> None:
-    assert selfcheck.run_in_thread(built(parser, base), base, parser).failure == words
+    assert uvicorn_selfcheck.run_in_thread(built(parser, base), base, parser).failure == words
 
 
 def test_a_check_that_hangs_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -526,8 +526,8 @@ def test_a_check_that_hangs_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> Non
             time.sleep(0.05)  # the loop's timeout comes at the next await
             super().data_received(data)
 
-    monkeypatch.setattr(selfcheck, "LIMIT", 0.01)
-    result = selfcheck.run_in_thread(built("h11", Slow), Slow, "h11")
+    monkeypatch.setattr(uvicorn_selfcheck, "LIMIT", 0.01)
+    result = uvicorn_selfcheck.run_in_thread(built("h11", Slow), Slow, "h11")
     assert result.failure is not None and result.failure.startswith(
         "the scripted conversation did not finish"
     )
@@ -537,8 +537,8 @@ def test_a_config_uvicorn_cannot_load_is_a_failure(monkeypatch: pytest.MonkeyPat
     def moved(cls: type) -> Any:
         raise AttributeError("Config has no load")
 
-    monkeypatch.setattr(selfcheck, "make_config", moved)
-    result = selfcheck.run_in_thread(built("h11", BASES["h11"]), BASES["h11"], "h11")
+    monkeypatch.setattr(uvicorn_selfcheck, "make_config", moved)
+    result = uvicorn_selfcheck.run_in_thread(built("h11", BASES["h11"]), BASES["h11"], "h11")
     assert (
         result.failure
         == "uvicorn's Config could not be loaded for the check: AttributeError: Config has no load"
@@ -564,7 +564,7 @@ def test_a_uvicorn_without_what_the_script_imports_fails_before_any_step(
     import uvicorn.server
 
     monkeypatch.delattr(uvicorn.server, "ServerState")
-    result = selfcheck.run_in_thread(built("h11", BASES["h11"]), BASES["h11"], "h11")
+    result = uvicorn_selfcheck.run_in_thread(built("h11", BASES["h11"]), BASES["h11"], "h11")
     assert result.failure is not None and result.failure.startswith(
         "the scripted conversation raised ImportError: cannot import name 'ServerState' from 'uvicorn.server'"
     )

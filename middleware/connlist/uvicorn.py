@@ -31,15 +31,16 @@ timeouts on a list of its own and logs once that it does so.
 When uvicorn changes
 --------------------
 
-All of the above reads parts of uvicorn that are not public API.  So the
+The protocols read parts of uvicorn that are not public API.  So the
 names ``HttpToolsProtocol``, ``H11Protocol`` and ``AutoProtocol`` are not
 plain classes: the first lookup of each (uvicorn's ``Config.load``, before
 the server starts) builds connlist's class on uvicorn's and checks it in
-memory (``connlist.selfcheck``).  If the check fails, the name is uvicorn's
+memory (``connlist.uvicorn_selfcheck``).  If the check fails, the name is uvicorn's
 own class: the server serves as with ``--http httptools`` (ASGI-only mode),
 and one ERROR line says what failed, what is lost and what to do
 (``CONNLIST_REQUIRE_INTEGRATION=1``: the import fails instead).  The classes
-that pass are exactly the code above; nothing of the check runs per request.
+that pass are exactly the protocols' code; nothing of the check runs per
+request.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from connlist import integration, selfcheck
+from connlist import integration, uvicorn_selfcheck
 from connlist.logs import follow_uvicorn_logger, log, logger, route_to_uvicorn
 from connlist.server import SLOTS
 from connlist.uvicorn_cycle import HOOKS
@@ -76,7 +77,7 @@ __all__ = ["AutoProtocol", "H11Protocol", "HttpToolsProtocol"]
 # ``connlist.uvicorn:HttpToolsProtocol`` and the others are looked up by
 # uvicorn (``Config.load``) before the server starts.  The first lookup of
 # each builds connlist's class on uvicorn's and checks it
-# (``connlist.selfcheck``); if anything fails, the name gives uvicorn's own
+# (``connlist.uvicorn_selfcheck``); if anything fails, the name gives uvicorn's own
 # class instead, and one ERROR line says what failed and what is lost.  So
 # each class is checked once per process, when it is first used, and only
 # the ones used are checked.
@@ -91,12 +92,12 @@ _NAMES = {"httptools": "HttpToolsProtocol", "h11": "H11Protocol"}
 # Each parser's class as a --http flag gets it (connlist's, or uvicorn's in its place).
 _resolved: dict[str, type[Any]] = {}
 # Each parser's build and check (_checked), shared by the flag and the automatic path.
-_built: dict[str, tuple[type[Any] | None, type | None, selfcheck.Result]] = {}
+_built: dict[str, tuple[type[Any] | None, type | None, uvicorn_selfcheck.Result]] = {}
 _lock = threading.RLock()
 _newer_warned = False
 
-# The outcome of each parser's check, once it ran (connlist.selfcheck.Result).
-CHECKS: dict[str, selfcheck.Result] = {}
+# The outcome of each parser's check, once it ran (connlist.uvicorn_selfcheck.Result).
+CHECKS: dict[str, uvicorn_selfcheck.Result] = {}
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -124,7 +125,7 @@ def _subclass(name: str, mixin: type, base: type) -> type[Any]:
     return type(name, (mixin, base), namespace)
 
 
-def _build(parser: str) -> tuple[type[Any] | None, type | None, selfcheck.Result]:
+def _build(parser: str) -> tuple[type[Any] | None, type | None, uvicorn_selfcheck.Result]:
     """connlist's class for ``parser`` built on uvicorn's and checked (once per process, see _checked).
 
     Returns (connlist's class if it passed, uvicorn's class if found, the check's result).
@@ -137,20 +138,20 @@ def _build(parser: str) -> tuple[type[Any] | None, type | None, selfcheck.Result
         module = importlib.import_module(module_name)
         base = getattr(module, base_name, None)
         if not isinstance(base, type):
-            raise selfcheck.CheckFailed(f"{module_name} has no class {base_name}")
-        selfcheck.check_static(base, HOOKS, parser)
+            raise uvicorn_selfcheck.CheckFailed(f"{module_name} has no class {base_name}")
+        uvicorn_selfcheck.check_static(base, HOOKS, parser)
         try:
             cls = _subclass(name, mixin, base)
         except TypeError as exc:
-            raise selfcheck.CheckFailed(
+            raise uvicorn_selfcheck.CheckFailed(
                 f"connlist's class cannot be built on uvicorn's {name}: {exc}"
             ) from None
-    except selfcheck.CheckFailed as failed:
-        result = selfcheck.Result(str(failed))
+    except uvicorn_selfcheck.CheckFailed as failed:
+        result = uvicorn_selfcheck.Result(str(failed))
     except ImportError as exc:
-        result = selfcheck.Result(f"uvicorn has no {module_name} ({exc})")
+        result = uvicorn_selfcheck.Result(f"uvicorn has no {module_name} ({exc})")
     else:
-        result = selfcheck.run_in_thread(cls, base, parser)
+        result = uvicorn_selfcheck.run_in_thread(cls, base, parser)
     CHECKS[parser] = result
     if result.logger_name:
         # connlist's lines go wherever uvicorn's protocols write theirs.
@@ -163,7 +164,7 @@ def _build(parser: str) -> tuple[type[Any] | None, type | None, selfcheck.Result
     return cls, base, result
 
 
-def _checked(parser: str) -> tuple[type[Any] | None, type | None, selfcheck.Result]:
+def _checked(parser: str) -> tuple[type[Any] | None, type | None, uvicorn_selfcheck.Result]:
     """``_build``'s outcome for ``parser``, built once per process: both paths below share it."""
     with _lock:
         built = _built.get(parser)

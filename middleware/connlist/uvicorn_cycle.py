@@ -5,7 +5,7 @@ uvicorn's httptools and h11 protocols share their cycle's attributes
 ``response_complete``, ``scope``, ``logger``, ``disconnected``,
 ``message_event``) and their own (``cycle``, ``app_state``, ``config``,
 ``loop``, ``timeout_keep_alive``, ``flow``); the self-check reads each of
-them before a class is handed to uvicorn (``connlist.selfcheck``).
+them before a class is handed to uvicorn (``connlist.uvicorn_selfcheck``).
 
 These are functions, not a class: each protocol's class
 (``connlist.uvicorn_httptools``, ``connlist.uvicorn_h11``) names them as its
@@ -50,7 +50,7 @@ HOOKS = (
 def setup(self: Any) -> None:
     """At the protocol's making (its ``__init__``): ``Tracking._connlist_setup`` from uvicorn's state."""
     # (What connlist reads of uvicorn's protocol was checked once, before
-    # the class was handed to uvicorn: connlist.selfcheck.)
+    # the class was handed to uvicorn: connlist.uvicorn_selfcheck.)
     Tracking._connlist_setup(
         self, self.app_state, getattr(self, "loop", None), getattr(self, "timeout_keep_alive", None)
     )

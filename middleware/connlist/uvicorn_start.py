@@ -13,7 +13,7 @@ is), which reads the server's protocol class and, by the
 * uvicorn's own ``HttpToolsProtocol`` or ``H11Protocol`` (what ``--http
   auto``, ``httptools`` and ``h11`` resolve to: ``uvicorn app:app``,
   ``fastapi run``, gunicorn's ``uvicorn_worker`` workers): connlist's class
-  for the same parser is built and checked (``connlist.selfcheck``) and put
+  for the same parser is built and checked (``connlist.uvicorn_selfcheck``) and put
   in the config in its place; on a failed check uvicorn's stays, with one
   ERROR line;
 * uvicorn's own class standing in for connlist's whose check failed: off,
