@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import sys
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -569,3 +570,22 @@ def test_a_uvicorn_without_what_the_script_imports_fails_before_any_step(
         "the scripted conversation raised ImportError: cannot import name 'ServerState' from 'uvicorn.server'"
     )
     assert result.steps == [] and result.logger_name is None
+
+
+def test_the_policy_is_checked_and_the_advice_fits_the_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(TypeError, match="must be one of 'auto', 'required', 'off', got int"):
+        integration.check_policy(1)
+    with pytest.raises(ValueError, match="got 'on'"):
+        integration.check_policy("on")
+    assert integration.check_policy("off") == "off"
+    assert uvicorn_start.advice_unconfirmed().endswith(f"or pin uvicorn to {uvicorn_start.TESTED_RANGE}.")
+    monkeypatch.delitem(sys.modules, "gunicorn.arbiter", raising=False)
+    monkeypatch.delitem(sys.modules, "fastapi_cli", raising=False)
+    assert "--lifespan on or auto" in uvicorn_start.advice_without_lifespan()
+    monkeypatch.setitem(sys.modules, "fastapi_cli", ModuleType("fastapi_cli"))
+    assert uvicorn_start.launcher() == "fastapi"
+    assert "the app `fastapi run` serves" in uvicorn_start.advice_without_lifespan()
+    monkeypatch.setitem(sys.modules, "gunicorn.arbiter", ModuleType("gunicorn.arbiter"))
+    assert uvicorn_start.launcher() == "gunicorn"
+    assert uvicorn_start.advice_without_lifespan().endswith("which run the lifespan")
+    assert uvicorn_start._advice_foreign().startswith("serve with gunicorn -k uvicorn_worker.UvicornWorker")
