@@ -19,7 +19,7 @@ from connlist import ConnectionsMiddleware
 from connlist.connections import Connection
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.kinds import Settings, default_max_connections
-from connlist.selfcheck import CheckFailed, check_static
+from connlist.uvicorn_selfcheck import CheckFailed, check_static
 from tests.servers import (
     EARLY,
     INTEGRATED,

@@ -27,11 +27,13 @@ from uvicorn.config import Config
 from uvicorn.protocols.http import h11_impl, httptools_impl
 from uvicorn.server import ServerState
 
+from connlist import uvicorn_cycle
 from connlist.connections import Connection, connection_state
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.kinds import resolve
-from connlist.selfcheck import MemoryTransport
-from connlist.uvicorn import H11Protocol, HttpToolsProtocol, _Tracking
+from connlist.server import Tracking
+from connlist.uvicorn import H11Protocol, HttpToolsProtocol
+from connlist.uvicorn_selfcheck import MemoryTransport
 from tests.fakes import FakeClock
 
 HEADERS_TIMEOUT, REQUEST_TIMEOUT = 10.0, 30.0
@@ -102,8 +104,17 @@ class ObservedH11(_Counting, H11Protocol):
 _BETWEEN, _HEADERS, _BODY = 0, 1, 2
 
 
-class _ReferenceBody(_Counting, _Tracking):
+class _ReferenceBody(_Counting, Tracking):
     """Body hooks from the parser-level phase: the phase a read began in and the one it ended in."""
+
+    # What connlist's protocols read of uvicorn's cycle, as they read it.
+    _connlist_without_middleware = uvicorn_cycle.without_middleware
+    _connlist_response_written = uvicorn_cycle.response_written
+    _connlist_responding = uvicorn_cycle.responding
+    _connlist_cycles = uvicorn_cycle.cycles
+    _connlist_mark_cut = uvicorn_cycle.mark_cut
+    connlist_request = uvicorn_cycle.request
+    connlist_reading_paused = uvicorn_cycle.reading_paused
 
     _ref_phase: int
     _ref_entered_body: bool
@@ -127,7 +138,7 @@ class ReferenceHttpTools(_ReferenceBody, httptools_impl.HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._connlist_setup()
+        uvicorn_cycle.setup(self)
         self._ref_phase = _BETWEEN
         self._ref_entered_body = False
 
@@ -166,10 +177,10 @@ class ReferenceHttpTools(_ReferenceBody, httptools_impl.HttpToolsProtocol):
         super().handle_websocket_upgrade()
 
     def _connlist_response_written(self, conn: Connection) -> bool:
-        return bool(self.pipeline) or _Tracking._connlist_response_written(self, conn)
+        return bool(self.pipeline) or uvicorn_cycle.response_written(self, conn)
 
     def _connlist_responding(self) -> bool:
-        return bool(self.pipeline) or _Tracking._connlist_responding(self)
+        return bool(self.pipeline) or uvicorn_cycle.responding(self)
 
 
 class ReferenceH11(_ReferenceBody, h11_impl.H11Protocol):
@@ -184,7 +195,7 @@ class ReferenceH11(_ReferenceBody, h11_impl.H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._connlist_setup()
+        uvicorn_cycle.setup(self)
         self._ref_phase = _BETWEEN
         self._ref_entered_body = False
         self._ref_upgraded = False

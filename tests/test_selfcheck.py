@@ -1,9 +1,9 @@
-"""connlist.selfcheck in process: the conversation passes on the installed uvicorn, fails on a change.
+"""connlist.uvicorn_selfcheck in process: the conversation passes on the installed uvicorn, fails on a change.
 
 The changes on real servers are tests/test_uvicorn_drift.py's; here the
 check itself: what it passes, what it reports, that it writes nothing to
 uvicorn's logs and leaves nothing behind, what it costs, and how the start
-is told (connlist.integration).
+is told (connlist.uvicorn_start).
 """
 
 from __future__ import annotations
@@ -11,20 +11,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import sys
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 import uvicorn
 from uvicorn.protocols.http import h11_impl, httptools_impl
 
-from connlist import integration, selfcheck
+from connlist import integration, uvicorn_cycle, uvicorn_selfcheck, uvicorn_start
 from connlist import uvicorn as connlist_uvicorn
+from connlist.uvicorn_h11 import H11Tracking
+from connlist.uvicorn_httptools import HttpToolsTracking
 
 BASES = {"httptools": httptools_impl.HttpToolsProtocol, "h11": h11_impl.H11Protocol}
-MIXINS = {"httptools": connlist_uvicorn._HttpToolsTracking, "h11": connlist_uvicorn._H11Tracking}
+MIXINS = {"httptools": HttpToolsTracking, "h11": H11Tracking}
 
 
 def built(parser: str, base: type) -> type:
@@ -35,7 +38,7 @@ def built(parser: str, base: type) -> type:
 def test_the_installed_uvicorn_passes_quietly(parser: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     started = time.perf_counter()
-    result = selfcheck.run_in_thread(built(parser, BASES[parser]), BASES[parser], parser)
+    result = uvicorn_selfcheck.run_in_thread(built(parser, BASES[parser]), BASES[parser], parser)
     elapsed = time.perf_counter() - started
     assert result.passed, result
     assert result.logger_name == "uvicorn.error"
@@ -80,7 +83,7 @@ class _NoFlow(h11_impl.H11Protocol):
     ],
 )
 def test_a_change_is_named(parser: str, base: type, words: str) -> None:
-    result = selfcheck.run_in_thread(built(parser, base), base, parser)
+    result = uvicorn_selfcheck.run_in_thread(built(parser, base), base, parser)
     assert result.failure == words
 
 
@@ -90,9 +93,9 @@ def test_the_frame_local_is_read_from_the_code() -> None:
             previous_cycle = self.cycle
             del previous_cycle
 
-    with pytest.raises(selfcheck.CheckFailed, match="has no local `existing_cycle`"):
-        selfcheck.check_static(Renamed, connlist_uvicorn._COMMON_HOOKS, "httptools")
-    selfcheck.check_static(BASES["httptools"], connlist_uvicorn._COMMON_HOOKS, "httptools")
+    with pytest.raises(uvicorn_selfcheck.CheckFailed, match="has no local `existing_cycle`"):
+        uvicorn_selfcheck.check_static(Renamed, uvicorn_cycle.HOOKS, "httptools")
+    uvicorn_selfcheck.check_static(BASES["httptools"], uvicorn_cycle.HOOKS, "httptools")
 
 
 def test_an_exception_is_a_failure_too() -> None:
@@ -100,7 +103,7 @@ def test_an_exception_is_a_failure_too() -> None:
         def data_received(self, data: bytes) -> None:
             raise KeyError("moved")
 
-    result = selfcheck.run_in_thread(built("h11", Raises), Raises, "h11")
+    result = uvicorn_selfcheck.run_in_thread(built("h11", Raises), Raises, "h11")
     assert result.failure == "the scripted conversation raised KeyError: 'moved'"
 
 
@@ -114,30 +117,30 @@ def test_the_start_is_told_from_the_servers_protocol(monkeypatch: pytest.MonkeyP
     for policy in integration.POLICIES:
         # connlist's class, given by a flag: on whatever the option says, nothing touched.
         config = _config_of(connlist_cls)
-        assert integration.turn_on(config, policy) == ("uvicorn-h11", None, None, None)
+        assert uvicorn_start.turn_on(config, policy) == ("uvicorn-h11", None, None, None)
         assert config.http_protocol_class is connlist_cls
     # uvicorn's own class: connlist's in its place, unless the option is "off".
     config = _config_of(h11_impl.H11Protocol)
-    assert integration.turn_on(config, "off") == (
+    assert uvicorn_start.turn_on(config, "off") == (
         None,
         'server_integration is "off"',
         'set server_integration="auto" (the default) to let connlist turn it on',
         None,
     )
     assert config.http_protocol_class is h11_impl.H11Protocol
-    assert integration.turn_on(config, "auto") == ("uvicorn-h11", None, None, None)
+    assert uvicorn_start.turn_on(config, "auto") == ("uvicorn-h11", None, None, None)
     assert config.http_protocol_class is connlist_cls
     # A stand-in for a class whose check failed: the failure, and nothing touched.
     monkeypatch.setitem(integration._failures, httptools_impl.HttpToolsProtocol, "uvicorn 9: it moved")
     config = _config_of(httptools_impl.HttpToolsProtocol)
-    assert integration.turn_on(config, "auto") == (None, "uvicorn 9: it moved", integration.FELL_BACK, None)
-    assert integration.turn_on(config, "required").refusal == (
+    assert uvicorn_start.turn_on(config, "auto") == (None, "uvicorn 9: it moved", integration.FELL_BACK, None)
+    assert uvicorn_start.turn_on(config, "required").refusal == (
         "the server integration is off and it is required, so the server refuses to start: "
         "uvicorn 9: it moved"
     )
     assert config.http_protocol_class is httptools_impl.HttpToolsProtocol
     # A server that does not say: a passed check waits for the first connection.
-    assert integration.turn_on(None, "auto") == (None, None, None, None)
+    assert uvicorn_start.turn_on(None, "auto") == (None, None, None, None)
 
 
 def test_the_lifespan_receive_or_task_leads_to_the_servers_config() -> None:
@@ -145,7 +148,7 @@ def test_the_lifespan_receive_or_task_leads_to_the_servers_config() -> None:
     owner = SimpleNamespace(config=config, state={})
     owner.receive = lambda: None
     # uvicorn's own receive: a method of the object holding the config.
-    assert integration.server_config(SimpleNamespace(__self__=owner)) is config
+    assert uvicorn_start.server_config(SimpleNamespace(__self__=owner)) is config
     # Wrapped (FastAPI's telemetry does): found through the lifespan's task, whose ``self`` holds the
     # scope's state, and only then.
     wrapped = SimpleNamespace()
@@ -156,13 +159,13 @@ def test_the_lifespan_receive_or_task_leads_to_the_servers_config() -> None:
             self.state = state
 
         async def main(self, state: object) -> Any:
-            return integration.server_config(wrapped, state)
+            return uvicorn_start.server_config(wrapped, state)
 
     state: dict[str, object] = {}
     assert asyncio.run(LifespanOn(state).main(state)) is config
     assert asyncio.run(LifespanOn({}).main(state)) is None
-    assert integration.server_config(wrapped, state) is None  # no running task
-    assert integration.server_config(SimpleNamespace(__self__=SimpleNamespace(config=object()))) is None
+    assert uvicorn_start.server_config(wrapped, state) is None  # no running task
+    assert uvicorn_start.server_config(SimpleNamespace(__self__=SimpleNamespace(config=object()))) is None
 
 
 @pytest.mark.parametrize(("value", "required"), [("", False), ("0", False), ("1", True), (" 1 ", True)])
@@ -204,7 +207,7 @@ def test_a_moved_protocol_falls_back_to_uvicorns_own_name_for_it(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, entry: tuple[str, str], words: str
 ) -> None:
     caplog.set_level(logging.ERROR, logger="connlist")
-    monkeypatch.setitem(connlist_uvicorn._PARSERS, "h11", (*entry, connlist_uvicorn._H11Tracking))
+    monkeypatch.setitem(connlist_uvicorn._PARSERS, "h11", (*entry, H11Tracking))
     # uvicorn's own "--http h11" class stands in.
     assert connlist_uvicorn._integrate("h11") is h11_impl.H11Protocol
     (line,) = [r.getMessage() for r in caplog.records]
@@ -221,7 +224,7 @@ def test_a_moved_protocol_falls_back_to_uvicorns_own_name_for_it(
 def test_a_layout_conflict_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     # A base connlist's slots cannot be added to (here: int) is the same as a __slots__ conflict.
     with pytest.raises(TypeError):
-        connlist_uvicorn._subclass("H11Protocol", connlist_uvicorn._H11Tracking, int)
+        connlist_uvicorn._subclass("H11Protocol", H11Tracking, int)
 
     def conflict(name: str, mixin: type, base: type) -> type:
         raise TypeError("multiple bases have instance lay-out conflict")
@@ -240,7 +243,7 @@ def test_the_refusal_is_one_error_line_and_the_start_failure_status(
 ) -> None:
     caplog.set_level(logging.ERROR, logger="connlist")
     monkeypatch.setenv("CONNLIST_REQUIRE_INTEGRATION", "1")
-    moved = ("uvicorn.protocols.http.moved", "H11Protocol", connlist_uvicorn._H11Tracking)
+    moved = ("uvicorn.protocols.http.moved", "H11Protocol", H11Tracking)
     monkeypatch.setitem(connlist_uvicorn._PARSERS, "h11", moved)
     with pytest.raises(SystemExit) as info:
         connlist_uvicorn._integrate("h11")
@@ -403,7 +406,7 @@ def _send_not_wrapped(cls: type) -> type:
 )
 def test_each_step_can_fail(parser: str, breakage: Callable[[type], type], words: str) -> None:
     broken = breakage(built(parser, BASES[parser]))
-    result = selfcheck.run_in_thread(broken, BASES[parser], parser)
+    result = uvicorn_selfcheck.run_in_thread(broken, BASES[parser], parser)
     assert result.failure == words
 
 
@@ -515,7 +518,7 @@ _Twice = _writes(
     ],
 )
 def test_what_uvicorns_protocol_must_hold(parser: str, base: type, words: str) -> None:
-    assert selfcheck.run_in_thread(built(parser, base), base, parser).failure == words
+    assert uvicorn_selfcheck.run_in_thread(built(parser, base), base, parser).failure == words
 
 
 def test_a_check_that_hangs_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -524,8 +527,8 @@ def test_a_check_that_hangs_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> Non
             time.sleep(0.05)  # the loop's timeout comes at the next await
             super().data_received(data)
 
-    monkeypatch.setattr(selfcheck, "LIMIT", 0.01)
-    result = selfcheck.run_in_thread(built("h11", Slow), Slow, "h11")
+    monkeypatch.setattr(uvicorn_selfcheck, "LIMIT", 0.01)
+    result = uvicorn_selfcheck.run_in_thread(built("h11", Slow), Slow, "h11")
     assert result.failure is not None and result.failure.startswith(
         "the scripted conversation did not finish"
     )
@@ -535,8 +538,8 @@ def test_a_config_uvicorn_cannot_load_is_a_failure(monkeypatch: pytest.MonkeyPat
     def moved(cls: type) -> Any:
         raise AttributeError("Config has no load")
 
-    monkeypatch.setattr(selfcheck, "make_config", moved)
-    result = selfcheck.run_in_thread(built("h11", BASES["h11"]), BASES["h11"], "h11")
+    monkeypatch.setattr(uvicorn_selfcheck, "make_config", moved)
+    result = uvicorn_selfcheck.run_in_thread(built("h11", BASES["h11"]), BASES["h11"], "h11")
     assert (
         result.failure
         == "uvicorn's Config could not be loaded for the check: AttributeError: Config has no load"
@@ -546,14 +549,14 @@ def test_a_config_uvicorn_cannot_load_is_a_failure(monkeypatch: pytest.MonkeyPat
 @pytest.mark.usefixtures("fresh")
 def test_a_server_that_does_not_say_is_told_from_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     # Nothing checked: ASGI-only mode from the start.
-    start = integration.turn_on(None, "auto")
-    assert (start.mode, start.reason) == (None, integration.NOT_UVICORN)
+    start = uvicorn_start.turn_on(None, "auto")
+    assert (start.mode, start.reason) == (None, uvicorn_start.NOT_UVICORN)
     assert start.advice is not None and start.advice.startswith(
         "serve the app with uvicorn (`uvicorn app:app`"
     )
     # Only failures: the first one.
     monkeypatch.setitem(integration._failures, h11_impl.H11Protocol, "uvicorn 9: H11Protocol: it moved")
-    assert integration.turn_on(None, "auto").reason == "uvicorn 9: H11Protocol: it moved"
+    assert uvicorn_start.turn_on(None, "auto").reason == "uvicorn 9: H11Protocol: it moved"
 
 
 def test_a_uvicorn_without_what_the_script_imports_fails_before_any_step(
@@ -562,8 +565,27 @@ def test_a_uvicorn_without_what_the_script_imports_fails_before_any_step(
     import uvicorn.server
 
     monkeypatch.delattr(uvicorn.server, "ServerState")
-    result = selfcheck.run_in_thread(built("h11", BASES["h11"]), BASES["h11"], "h11")
+    result = uvicorn_selfcheck.run_in_thread(built("h11", BASES["h11"]), BASES["h11"], "h11")
     assert result.failure is not None and result.failure.startswith(
         "the scripted conversation raised ImportError: cannot import name 'ServerState' from 'uvicorn.server'"
     )
     assert result.steps == [] and result.logger_name is None
+
+
+def test_the_policy_is_checked_and_the_advice_fits_the_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(TypeError, match="must be one of 'auto', 'required', 'off', got int"):
+        integration.check_policy(1)
+    with pytest.raises(ValueError, match="got 'on'"):
+        integration.check_policy("on")
+    assert integration.check_policy("off") == "off"
+    assert uvicorn_start.advice_unconfirmed().endswith(f"or pin uvicorn to {uvicorn_start.TESTED_RANGE}.")
+    monkeypatch.delitem(sys.modules, "gunicorn.arbiter", raising=False)
+    monkeypatch.delitem(sys.modules, "fastapi_cli", raising=False)
+    assert "--lifespan on or auto" in uvicorn_start.advice_without_lifespan()
+    monkeypatch.setitem(sys.modules, "fastapi_cli", ModuleType("fastapi_cli"))
+    assert uvicorn_start.launcher() == "fastapi"
+    assert "the app `fastapi run` serves" in uvicorn_start.advice_without_lifespan()
+    monkeypatch.setitem(sys.modules, "gunicorn.arbiter", ModuleType("gunicorn.arbiter"))
+    assert uvicorn_start.launcher() == "gunicorn"
+    assert uvicorn_start.advice_without_lifespan().endswith("which run the lifespan")
+    assert uvicorn_start._advice_foreign().startswith("serve with gunicorn -k uvicorn_worker.UvicornWorker")

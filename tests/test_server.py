@@ -53,6 +53,24 @@ def test_uvicorn_protocols_take_the_transport_handle_from_the_seam(parser: str) 
         assert getattr(cls, name) is getattr(server.TransportHandle, name), name
     for name in ("connlist_request", "connlist_reading_paused", "_connlist_mark_cut", "_connlist_responding"):
         assert getattr(cls, name) is not getattr(server.TransportHandle, name, None), name
+    # What reads nothing of uvicorn's state is connlist.server's Tracking, both protocols' base.
+    assert issubclass(cls, server.Tracking)
+    for name in (
+        "connection_made",
+        "connection_lost",
+        "pause_writing",
+        "resume_writing",
+        "_connlist_setup",
+        "_connlist_connect",
+        "_connlist_remove",
+        "_connlist_settle",
+    ):
+        assert getattr(cls, name) is getattr(server.Tracking, name), name
+    # Four classes of connlist's over uvicorn's: the one built, the parser's, Tracking, TransportHandle.
+    uvicorn_base = cls.__mro__[4]
+    assert cls.__mro__[1:4] == (cls.__mro__[1], server.Tracking, server.TransportHandle)
+    assert uvicorn_base.__module__.startswith("uvicorn.")
+    assert len(cls.__mro__) == len(uvicorn_base.__mro__) + 4
 
 
 def test_after_cut_leaves_out_the_apps_client_disconnect_only() -> None:

@@ -144,17 +144,17 @@ def test_auto_lifespan_of_an_app_that_cannot_be_told_says_both(
 def test_the_middleware_is_looked_for_through_wrappers() -> None:
     from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-    from connlist.uvicorn import _declares_middleware
+    from connlist.server import declares_middleware
 
     declared = Starlette(middleware=[Middleware(ConnectionsMiddleware)])
-    assert _declares_middleware(ProxyHeadersMiddleware(declared)) is True  # as uvicorn loads it
-    assert _declares_middleware(ProxyHeadersMiddleware(Starlette())) is False
-    assert _declares_middleware(ConnectionsMiddleware(echo_app)) is True  # wrapped by hand
-    assert _declares_middleware(echo_app) is None  # a plain ASGI app: cannot tell
+    assert declares_middleware(ProxyHeadersMiddleware(declared)) is True  # as uvicorn loads it
+    assert declares_middleware(ProxyHeadersMiddleware(Starlette())) is False
+    assert declares_middleware(ConnectionsMiddleware(echo_app)) is True  # wrapped by hand
+    assert declares_middleware(echo_app) is None  # a plain ASGI app: cannot tell
 
     class Loop:
         app: Any = None
 
     loop = Loop()
     loop.app = loop
-    assert _declares_middleware(loop) is None  # bounded: a cycle of .app ends the search
+    assert declares_middleware(loop) is None  # bounded: a cycle of .app ends the search

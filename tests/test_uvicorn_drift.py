@@ -43,7 +43,7 @@ import pytest
 import uvicorn
 
 from connlist import uvicorn as connlist_uvicorn
-from connlist.integration import TESTED_UVICORN
+from connlist.uvicorn_start import TESTED_UVICORN
 from tests.drift_app import HEADERS_TIMEOUT, REQUEST_TIMEOUT
 from tests.servers import EARLY, LATE, is_408, read_response
 from tests.subprocesses import (

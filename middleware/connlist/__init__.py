@@ -5,7 +5,7 @@
   the timeouts, serves the debug endpoint.
 - ``connlist.uvicorn``: the uvicorn protocols that feed the list; the
   middleware puts them in uvicorn's place at the lifespan startup
-  (``connlist.integration``), or ``--http connlist.uvicorn:HttpToolsProtocol``
+  (``connlist.uvicorn_start``), or ``--http connlist.uvicorn:HttpToolsProtocol``
   names them outright.
 """
 

@@ -74,9 +74,9 @@ class AsgiOnly:
     enforcer.  Its id is its request number (``Totals.requests`` after the
     increment; a record made by ``serve_with_body`` takes its number too),
     unique among this mode's records.  Drawing it from the process's id
-    counter (``connections.next_id``) instead would cost about 400
-    instructions per request, 0.2 points of benchmarks/per_request.py, and
-    matter only to a list fed by both modes at once: a server switched
+    counter (``connections.next_id``) instead would cost a call per
+    request (docs/benchmarks.md, "Where the remaining instructions go"),
+    and matter only to a list fed by both modes at once: a server switched
     while requests were in flight.  So a request without a body costs two
     increments, a clock reading and an entry in and out of a dict.
     """
@@ -120,7 +120,8 @@ class AsgiOnly:
         received = self.received
         # The clock and the app are loaded before they are called: called
         # as ``self.clock()``, a callable held in a slot is a method call
-        # that CPython 3.11 cannot specialize (about 110 instructions each).
+        # that CPython 3.11 cannot specialize (docs/benchmarks.md, "What
+        # the slot loads took off").
         clock = self.clock
         received[key] = (clock(), scope)
         app = self.app

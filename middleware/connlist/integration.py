@@ -1,73 +1,56 @@
-"""The server integration at the server's start: turned on, found on, or off and why.
+"""The server integration at the server's start, for any server: the policy, and what the server says.
 
-uvicorn runs the ASGI lifespan before it listens, and reads its config's
-``http_protocol_class`` for each connection it accepts.  The lifespan's
-``receive`` is a method of uvicorn's ``LifespanOn``, which holds that
-``Config``.  So at the lifespan startup ``ConnectionsMiddleware`` asks
-``turn_on``, which reads the server's protocol class and, by the
-``server_integration`` option:
+At the ASGI lifespan startup ``ConnectionsMiddleware`` asks the server's
+integration (``find``: the first of ``SERVERS`` that finds its server's
+config in the lifespan) to turn itself on, by the ``server_integration``
+option.  Where the option is ``"off"`` the server is never touched.
+``"required"`` turns "off" into a refusal to start.  The environment
+variable ``CONNLIST_REQUIRE_INTEGRATION`` is the operator's override and
+wins when set: ``1`` makes it ``"required"``, ``0`` makes ``"required"``
+``"auto"``.
 
-* connlist's class (``--http connlist.uvicorn:...``, connlist's gunicorn
-  workers): the integration is on;
-* uvicorn's own ``HttpToolsProtocol`` or ``H11Protocol`` (what ``--http
-  auto``, ``httptools`` and ``h11`` resolve to: ``uvicorn app:app``,
-  ``fastapi run``, gunicorn's ``uvicorn_worker`` workers): connlist's class
-  for the same parser is built and checked (``connlist.selfcheck``) and put
-  in the config in its place; on a failed check uvicorn's stays, with one
-  ERROR line;
-* uvicorn's own class standing in for connlist's whose check failed: off,
-  and why;
-* any other class (a user's own protocol, ``--http zttp``): left alone, off;
-* no uvicorn config (another server, or a uvicorn that hides it): off
-  unless a connection of connlist's protocol tells otherwise.
-
-Where the option is ``"off"`` the server is never touched.  ``"required"``
-turns "off" into a refusal to start.  The environment variable
-``CONNLIST_REQUIRE_INTEGRATION`` is the operator's override and wins when
-set: ``1`` makes it ``"required"``, ``0`` makes ``"required"`` ``"auto"``.
-
-The config, its protocol class and the lifespan's ``receive`` are parts of
-uvicorn that are not public API, read defensively: where they are not as
-expected, nothing is changed and the mode is ASGI-only.  The middleware
-confirms the change at its first request, which must have come through a
-connection connlist's protocol saw (``ConnectionsMiddleware._first_request``).
+A server's start-up side is a module that implements ``Server``
+(``connlist.uvicorn_start`` is uvicorn's); its protocol classes record
+here whether their self-check passed (``record_pass``, ``record_failure``),
+so that a server that does not tell its protocol can still be told about.
 """
 
 from __future__ import annotations
 
-import asyncio
+import importlib
 import os
-import sys
-from typing import Any, NamedTuple
-
-from connlist.logs import log
+from typing import Any, NamedTuple, Protocol, cast
 
 __all__ = [
+    "FELL_BACK",
+    "NO_LIFESPAN",
+    "OFF",
     "POLICIES",
     "REQUIRE_ENV",
-    "TESTED_UVICORN",
+    "SERVERS",
+    "Server",
     "Start",
-    "gunicorn_master",
+    "check_policy",
+    "checked",
+    "effective_policy",
+    "failure",
+    "find",
+    "off",
     "record_failure",
     "record_pass",
     "require_integration",
-    "server_config",
-    "turn_on",
 ]
-
-# The uvicorn releases CI runs the integration's tests on: the oldest
-# supported one (0.36.0, the first whose --http takes an import string) and
-# the newest at the time.  pyproject.toml has no upper bound: the self-check
-# decides, and a newer release gets a warning.
-TESTED_UVICORN = ("0.36.0", "0.55.0")
-TESTED_RANGE = f"{TESTED_UVICORN[0]} to {TESTED_UVICORN[1]}"
 
 REQUIRE_ENV = "CONNLIST_REQUIRE_INTEGRATION"
 
 # The server_integration option's values.
 POLICIES = ("auto", "required", "off")
 
-# What failed, by the class uvicorn was given instead (uvicorn's own).
+# The modules of connlist's server integrations' start-up side (each a ``Server``),
+# asked in this order; the first is the default, whose advice a server that tells nothing gets.
+SERVERS = ["connlist.uvicorn_start"]
+
+# What failed, by the class the server was given instead (its own).
 _failures: dict[type, str] = {}
 # connlist's protocol classes that passed their check.
 _passed: set[type] = set()
@@ -110,71 +93,40 @@ def effective_policy(option: str) -> str:
 
 
 def record_failure(stand_in: type, reason: str) -> None:
+    """The server was given ``stand_in`` (its own class) because connlist's failed its check: ``reason``."""
     _failures[stand_in] = reason
 
 
 def record_pass(cls: type) -> None:
+    """connlist's protocol class ``cls`` passed its check in this process."""
     _passed.add(cls)
 
 
-def server_config(receive: Any, state: object = None) -> Any:
-    """The uvicorn ``Config`` of the server whose lifespan is starting, or None.
-
-    The lifespan's ``receive`` is a method of uvicorn's ``LifespanOn``,
-    which holds the config; an app between the server and the middleware
-    may wrap it (FastAPI's telemetry does).  Then the owner is found where
-    uvicorn runs it: the running task is ``LifespanOn.main()``, and it is
-    this lifespan's only if its ``state`` is the scope's ``state``.
-    """
-    owners = [getattr(receive, "__self__", None)]
-    if state is not None:
-        try:
-            task = asyncio.current_task()
-        except RuntimeError:  # no running loop
-            task = None
-        frame = getattr(None if task is None else task.get_coro(), "cr_frame", None)
-        owner = None if frame is None else frame.f_locals.get("self")
-        if getattr(owner, "state", None) is state:
-            owners.append(owner)
-    for owner in owners:
-        config = getattr(owner, "config", None)
-        if isinstance(getattr(config, "http_protocol_class", None), type):
-            return config
-    return None
+def failure(cls: type | None) -> str | None:
+    """Why ``cls`` stands in for connlist's protocol whose check failed; None if it does not."""
+    return None if cls is None else _failures.get(cls)
 
 
-def _status_without_config() -> tuple[str | None, str | None]:
-    """The server does not tell its protocol: what ``connlist.uvicorn`` checked in this process tells."""
+def checked() -> bool | str | None:
+    """What the checks in this process say: True if a class passed, else the first failure, else None."""
     if _passed:
-        return None, None  # the first connection tells
+        return True
     if _failures:
-        return None, next(iter(_failures.values()))
-    return None, NOT_UVICORN
-
-
-def gunicorn_master(config: Any) -> int | None:
-    """The pid of the gunicorn master whose worker runs this uvicorn ``config``, or None.
-
-    gunicorn's uvicorn workers (``uvicorn_worker``'s, uvicorn's own) give
-    the config their ``callback_notify``, a method of the gunicorn worker,
-    which knows its master (``ppid``).
-    """
-    worker = getattr(getattr(config, "callback_notify", None), "__self__", None)
-    base = sys.modules.get("gunicorn.workers.base")
-    if base is None or not isinstance(worker, base.Worker):
-        return None
-    ppid = worker.ppid
-    return ppid if isinstance(ppid, int) else None
+        return next(iter(_failures.values()))
+    return None
 
 
 # The advice where connlist's protocol failed its check (its ERROR line says what to do).
 FELL_BACK = "connlist's protocol fell back to uvicorn's (see connlist's ERROR line)"
-NOT_UVICORN = "the server is not uvicorn (or does not tell which HTTP protocol it runs)"
 OFF = 'server_integration is "off"'
+NO_LIFESPAN = (
+    "the ASGI lifespan did not reach this middleware before its first request (the lifespan is off, or "
+    "the middleware is on a mounted app), and connlist turns the integration on at the lifespan's startup"
+)
 
 
 class Start(NamedTuple):
-    """What ``turn_on`` found: the mode if the integration is on, else why not and what to do."""
+    """What ``Server.turn_on`` found: the mode if the integration is on, else why not and what to do."""
 
     mode: str | None
     reason: str | None = None
@@ -183,51 +135,8 @@ class Start(NamedTuple):
     refusal: str | None = None
 
 
-def turn_on(config: Any, policy: str) -> Start:
-    """At the lifespan startup: turn the integration on where the server allows, or say why not.
-
-    ``config`` is the server's (``server_config``), or None.
-    """
-    cls = None if config is None else config.http_protocol_class
-    mode = getattr(cls, "connlist_mode", None)
-    if isinstance(mode, str):
-        # The server was given connlist's class: on whatever the policy (nothing to touch).
-        log.info(
-            "server integration on (uvicorn %s, %s, from the server's protocol setting)",
-            _uvicorn_version(),
-            mode.partition("-")[2],
-        )
-        return Start(mode)
-    if cls is not None and cls in _failures:
-        return _off(policy, _failures[cls], FELL_BACK)
-    if policy == "off":
-        return Start(None, OFF, 'set server_integration="auto" (the default) to let connlist turn it on')
-    if cls is None:
-        mode, reason = _status_without_config()
-        if reason is None:
-            return Start(mode)  # not known yet: a connection of connlist's protocol tells
-        return _off(policy, reason, _advice_not_uvicorn())
-    assert config is not None
-    parser = _uvicorn_parser(cls)
-    if parser is None:
-        name = f"{cls.__module__}.{cls.__qualname__}"
-        reason = (
-            f"the server's HTTP protocol is {name}, neither uvicorn's own httptools or h11 protocol "
-            "nor one of connlist.uvicorn's, so connlist leaves it alone"
-        )
-        return _off(policy, reason, _advice_foreign())
-    from connlist import uvicorn as connlist_uvicorn
-
-    ours, failure = connlist_uvicorn.for_server(parser, required=policy == "required")
-    if ours is None:
-        assert failure is not None
-        return _off(policy, failure, FELL_BACK)
-    config.http_protocol_class = ours
-    log.info("server integration on (uvicorn %s, %s)", _uvicorn_version(), parser)
-    return Start(ours.connlist_mode)
-
-
-def _off(policy: str, reason: str, advice: str) -> Start:
+def off(policy: str, reason: str, advice: str) -> Start:
+    """The integration is off for ``reason``: a refusal where the ``policy`` is "required"."""
     refusal = None
     if policy == "required":
         refusal = (
@@ -236,61 +145,35 @@ def _off(policy: str, reason: str, advice: str) -> Start:
     return Start(None, reason, advice, refusal)
 
 
-def _uvicorn_version() -> str:
-    return str(getattr(sys.modules.get("uvicorn"), "__version__", "?"))
+class Server(Protocol):
+    """A server integration's start-up side: a module of ``SERVERS`` (``connlist.uvicorn_start``)."""
+
+    def server_config(self, receive: Any, state: object = None) -> Any:
+        """The config of the server whose lifespan is starting (found from its ``receive``), or None."""
+
+    def gunicorn_master(self, config: Any) -> int | None:
+        """The pid of the gunicorn master whose worker runs the server, or None."""
+
+    def turn_on(self, config: Any, policy: str) -> Start:
+        """Turn the integration on where the server allows (``config`` may be None), or say why not."""
+
+    def advice_without_lifespan(self) -> str:
+        """What to do when the first request came before any lifespan startup."""
+
+    def advice_unconfirmed(self) -> str:
+        """What to do when the first request did not come through the protocol the startup gave."""
 
 
-def _uvicorn_parser(cls: type) -> str | None:
-    """Which parser ``cls`` is uvicorn's own protocol for ("httptools", "h11"), or None."""
-    from connlist import uvicorn as connlist_uvicorn
-
-    for parser, (module_name, class_name, _) in connlist_uvicorn._PARSERS.items():
-        module = sys.modules.get(module_name)
-        if module is not None and getattr(module, class_name, None) is cls:
-            return parser
-    return None
+def servers() -> list[Server]:
+    """The modules of ``SERVERS``, imported."""
+    return [cast("Server", importlib.import_module(name)) for name in SERVERS]
 
 
-def launcher() -> str:
-    """What started this process, for advice: "gunicorn", "fastapi" (its CLI) or "uvicorn"."""
-    if "gunicorn.arbiter" in sys.modules:
-        return "gunicorn"
-    if "fastapi_cli" in sys.modules:
-        return "fastapi"
-    return "uvicorn"
-
-
-_GUNICORN_WORKERS = "-k uvicorn_worker.UvicornWorker (or connlist.gunicorn.UvicornWorker)"
-
-
-def _advice_not_uvicorn() -> str:
-    return (
-        "serve the app with uvicorn (`uvicorn app:app`, `fastapi run`, or gunicorn "
-        f"{_GUNICORN_WORKERS}) to have them"
-    )
-
-
-def _advice_foreign() -> str:
-    if launcher() == "gunicorn":
-        return f"serve with gunicorn {_GUNICORN_WORKERS}"
-    return (
-        "serve with uvicorn's own protocol (--http auto, httptools or h11), or base your protocol "
-        "on connlist.uvicorn's HttpToolsProtocol or H11Protocol"
-    )
-
-
-NO_LIFESPAN = (
-    "the ASGI lifespan did not reach this middleware before its first request (the lifespan is off, or "
-    "the middleware is on a mounted app), and connlist turns the integration on at the lifespan's startup"
-)
-
-
-def advice_without_lifespan() -> str:
-    """What to do when the first request came before any lifespan startup."""
-    where = "add ConnectionsMiddleware to the app the server serves, not to a mounted one"
-    launched = launcher()
-    if launched == "gunicorn":
-        return f"{where}, and serve with gunicorn {_GUNICORN_WORKERS}, which run the lifespan"
-    if launched == "fastapi":
-        return f"{where} (`app.add_middleware(ConnectionsMiddleware, ...)` on the app `fastapi run` serves)"
-    return f"{where}, and keep the lifespan on (uvicorn's --lifespan on or auto, not off)"
+def find(receive: Any, state: object = None) -> tuple[Server, Any]:
+    """The integration whose server's lifespan is starting, and its config; else the default, and None."""
+    found = servers()
+    for server in found:
+        config = server.server_config(receive, state)
+        if config is not None:
+            return server, config
+    return found[0], None

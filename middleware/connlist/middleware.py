@@ -1,7 +1,7 @@
 """ConnectionsMiddleware: owns the worker's ConnectionsList, enforces the timeouts, serves the view.
 
 With the server integration (turned on at the lifespan startup where the
-server is uvicorn: ``connlist.integration``; or named by ``--http
+server is uvicorn: ``connlist.uvicorn_start``; or named by ``--http
 connlist.uvicorn:HttpToolsProtocol``) the protocol feeds the list, and the
 middleware only hands it over (through the ASGI lifespan state) and serves the
 debug endpoint: from its first request with the integration the middleware's
@@ -183,7 +183,7 @@ class ConnectionsMiddleware:
         self._enforcer.server_integration = server_integration
         # The mode the last lifespan startup found on, and the connections
         # counted then, until a request confirms it (_confirm).
-        self._unconfirmed: tuple[str, int] | None = None
+        self._unconfirmed: tuple[str, int, integration.Server] | None = None
         # The sibling workers' view (workers=all): only with the endpoint on.
         self._workers = (
             None
@@ -244,8 +244,8 @@ class ConnectionsMiddleware:
     # integration may serve the app next).  A slot rather than a method:
     # the server's call finds the slot on the class and calls what it holds,
     # all in C, where a method that called the route would be one more
-    # Python frame per request (about 500 instructions under callgrind,
-    # the frame and its bytecodes: 0.3 points of benchmarks/per_request.py).
+    # Python frame per request (docs/benchmarks.md, "Where the remaining
+    # instructions go").
     # A subclass may still define its own ``__call__`` and call
     # ``super().__call__``, which reads the slot (see _route).  Servers tell
     # ASGI 3 apps from ASGI 2 ones by whether ``app.__call__`` is a coroutine
@@ -353,17 +353,17 @@ class ConnectionsMiddleware:
         except ValueError as exc:
             return f"{PREFIX}{exc}"  # (an exception here would only turn the lifespan off)
         enforcer.server_integration = policy
-        config = integration.server_config(receive, state)
-        master = integration.gunicorn_master(config)
+        server, config = integration.find(receive, state)
+        master = server.gunicorn_master(config)
         if master is not None:
             # gunicorn's usual worker: its siblings' views (workers=all), as connlist's workers tell.
             supervised_by(master)
-        start = integration.turn_on(config, policy)
+        start = server.turn_on(config, policy)
         # What an earlier server of this app had does not hold for this one.
         enforcer.mode = "asgi" if start.mode is None else start.mode
         enforcer.integration_off = start.reason
         enforcer.asgi_told = False
-        self._unconfirmed = None if start.mode is None else (start.mode, enforcer.totals.connections)
+        self._unconfirmed = None if start.mode is None else (start.mode, enforcer.totals.connections, server)
         if start.refusal is not None:
             return f"{PREFIX}{start.refusal}"
         if start.reason is not None:
@@ -425,7 +425,7 @@ class ConnectionsMiddleware:
             advice = None
             if enforcer.integration_off is None:
                 enforcer.integration_off = integration.NO_LIFESPAN
-                advice = integration.advice_without_lifespan()
+                advice = integration.servers()[0].advice_without_lifespan()
             route_to_uvicorn()  # (the lifespan, which does it otherwise, did not run)
             self._tell_asgi_only(advice)
 
@@ -440,7 +440,7 @@ class ConnectionsMiddleware:
         """
         unconfirmed, self._unconfirmed = self._unconfirmed, None
         assert unconfirmed is not None
-        mode, counted = unconfirmed
+        mode, counted, server = unconfirmed
         enforcer = self._enforcer
         if enforcer.totals.connections > counted or enforcer.mode != mode:
             return
@@ -451,10 +451,9 @@ class ConnectionsMiddleware:
         enforcer.asgi_told = True
         log.error(
             "the server integration is off: %s, so the headers timeout, the send timeout and the connection "
-            "budget are not enforced; connlist runs in ASGI-only mode. Serve with `--http "
-            "connlist.uvicorn:HttpToolsProtocol` (or H11Protocol), or pin uvicorn to %s.",
+            "budget are not enforced; connlist runs in ASGI-only mode. %s",
             enforcer.integration_off,
-            integration.TESTED_RANGE,
+            server.advice_unconfirmed(),
         )
 
 

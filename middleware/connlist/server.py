@@ -16,10 +16,16 @@ another asyncio server (hypercorn, zttp) implements the same contract,
   server's part is three methods that read its own request state;
 * ``AfterCut``: the logger a request of a cut connection is given, so that
   the app's ``ClientDisconnect`` (connlist's doing, not the app's failure)
-  is not logged as an error.
+  is not logged as an error;
+* ``Tracking``: the feeder's duties that read nothing of the server's, as
+  a base of its protocol: the enforcer at start (``fallback_enforcer``,
+  with its one line, where no middleware handed one over), the connection
+  joining the list and leaving it, a body's bytes, where a read left the
+  message (``settle``: the timer follows), and the stalls of flow control.
 
 What stays in the integration is what only the server has: how it tells
-the list's events from its own state, and its request cycles.
+the list's events from its own state (its ``data_received``), and what its
+request cycles say (the body so far, whether a response is under way).
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ import socket
 import struct
 import sys
 from collections.abc import MutableMapping
-from typing import Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from starlette.requests import ClientDisconnect
 
 from connlist.connections import Connection, ConnectionHandle
 from connlist.enforcer import STATE_KEY, Enforcer
+from connlist.logs import log
 
 try:  # Linux: the bytes in a socket's send queue that the peer has not acknowledged
     import fcntl
@@ -45,13 +52,22 @@ except (ImportError, AttributeError):  # pragma: no cover - not Linux
     _OUTQ = None
 
 __all__ = [
+    "BETWEEN",
+    "BODY",
+    "HEADERS",
     "RESPONSE_408",
     "RESPONSE_503",
+    "SLOTS",
     "STATE_KEY",
+    "UPGRADED",
     "AfterCut",
     "Feeder",
+    "Tracking",
     "TransportHandle",
+    "declares_middleware",
     "enforcer_in",
+    "fallback_enforcer",
+    "headers_received",
 ]
 
 RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
@@ -77,6 +93,88 @@ def enforcer_in(state: MutableMapping[str, Any]) -> Enforcer | None:
     """The enforcer ``ConnectionsMiddleware`` put in the lifespan ``state``; None without one."""
     # (Not checked: it runs for every connection, and only the middleware writes the key.)
     return cast("Enforcer | None", state.get(STATE_KEY))
+
+
+def fallback_enforcer(state: MutableMapping[str, Any], lifespan: object, app: object) -> Enforcer:
+    """No middleware handed an enforcer over: this worker's own, put in ``state``, and one line why.
+
+    Which case it is comes from the server's ``lifespan`` setting ("on",
+    "off", "auto" or None where the server does not tell) and from the
+    ``app`` it loaded: a Starlette app whose middleware stack was never
+    built, or was built with ConnectionsMiddleware in it, had its lifespan
+    fail; one without ConnectionsMiddleware declared simply has none.  A
+    lifespan that failed is an ``ERROR``: uvicorn's default ``--lifespan
+    auto`` takes any exception raised while Starlette builds its middleware
+    (a bad connlist option) for an app without a lifespan, and serves on,
+    and every request will fail the same way.
+    """
+    enforcer = Enforcer()
+    state[STATE_KEY] = enforcer
+    declared = declares_middleware(app)
+    defaults = (
+        f"the server enforces the default timeouts (headers {enforcer.headers_timeout:g}s, "
+        f"request {enforcer.request_timeout:g}s)"
+    )
+    if lifespan == "off":
+        # The middleware adopts the fallback at its first request (and says so).
+        log.warning(
+            "the ASGI lifespan is off, so no ConnectionsMiddleware handed over its settings; "
+            "%s until the first request. Serve with --lifespan on.",
+            defaults,
+        )
+    elif declared is False or lifespan == "on":
+        # (With --lifespan on, a failed lifespan would have stopped the server.)
+        log.warning(
+            "no ConnectionsMiddleware in the ASGI lifespan state; %s. Add "
+            "ConnectionsMiddleware to the app, with the lifespan on, to configure them and serve the "
+            "debug endpoint.",
+            defaults,
+        )
+    elif declared:
+        log.error(
+            "the app's ASGI lifespan failed, so its ConnectionsMiddleware never started "
+            "(uvicorn's --lifespan auto takes an exception at startup, such as a bad connlist option, "
+            "for a lifespan the app does not support); %s and every request may fail with that "
+            "exception. Serve with --lifespan on to see it and stop at start.",
+            defaults,
+        )
+    else:
+        log.error(
+            "no ConnectionsMiddleware in the ASGI lifespan state: the app has none, or its "
+            "lifespan failed (uvicorn's --lifespan auto takes an exception at startup, such as a bad "
+            "connlist option, for a lifespan the app does not support); %s. Serve with --lifespan on "
+            "to see the exception and stop at start.",
+            defaults,
+        )
+    return enforcer
+
+
+def declares_middleware(app: Any) -> bool | None:
+    """Whether the app the server loaded has a ConnectionsMiddleware; None if it cannot be told.
+
+    Follows ``.app`` through the server's own wrappers (uvicorn's proxy
+    headers, its message logger) and other middlewares to a
+    ConnectionsMiddleware or a Starlette app; a Starlette app's declared
+    middleware (``user_middleware``) says.  Once per worker, at its first
+    connection.
+    """
+    from starlette.applications import Starlette
+
+    from connlist.middleware import ConnectionsMiddleware
+
+    for _ in range(32):  # bounded: a cycle of .app attributes must not stop a worker
+        if isinstance(app, ConnectionsMiddleware):
+            return True
+        if isinstance(app, Starlette):
+            # What Starlette builds its stack from, whether or not it was built.
+            return any(
+                isinstance(m.cls, type) and issubclass(m.cls, ConnectionsMiddleware)
+                for m in app.user_middleware
+            )
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
 
 
 class Feeder(ConnectionHandle, Protocol):
@@ -258,3 +356,154 @@ class AfterCut:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._logger, name)
+
+
+# Where the message being received on a connection stands (``Tracking._connlist_phase``).
+BETWEEN = 0  # no message open: a new or idle connection
+HEADERS = 1  # message begun, headers incomplete
+BODY = 2  # headers complete, message incomplete
+UPGRADED = 3  # handed over to another protocol (a websocket)
+
+# The attributes ``Tracking`` adds to the server's protocol.
+SLOTS = ("_connlist", "_connlist_phase", "_connlist_record")
+
+
+def headers_received(record: Connection, enforcer: Enforcer) -> None:
+    """A request's headers are complete: it goes to the app (or is queued behind the running one)."""
+    connections = enforcer.connections
+    connections.headers_complete(record)
+    connections.response_begin(record)
+    enforcer.totals.requests += 1
+
+
+class Tracking(TransportHandle):
+    """The feeder's duties that read nothing of the server's, as a base of its asyncio protocol.
+
+    The server's protocol provides ``transport``, ``client`` and ``server``
+    (the peer's and its own address), sets ``connlist_mode``, calls
+    ``_connlist_setup`` when it is made, and implements the rest of
+    ``Feeder``: from its ``data_received``, the list's events of each read,
+    then ``_connlist_settle``; ``_connlist_body_begin`` (what its request
+    cycle says of the body so far); ``connlist_request``;
+    ``_connlist_without_middleware``; and ``TransportHandle``'s three.
+    """
+
+    # Declared on the class built on the server's (``SLOTS``), not here: a
+    # mixin with slots of its own cannot be combined with a server protocol
+    # that has ``__slots__`` too ("multiple bases have instance lay-out
+    # conflict").  Slots, not instance attributes, because two more keys
+    # in uvicorn's instance dict unshare its keys and slow down every
+    # attribute access of uvicorn's own code (docs/benchmarks.md, "an
+    # unshared instance dict").
+    if TYPE_CHECKING:
+        __slots__ = SLOTS
+    else:
+        __slots__ = ()
+
+    connlist_mode: ClassVar[str]
+
+    # Provided by the server's protocol.
+    transport: Any
+    client: tuple[str, int] | None
+    server: tuple[str, int | None] | None
+
+    # Per worker: the enforcer and its list (shared by every connection).
+    _connlist: Enforcer
+    # Per connection: this connection's record (None until connection_made),
+    # and where the message being received on it stands (BETWEEN, ...).
+    _connlist_record: Connection | None
+    _connlist_phase: int
+
+    def _connlist_setup(self, state: MutableMapping[str, Any], loop: Any, keep_alive: float | None) -> None:
+        """At the protocol's making: its enforcer (the lifespan ``state``'s, or a fallback), mode and loop."""
+        enforcer = enforcer_in(state)
+        if enforcer is None:
+            enforcer = fallback_enforcer(state, *self._connlist_without_middleware())
+        enforcer.mode = self.connlist_mode
+        # Once per loop: the loop's accept failures, and the server's keep-alive time.
+        if loop is not None and enforcer.attached_loop is not loop:
+            enforcer.attach(loop, keep_alive)
+        self._connlist = enforcer
+        self._connlist_record = None
+        self._connlist_phase = BETWEEN
+
+    def _connlist_without_middleware(self) -> tuple[object, object]:
+        """No middleware handed an enforcer over: the server's lifespan setting and the app it loaded.
+
+        Once per worker (``fallback_enforcer`` says which case it is).
+        """
+        return None, None
+
+    # -- asyncio.Protocol: the connection joins the list, and leaves it -------
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._connlist_connect()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connlist_remove()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _connlist_connect(self) -> Connection:
+        enforcer = self._connlist
+        record = enforcer.connections.connect(client=self.client, server=self.server, handle=self)
+        self._connlist_record = record
+        enforcer.totals.connections += 1
+        enforcer.admit(record)  # max_connections: may make room, or refuse this one
+        enforcer.watch()
+        return record
+
+    def _connlist_remove(self) -> None:
+        record = self._connlist_record
+        if record is not None:
+            self._connlist.connections.remove(record)
+            self._connlist.unwatch()
+            if record.handle is not None:
+                # The record keeps what it showed; it stops asking the protocol.
+                record.method, record.path = self.connlist_request()
+            # Break the protocol <-> record cycle; a removed record needs no handle.
+            record.handle = None
+
+    def connlist_request(self) -> tuple[str | None, str | None]:
+        raise NotImplementedError
+
+    # -- the body-rate feature's hooks (requests with a body only) -----------
+
+    def _connlist_body_begin(self, record: Connection) -> None:
+        """A read ended with the request's headers complete and its body not: the minimum rate times it."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _connlist_body_bytes(record: Connection, n: int) -> None:
+        """A later read of ``n`` bytes (framing included, and maybe the next request's first) for the body.
+
+        Called for each read received while a request's body is incomplete,
+        before its events: O(1), one addition.
+        """
+        record.body_received += n
+
+    def _connlist_settle(self, record: Connection, phase: int, body_begins: bool) -> None:
+        """Where a read (or a finished response) left the message being received; the timer follows."""
+        if body_begins:
+            self._connlist_body_begin(record)
+        self._connlist_phase = phase
+        if phase == BETWEEN:
+            self._connlist.unwatch()
+        else:
+            self._connlist.watch()  # the connection is active: it can expire
+
+    # -- the send timeout: fed by flow control, which runs only under back-pressure
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        record = self._connlist_record
+        enforcer = self._connlist
+        if record is not None and enforcer.settings.send_timeout:
+            enforcer.connections.stall(record, self.connlist_pending(), self.connlist_acked())
+            enforcer.watch()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        record = self._connlist_record
+        if record is not None:
+            self._connlist.connections.unstall(record)

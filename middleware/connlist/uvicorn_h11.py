@@ -1,0 +1,141 @@
+"""connlist's uvicorn h11 protocol: the list's events from h11's state machine, after each read.
+
+uvicorn's h11 protocol runs h11's state machine: a new cycle for each
+``Request`` event (headers complete), and h11's ``their_state`` leaves
+``SEND_BODY`` when the message is complete.  A message begins at its first
+byte: a read while no request is open, or bytes h11 already buffered
+(``trailing_data``) once a request ends.  With h11, a pipelined request that
+arrives while the response to the previous one is still being written is held
+unread by h11 (uvicorn pauses reading); it is timed from the moment the server
+reads it.  httptools parses it at once, so it is timed from its first byte, as
+in Node.js.
+
+``connlist.uvicorn`` builds the class uvicorn runs on this mixin and checks
+it before uvicorn gets it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import h11
+
+from connlist import uvicorn_cycle as _cycle
+from connlist.server import BETWEEN as _BETWEEN
+from connlist.server import BODY as _BODY
+from connlist.server import HEADERS as _HEADERS
+from connlist.server import UPGRADED as _UPGRADED
+from connlist.server import Tracking
+from connlist.server import headers_received as _headers_received
+
+try:
+    from uvicorn.protocols.http import h11_impl
+except ImportError:  # pragma: no cover - a uvicorn that moved it: the self-check reports it
+    h11_impl = None  # type: ignore[assignment]
+
+__all__ = ["H11Tracking"]
+
+# What mypy checks the mixin against: uvicorn's class.  At run time the
+# mixin derives from object, and ``connlist.uvicorn`` puts uvicorn's class after it.
+if TYPE_CHECKING:
+    _H11Base = h11_impl.H11Protocol
+else:
+    _H11Base = object
+
+_H11: Any = None if h11_impl is None else h11_impl.H11Protocol
+
+
+class H11Tracking(Tracking, _H11Base):
+    """uvicorn's h11 protocol, feeding connlist by observing h11's state machine (see above)."""
+
+    __slots__ = ()
+
+    connlist_mode = "uvicorn-h11"
+
+    # What it reads of uvicorn's cycle and protocol, as the httptools protocol does.
+    _connlist_without_middleware = _cycle.without_middleware
+    _connlist_body_begin = _cycle.body_begin
+    _connlist_after_continue = _cycle.after_continue
+    _connlist_response_written = _cycle.response_written
+    _connlist_responding = _cycle.responding
+    _connlist_cycles = _cycle.cycles
+    _connlist_mark_cut = _cycle.mark_cut
+    connlist_request = _cycle.request
+    connlist_reading_paused = _cycle.reading_paused
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _cycle.setup(self)
+
+    def data_received(self, data: bytes) -> None:
+        phase = self._connlist_phase
+        cycle = self.cycle
+        if phase:
+            record = self._connlist_record
+            if phase == _BODY and record is not None:
+                self._connlist_body_bytes(record, len(data))
+            _H11.data_received(self, data)
+            self._connlist_events(phase, cycle)
+            return
+        _H11.data_received(self, data)
+        # The common case: a whole request in this read, nothing after it.
+        if self.cycle is not cycle:
+            h11_conn = self.conn
+            if h11_conn.their_state is h11.DONE and not h11_conn.trailing_data[0]:
+                record = self._connlist_record
+                if record is not None and record.last_message_start == 0.0:
+                    # ConnectionsList.message on an idle record (as httptools').
+                    record.requests += 1
+                    record.responding = True
+                    self._connlist.totals.requests += 1
+                    return
+        self._connlist_events(_BETWEEN, cycle)
+
+    def _connlist_events(self, phase0: int, cycle0: Any) -> None:
+        """The list events of what h11 just processed (a read, or what a finished response let in)."""
+        record = self._connlist_record
+        phase = self._connlist_phase
+        if record is None or phase == _UPGRADED:
+            return  # an upgrade removed the record already
+        enforcer = self._connlist
+        connections = enforcer.connections
+        their_state = self.conn.their_state
+        new_request = self.cycle is not cycle0
+        if new_request:
+            # h11 produced a new Request: one at most per call, because h11
+            # pauses at the end of each request until its response is done.
+            if phase == _BODY:
+                # The open request ended first (its response was already
+                # complete, so h11 went on to the next one).
+                connections.message_complete(record)
+                phase = _BETWEEN
+            if phase != _HEADERS:
+                # Its first byte was held by h11 (pipelining), or the previous
+                # request ended and this one began within the same call.
+                connections.message_begin(record)
+            _headers_received(record, enforcer)
+            phase = _BODY
+        if phase == _BODY and their_state is not h11.SEND_BODY:
+            connections.message_complete(record)
+            phase = _BETWEEN
+        if phase == _BETWEEN and their_state is h11.IDLE and self.conn.trailing_data[0]:
+            # The next request's first bytes are buffered: it has begun.
+            connections.message_begin(record)
+            phase = _HEADERS
+        self._connlist_settle(record, phase, phase == _BODY and (new_request or phase0 != _BODY))
+
+    def on_response_complete(self) -> None:
+        phase = self._connlist_phase
+        cycle = self.cycle
+        _H11.on_response_complete(self)
+        record = self._connlist_record
+        if record is not None:
+            # A finished response lets h11 go on to what it held.
+            self._connlist_events(phase, cycle)
+            if not self._connlist_responding():
+                self._connlist.connections.response_complete(record)
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        self._connlist_phase = _UPGRADED
+        self._connlist_remove()
+        super().handle_websocket_upgrade(event)
