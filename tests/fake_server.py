@@ -69,8 +69,8 @@ def advice_without_lifespan() -> str:
     return "keep the made-up server's lifespan on"
 
 
-def advice_unconfirmed() -> str:
-    return "give the made-up server connlist's protocol"
+def unconfirmed(mode: str) -> tuple[str, str]:
+    return f"the made-up server did not serve through {mode}", "give the made-up server connlist's protocol"
 
 
 # -- the protocol (connlist.server.Feeder) ---------------------------------------

@@ -578,7 +578,9 @@ def test_the_policy_is_checked_and_the_advice_fits_the_launcher(monkeypatch: pyt
     with pytest.raises(ValueError, match="got 'on'"):
         integration.check_policy("on")
     assert integration.check_policy("off") == "off"
-    assert uvicorn_start.advice_unconfirmed().endswith(f"or pin uvicorn to {uvicorn_start.TESTED_RANGE}.")
+    reason, advice = uvicorn_start.unconfirmed("uvicorn-h11")
+    assert reason.startswith(f"uvicorn {uvicorn.__version__} served a request through another protocol")
+    assert advice.endswith("), or upgrade connlist.") and uvicorn_start.TESTED_RANGE in advice
     monkeypatch.delitem(sys.modules, "gunicorn.arbiter", raising=False)
     monkeypatch.delitem(sys.modules, "fastapi_cli", raising=False)
     assert "--lifespan on or auto" in uvicorn_start.advice_without_lifespan()

@@ -144,6 +144,16 @@ VARIANTS: dict[str, list[Edit]] = {
             "self.scope, RequestResponseCycle.receive.__get__(self), RequestResponseCycle.send.__get__(self)",
         )
     ],
+    # The automatic path's own dependency: a uvicorn that takes its protocol class before the
+    # lifespan startup would never serve the class the middleware put in its config.
+    "protocol class read before the lifespan": [
+        replace(
+            ("server.py",),
+            r"( +)await self\.lifespan\.startup\(\)\n",
+            r"\1protocol_class = self.config.http_protocol_class\n\1await self.lifespan.startup()\n",
+        ),
+        replace(("server.py",), r"return config\.http_protocol_class\(", "return protocol_class("),
+    ],
 }
 
 # "on": the integration stays on, exact; "off": ASGI-only mode with the ERROR line.
@@ -164,6 +174,8 @@ EXPECTED: dict[str, dict[str, str]] = {
     "waiting_for_100_continue renamed": {"httptools": "off", "h11": "off"},
     "cycle's body renamed": {"httptools": "off", "h11": "off"},
     "receive bound on the class": {"httptools": "off", "h11": "off"},
+    # Caught at the first request, not by the self-check (the flag would still work there).
+    "protocol class read before the lifespan": {"httptools": "off", "h11": "off"},
 }
 
 # What the ERROR line must say about each failure (the check's own words).
@@ -179,7 +191,10 @@ FAILURE_WORDS = {
     "waiting_for_100_continue renamed": "has no `waiting_for_100_continue`",
     "cycle's body renamed": "has no `body`",
     "receive bound on the class": "(the cycle's `receive`)",
+    "protocol class read before the lifespan": "served a request through another protocol than connlist's",
 }
+# Failures the server's start cannot see: the first request tells, with the ERROR line alone.
+AT_FIRST_REQUEST = {"protocol class read before the lifespan"}
 
 
 @pytest.fixture(scope="session")
@@ -416,10 +431,15 @@ def test_serves_exact_or_in_asgi_only_mode(
         assert f"uvicorn {version}" in line and FAILURE_WORDS[variant] in line, line
         assert "the headers timeout and the send timeout are not enforced" in line
         assert f"pin uvicorn to that range (pip install '{PIN}'), or upgrade connlist" in line
-        assert "server integration on" not in log
-        # Told at the start too: ASGI-only mode, once.
-        assert log.count("connlist: ASGI-only mode:") == 1, log
-        assert "connlist's protocol fell back to uvicorn's (see connlist's ERROR line)" in log
+        if variant in AT_FIRST_REQUEST:
+            # Turned on at the start, found off at the first request (the view's own).
+            assert f"connlist: server integration on (uvicorn {version}, {parser})" in log, log
+            assert "connlist: ASGI-only mode:" not in log, log
+        else:
+            assert "server integration on" not in log
+            # Told at the start too: ASGI-only mode, once.
+            assert log.count("connlist: ASGI-only mode:") == 1, log
+            assert "connlist's protocol fell back to uvicorn's (see connlist's ERROR line)" in log
     # Bodies are timed in either mode: the trickled body's 408 at the request timeout.
     assert outcome.trickled is not None
     data, elapsed = outcome.trickled

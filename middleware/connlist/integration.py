@@ -160,8 +160,8 @@ class Server(Protocol):
     def advice_without_lifespan(self) -> str:
         """What to do when the first request came before any lifespan startup."""
 
-    def advice_unconfirmed(self) -> str:
-        """What to do when the first request did not come through the protocol the startup gave."""
+    def unconfirmed(self, mode: str) -> tuple[str, str]:
+        """Why the first request did not come through the protocol the startup gave (``mode``), what to do."""
 
 
 def servers() -> list[Server]:

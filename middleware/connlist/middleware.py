@@ -444,16 +444,16 @@ class ConnectionsMiddleware:
         enforcer = self._enforcer
         if enforcer.totals.connections > counted or enforcer.mode != mode:
             return
+        reason, advice = server.unconfirmed(mode)
         enforcer.mode = "asgi"
-        enforcer.integration_off = (
-            f"the server did not serve through connlist's protocol ({mode}) that the lifespan startup gave it"
-        )
+        enforcer.integration_off = reason
         enforcer.asgi_told = True
         log.error(
-            "the server integration is off: %s, so the headers timeout, the send timeout and the connection "
-            "budget are not enforced; connlist runs in ASGI-only mode. %s",
-            enforcer.integration_off,
-            server.advice_unconfirmed(),
+            "the server integration is off: %s. connlist runs in ASGI-only mode: request bodies are "
+            "still timed (request timeout, minimum body rate), but the headers timeout and the send timeout "
+            "are not enforced, nor the connection budget. %s",
+            reason,
+            advice,
         )
 
 

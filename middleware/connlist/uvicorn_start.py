@@ -42,7 +42,6 @@ from connlist.logs import log
 __all__ = [
     "TESTED_RANGE",
     "TESTED_UVICORN",
-    "advice_unconfirmed",
     "advice_without_lifespan",
     "gunicorn_master",
     "server_config",
@@ -209,9 +208,15 @@ def advice_without_lifespan() -> str:
     return f"{where}, and keep the lifespan on (uvicorn's --lifespan on or auto, not off)"
 
 
-def advice_unconfirmed() -> str:
-    """What to do when the first request did not come through the protocol the lifespan startup gave."""
-    return (
-        "Serve with `--http connlist.uvicorn:HttpToolsProtocol` (or H11Protocol), or pin uvicorn to "
-        f"{TESTED_RANGE}."
+def unconfirmed(mode: str) -> tuple[str, str]:
+    """Why the first request did not come through the protocol the startup gave (``mode``), what to do."""
+    reason = (
+        f"uvicorn {_uvicorn_version()} served a request through another protocol than connlist's "
+        f"({mode}), which the lifespan startup put in its config"
     )
+    advice = (
+        f"connlist is tested with uvicorn {TESTED_RANGE}: serve with `--http "
+        "connlist.uvicorn:HttpToolsProtocol` (or H11Protocol), pin uvicorn to that range (pip install "
+        f"'uvicorn>={TESTED_UVICORN[0]},<={TESTED_UVICORN[1]}'), or upgrade connlist."
+    )
+    return reason, advice
