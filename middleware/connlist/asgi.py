@@ -13,7 +13,7 @@ says what each mode can enforce.
   the list hands it to the view as a record in the ``handling`` state, and
   counts it like any other connection.  ``AsgiOnly.__call__`` writes the
   entry itself, with no call into the list: it runs for most requests
-  (docs/benchmarks.md, "Where the remaining instructions go").
+  (docs/benchmarks.md, "The request path's tricks, each measured").
 * A request with a body (``Content-Length`` other than 0, or
   ``Transfer-Encoding``) is a record of its own, active, and
   timed, until its last chunk arrives: ``serve_with_body`` wraps the app's

@@ -244,8 +244,7 @@ class ConnectionsMiddleware:
     # integration may serve the app next).  A slot rather than a method:
     # the server's call finds the slot on the class and calls what it holds,
     # all in C, where a method that called the route would be one more
-    # Python frame per request (docs/benchmarks.md, "Where the remaining
-    # instructions go").
+    # Python frame per request (docs/benchmarks.md, "The request path's tricks, each measured").
     # A subclass may still define its own ``__call__`` and call
     # ``super().__call__``, which reads the slot (see _route).  Servers tell
     # ASGI 3 apps from ASGI 2 ones by whether ``app.__call__`` is a coroutine
@@ -487,7 +486,8 @@ def _pass_route(middleware: ConnectionsMiddleware) -> Callable[[Scope, Receive, 
     function: so the route is a ``staticmethod`` of the bound method (a
     callable since Python 3.10, calling it in C, with no Python frame) that
     shows the code of an ``async def`` with the ASGI signature.  Were that
-    refused, the route would be ``_pass_async``, one Python frame more.
+    refused, the route would be ``_pass_async``, one Python frame more
+    (docs/benchmarks.md, "The request path's tricks, each measured").
     """
     bound = middleware._pass_app
     if sys.version_info >= (3, 12):

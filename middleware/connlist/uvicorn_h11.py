@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 else:
     _H11Base = object
 
+# uvicorn's class as a module global: its methods are called as ``_H11.method(self)``, not through
+# ``super()`` (docs/benchmarks.md, "The request path's tricks, each measured").
 _H11: Any = None if h11_impl is None else h11_impl.H11Protocol
 
 

@@ -212,8 +212,8 @@ if httptools_impl is not None:
     # The two methods of uvicorn's that every read and every response go
     # through, as module globals: one lookup each, where
     # ``_HttpTools.data_received`` is two (a global, then a class attribute)
-    # and ``super()`` more.  (A release that lacks one fails the self-check
-    # before any is called.)
+    # and ``super()`` more (docs/benchmarks.md, "The request path's tricks, each measured").  (A release
+    # that lacks one fails the self-check before any is called.)
     _httptools_data_received: Any = getattr(_HttpTools, "data_received", None)
     _httptools_on_response_complete: Any = getattr(_HttpTools, "on_response_complete", None)
 
