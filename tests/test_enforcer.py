@@ -548,3 +548,15 @@ def test_every_timeout_kind_has_its_total() -> None:
         "requests",
         "accept_failures",
     }
+
+
+def test_attach_learns_the_keep_alive_on_a_loop_without_exception_handlers() -> None:
+    # uvicorn's own protocol tests drive the protocols on a MockLoop with only what they use:
+    # no accept() to watch there, and nothing to fail.
+    class BareLoop:
+        pass
+
+    enforcer = Enforcer()
+    loop = typing.cast(asyncio.AbstractEventLoop, BareLoop())
+    enforcer.attach(loop, 7)
+    assert enforcer.keep_alive == 7.0 and enforcer.attached_loop is loop

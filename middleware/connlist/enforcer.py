@@ -450,7 +450,12 @@ class Enforcer:
         if self.attached_loop is loop:
             return
         self.attached_loop = loop
-        previous = loop.get_exception_handler()
+        get_handler = getattr(loop, "get_exception_handler", None)
+        if get_handler is None:
+            # A loop with only what the protocols use (uvicorn's own tests' MockLoop):
+            # no accept() to watch there.
+            return
+        previous = get_handler()
 
         def handler(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
             if context.get("message") in _ACCEPT_ERRORS and _out_of_descriptors(context.get("exception")):
