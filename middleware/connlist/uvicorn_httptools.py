@@ -208,14 +208,12 @@ else:
 
 
 if httptools_impl is not None:
-    _HttpTools = httptools_impl.HttpToolsProtocol
-    # The two methods of uvicorn's that every read and every response go
-    # through, as module globals: one lookup each, where
-    # ``_HttpTools.data_received`` is two (a global, then a class attribute)
-    # and ``super()`` more (docs/benchmarks.md, "The request path's tricks, each measured").  (A release
-    # that lacks one fails the self-check before any is called.)
-    _httptools_data_received: Any = getattr(_HttpTools, "data_received", None)
-    _httptools_on_response_complete: Any = getattr(_HttpTools, "on_response_complete", None)
+    # uvicorn's class: its methods that every read and every response go
+    # through are called as ``_HttpTools.method(self)``, not through
+    # ``super()`` (docs/benchmarks.md, "The request path's tricks, each
+    # measured").  (A release that lacks one fails the self-check before any
+    # is called.)
+    _HttpTools: Any = httptools_impl.HttpToolsProtocol
 
     class HttpToolsTracking(Tracking, _HttpToolsBase):
         """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""
@@ -252,7 +250,7 @@ if httptools_impl is not None:
             if self._connlist_phase:
                 self._connlist_read(data, self.scope, cycle)
                 return
-            _httptools_data_received(self, data)
+            _HttpTools.data_received(self, data)
             # The common case: no message was open, and one request began,
             # got its headers and completed in this read, with none queued.
             new = self.cycle
@@ -283,7 +281,7 @@ if httptools_impl is not None:
                     tail: Any = _BodyTail()
                     self.cycle = tail
                     try:
-                        _httptools_data_received(self, data)
+                        _HttpTools.data_received(self, data)
                     finally:
                         if self.cycle is tail:
                             self.cycle = cycle
@@ -291,7 +289,7 @@ if httptools_impl is not None:
                         cycle.more_body = False
                     self._connlist_events(phase, scope, cycle)
                     return
-            _httptools_data_received(self, data)
+            _HttpTools.data_received(self, data)
             if phase != _UPGRADED:
                 self._connlist_events(phase, scope, cycle)
 
@@ -348,7 +346,7 @@ if httptools_impl is not None:
             return n
 
         def on_response_complete(self) -> None:
-            _httptools_on_response_complete(self)
+            _HttpTools.on_response_complete(self)
             # ConnectionsList.response_complete, the feeder's own write (see
             # connlist.connections).  self.cycle is the newest
             # request's: if uvicorn has just started a pipelined one, or any
