@@ -194,22 +194,18 @@ def for_server(parser: str, *, required: bool) -> tuple[type[Any] | None, str | 
     cls, base, result = _checked(parser)
     if cls is not None:
         return cls, None
-    what, advice = _failure_text(parser, result.failure or "")
-    reason = f"uvicorn {uvicorn.__version__}: {_NAMES[parser]}: {result.failure}"
+    failure = result.failure or ""
+    reason = _reason(parser, failure)
     if base is not None:
         integration.record_failure(base, reason)
     if required:
+        what, advice = _failure_text(parser, failure)
         return None, f"{what}. {advice}"
-    route_to_uvicorn()
-    log.error(
-        "the server integration is off: %s. The server keeps uvicorn's own %s protocol and connlist runs in "
-        "ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but the "
-        'headers timeout and the send timeout are not enforced. %s Set server_integration="required" '
-        "(or %s=1) to refuse to start instead.",
-        what,
+    _say_off(
         parser,
-        advice,
-        integration.REQUIRE_ENV,
+        failure,
+        "keeps",
+        f'Set server_integration="required" (or {integration.REQUIRE_ENV}=1) to refuse to start instead.',
     )
     return None, reason
 
@@ -248,10 +244,10 @@ def _failure_text(parser: str, failure: str) -> tuple[str, str]:
 
 def _fall_back(parser: str, base: type | None, failure: str) -> type[Any]:
     """uvicorn's own class instead of connlist's, and the one ERROR line (or the refusal to start)."""
-    what, advice = _failure_text(parser, failure)
-    route_to_uvicorn()
     if integration.require_integration():
         # One line, the server's own exit status for a failed start, no traceback.
+        what, advice = _failure_text(parser, failure)
+        route_to_uvicorn()
         log.error(
             "refusing to start (%s=1): the server integration would be off: %s. %s",
             integration.REQUIRE_ENV,
@@ -266,17 +262,30 @@ def _fall_back(parser: str, base: type | None, failure: str) -> type[Any]:
 
         base = import_from_string(HTTP_PROTOCOLS[parser])
     assert base is not None
-    integration.record_failure(base, f"uvicorn {uvicorn.__version__}: {_NAMES[parser]}: {failure}")
+    integration.record_failure(base, _reason(parser, failure))
+    _say_off(parser, failure, "runs", f"Set {integration.REQUIRE_ENV}=1 to refuse to start instead.")
+    return base
+
+
+def _reason(parser: str, failure: str) -> str:
+    """Why the integration is off after a failed check, as the view and the page show it."""
+    return f"uvicorn {uvicorn.__version__}: {_NAMES[parser]}: {failure}"
+
+
+def _say_off(parser: str, failure: str, verb: str, refuse: str) -> None:
+    """The one ERROR line of a failed check: what failed, what is lost, what to do, how to stop instead."""
+    what, advice = _failure_text(parser, failure)
+    route_to_uvicorn()
     log.error(
-        "the server integration is off: %s. The server runs uvicorn's own %s protocol and connlist "
-        "runs in ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but "
-        "the headers timeout and the send timeout are not enforced. %s Set %s=1 to refuse to start instead.",
+        "the server integration is off: %s. The server %s uvicorn's own %s protocol and connlist runs in "
+        "ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but the "
+        "headers timeout and the send timeout are not enforced. %s %s",
         what,
+        verb,
         parser,
         advice,
-        integration.REQUIRE_ENV,
+        refuse,
     )
-    return base
 
 
 def _resolve(parser: str) -> type[Any]:
