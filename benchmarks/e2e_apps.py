@@ -88,6 +88,26 @@ class AsyncioTimeoutMiddleware:
             await asyncio.wait_for(self.app(scope, receive, send), self.timeout)
 
 
+class NoKeepAliveTimerProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol without its keep-alive timer, and nothing in its place.
+
+    A reference, not a server to run: it never closes an idle connection.
+    Its ``on_response_complete`` is uvicorn's (0.45 and later) less the
+    ``loop.call_later`` that arms the keep-alive timer after each response,
+    so the two differ by what that timer costs a request.
+    """
+
+    def on_response_complete(self) -> None:
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+
+
 class CallLaterProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a per-connection ``loop.call_later`` deadline."""
 

@@ -414,7 +414,7 @@ def markdown(cases: list[Case], command: str) -> str:
             if case.totals is None
             else (
                 f"{totals.get('idle_evictions', 0)} / {totals.get('headers_evictions', 0)} / "
-                f"{totals.get('keepalive_evictions', 0)} / {totals.get('refused', 0)}"
+                f"{totals.get('keepalive_timeouts', 0)} / {totals.get('refused', 0)}"
             )
         )
         lines.append(

@@ -24,6 +24,12 @@ class Setup:
 SETUPS = (
     Setup("bare", "bare uvicorn", "e2e_apps:bare", "httptools"),
     Setup(
+        "no-keepalive-timer",
+        "bare uvicorn without its keep-alive timer",
+        "e2e_apps:bare",
+        "e2e_apps:NoKeepAliveTimerProtocol",
+    ),
+    Setup(
         "connlist",
         "connlist (integration + middleware)",
         "e2e_apps:with_connlist",

@@ -173,6 +173,10 @@ class MemoryHandle:
         self.transport.close()
         return True
 
+    def connlist_close_keepalive(self) -> None:
+        self.closed_keepalive = True
+        self.transport.close()
+
     def connlist_close(self) -> None:
         self.transport.close()
 

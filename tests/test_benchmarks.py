@@ -336,7 +336,7 @@ def test_flood_verdict_needs_99_percent_within_200_ms() -> None:
     assert flood.verdict(failing) == "no"
     slow = flood.Case("connlist", 1024, "slowloris", flood.Probe(ok=120, slowest=0.3, slow=1))
     assert flood.verdict(slow) == "no"
-    ok.totals = {"idle_evictions": 3, "headers_evictions": 2, "keepalive_evictions": 1, "refused": 0}
+    ok.totals = {"idle_evictions": 3, "headers_evictions": 2, "keepalive_timeouts": 1, "refused": 0}
     table = flood.markdown([ok, failing], "python3 benchmarks/flood.py")
     assert "| connlist | 1024 | slowloris | 120 / 1 | 50 ms | 0 | yes | 0 | 3 / 2 / 1 / 0 |" in table
     assert "| uvicorn | 1024 | slowloris | 6 / 115 | 2 ms | 0 | no | 0 | - |" in table

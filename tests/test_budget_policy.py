@@ -213,16 +213,16 @@ def test_an_idle_connection_used_since_it_went_idle_gets_a_second_chance(
     consistent(connections)
 
 
-def test_the_second_chance_walk_stops_after_going_round(clock: FakeClock, loop: MockLoop) -> None:
+def test_the_second_chance_walk_looks_at_each_record_once(clock: FakeClock, loop: MockLoop) -> None:
     connections = ConnectionsList(clock)
     conns = [connections.connect() for _ in range(5)]
     for conn in conns:
         connections.message_begin(conn)
         connections.headers_complete(conn, "GET", "/")
         connections.message_complete(conn)  # responding: idle, serving
-    assert idle_oldest(connections) is None
+    assert idle_oldest(connections, clock.now) is None
     connections.response_complete(conns[2])
-    assert idle_oldest(connections) is conns[2]
+    assert idle_oldest(connections, clock.now) is conns[2]
 
 
 def test_shrink_is_linear_above_the_watermark_to_the_floor() -> None:
@@ -267,7 +267,7 @@ def test_under_pressure_idle_keep_alive_connections_are_closed_sooner(
     assert enforcer.pressed
     loop.run_until(clock.now + PRESSURE_FLOOR + 1)
     assert all(handle.transport.closed for handle in handles)
-    assert enforcer.totals.keepalive_evictions == 10
+    assert enforcer.totals.keepalive_timeouts == 10
     assert enforcer.totals.idle_evictions == 0
 
 

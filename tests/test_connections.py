@@ -1430,7 +1430,7 @@ def test_let_go_counts_each_record_once_whatever_it_was_doing(lst: ConnectionsLi
     assert lst.occupied == 0 and lst.idle_responding_count == 0
     assert [connection_state(conn) for conn in lst.iter_all()] == ["timed_out"] * 3
     # Out of the lists that choose what goes next: never chosen twice.
-    assert idle_oldest(lst) is None and headers_oldest(lst) is None
+    assert idle_oldest(lst, clock.now) is None and headers_oldest(lst) is None
     assert idle_expired(lst, 0, clock.now, 10) == []
     for conn in (idle, untimed, expired):
         lst.remove(conn)
@@ -1450,7 +1450,7 @@ def test_a_smaller_step_at_the_next_stall_keeps_the_largest(lst: ConnectionsList
 
 def test_idle_expired_passes_over_a_record_still_responding(lst: ConnectionsList, clock: FakeClock) -> None:
     # Idle (its request fully received) but its response is still being
-    # written: never closed for idleness; it goes back to the tail, stamped anew.
+    # written: never closed for idleness; it goes back, keyed anew.
     done, busy = lst.connect(), lst.connect()
     for conn in (done, busy):
         lst.message_begin(conn)
@@ -1458,7 +1458,7 @@ def test_idle_expired_passes_over_a_record_still_responding(lst: ConnectionsList
         lst.response_begin(conn)
         lst.message_complete(conn)
     lst.response_complete(done)
-    assert idle_expired(lst, 5, clock.now, 10) == []  # stamps both, now
+    assert idle_expired(lst, 5, clock.now, 10) == []  # both keyed now, at message_complete
     clock.advance(6)
     assert idle_expired(lst, 5, clock.now, 10) == [done]
     assert busy.idle_since == clock.now

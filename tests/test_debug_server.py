@@ -38,7 +38,6 @@ NO_BUDGET_TOTALS = {
     "idle_evictions": 0,
     "headers_evictions": 0,
     "body_evictions": 0,
-    "keepalive_evictions": 0,
     "refused": 0,
     "accept_failures": 0,
 }

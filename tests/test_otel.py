@@ -76,10 +76,10 @@ def expected_from_view(view: dict[str, Any]) -> Values:
     }
     for state in ("reading", "writing", "waiting", "timed_out"):
         values[("connlist.active_connections", (("connlist.connection.state", state),))] = counts[state]
-    for kind in ("headers", "request", "rate", "send"):
+    for kind in ("headers", "request", "rate", "send", "keepalive"):
         key = ("connlist.timed_out_connections", (("connlist.timeout.kind", kind),))
         values[key] = totals[f"{kind}_timeouts"]
-    for kind in ("idle", "headers", "body", "keepalive"):
+    for kind in ("idle", "headers", "body"):
         key = ("connlist.evicted_connections", (("connlist.eviction.kind", kind),))
         values[key] = totals[f"{kind}_evictions"]
     return values

@@ -292,6 +292,9 @@ class AsgiRequest:
     def connlist_close_idle(self) -> bool:
         return False  # a request in ASGI-only mode is never idle
 
+    def connlist_close_keepalive(self) -> None:
+        pass  # never asked: a request in ASGI-only mode is never idle
+
     def connlist_close(self) -> None:
         self.connlist_close_expired()
 

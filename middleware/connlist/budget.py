@@ -9,21 +9,31 @@ connections idle longer than a shrunk keep-alive time (``idle_expired``).
 Each is found from the head of one of the list's ordered lists, and the list
 lets it go (``ConnectionsList.evict``).
 
-The idle order.  ``ConnectionsList.idle_queue`` holds connections in the
-order they became idle: a record joins its tail at ``message_complete``,
-unstamped.  A whole request on an idle connection (``message``, the common
-case) neither moves it nor reads a clock, so the head may have served
-requests since it joined.  ``_look`` therefore gives it a second chance, as
-the CLOCK page-replacement algorithm does: a head whose ``requests`` differ
-from its ``idle_requests``, or that is responding, or whose client is taking
-a response (stalled), goes back to the tail with its count taken again; one
-that is no longer idle (a request began, it expired, it is closing, it was
-let go) leaves the queue, to join again at its next ``message_complete``.
-A request being served is never let go.
+The idle order.  ``ConnectionsList.idle_queue`` is a heap of idle
+connections keyed by a clock value no later than the start of their idle
+time: a record joins at ``message_complete``, keyed by the clock then.  A
+whole request on an idle connection (``message``, the common case) neither
+moves it nor reads a clock, so when the sweep finds a record at the top,
+its key may be behind.  ``_look`` therefore gives it a second chance, as
+the CLOCK page-replacement algorithm does, and corrects its key on the way:
 
-``idle_expired`` stamps the unstamped records (``idle_since``) from the tail
-back to the first stamped one before it walks, so the queue stays ordered by
-that stamp and an idle time counts from the first sweep that saw it.
+* a record serving a request (``responding``), or whose client is taking a
+  response (stalled), goes back keyed now: its idle time starts later;
+* a record whose last response ended after its key (``idle_at``, written
+  by the server layer where it times uvicorn's keep-alive) goes back keyed
+  by that time, exactly;
+* without ``idle_at`` (uvicorn's own timer keeps the keep-alive), a record
+  that served requests since it was keyed goes back keyed now;
+* one that is no longer idle (a request began, it expired, it is closing,
+  it was let go) leaves the heap, to join again at its next
+  ``message_complete``;
+* the rest is idle since its key: the keep-alive timeout (the sweep's
+  ``keepalive`` step) closes it once that is ``keep_alive`` ago, and the
+  budget may let it go.
+
+A record goes back at most once per idle time begun, so a connection is
+looked at about once per keep-alive period, however many requests it
+serves.  A request being served is never let go.
 """
 
 from __future__ import annotations
@@ -35,66 +45,67 @@ from connlist.records import OUT_CLOSING, OUT_STALLED, Connection
 
 __all__ = ["body_slowest", "headers_oldest", "idle_expired", "idle_head_since", "idle_oldest"]
 
-# _look's verdicts on the head of idle_queue.
+# _look's verdicts on the record at the top of idle_queue.
 _DROP = 0
 _AGAIN = 1
 _FREE = 2
 
 
-def _look(connections: ConnectionsList, node: Connection, stamp: float) -> int:
-    """Take ``node`` off the idle queue: _DROP, _AGAIN (put back at the tail, stamped ``stamp``) or _FREE."""
+def _look(connections: ConnectionsList, node: Connection, now: float) -> int:
+    """``node``, just taken off the idle queue: _DROP, _AGAIN (pushed back, keyed anew) or _FREE.
+
+    _FREE: idle since its key.
+    """
     queue = connections.idle_queue
-    queue.unlink(node)
     if node.last_message_start != 0.0 or node.evicted or node.out_state == OUT_CLOSING:
         return _DROP
-    if node.requests != node.idle_requests or node.responding or node.out_state == OUT_STALLED:
-        node.idle_requests = node.requests
-        node.idle_since = stamp
-        queue.append(node)
-        return _AGAIN
-    return _FREE
+    if node.responding or node.out_state == OUT_STALLED:
+        queue.push(node, now)
+    elif node.idle_at > node.idle_since:
+        queue.push(node, node.idle_at)
+    elif node.requests != node.idle_requests:
+        queue.push(node, now)
+    else:
+        return _FREE
+    node.idle_requests = node.requests
+    return _AGAIN
 
 
-def idle_oldest(connections: ConnectionsList) -> Connection | None:
-    """Unlink and return the longest-idle keep-alive connection that can be closed, or None.
+def idle_oldest(connections: ConnectionsList, now: float) -> Connection | None:
+    """Take out and return the longest-idle keep-alive connection that can be closed, or None.
 
-    O(1) amortised over the requests, plus one step per connection
-    responding now that is older in the queue than the one returned.  The
-    walk stops when it meets a record it put back: it went round.
+    Each record looked at is taken off the top; one not free goes back
+    (``_look``), and the walk ends after as many looks as there were
+    records, so each is looked at about once.
     """
-    first: Connection | None = None
-    for node in connections.idle_queue:
-        if node is first:
+    queue = connections.idle_queue
+    for _ in range(len(queue)):
+        node = queue.pop()
+        if node is None:
             break
-        verdict = _look(connections, node, 0.0)
-        if verdict == _FREE:
+        if _look(connections, node, now) == _FREE:
             return node
-        if verdict == _AGAIN and first is None:
-            first = node
     return None
 
 
 def idle_expired(connections: ConnectionsList, idle_time: float, now: float, limit: int) -> list[Connection]:
-    """Unlink and return up to ``limit`` connections idle (and closable) for at least ``idle_time``."""
+    """Take out and return up to ``limit`` connections idle (and closable) for ``idle_time`` or more."""
     queue = connections.idle_queue
-    for node in reversed(queue):
-        if node.idle_since != 0.0:
-            break
-        node.idle_since = now
     bound = now - idle_time
     due: list[Connection] = []
-    for node in queue:
-        if node.idle_since > bound or len(due) >= limit:
+    while len(due) < limit:
+        since = queue.head_stamp()
+        if since is None or since > bound:
             break
+        node: Connection = queue.pop()  # type: ignore[assignment]  # the head just seen
         if _look(connections, node, now) == _FREE:
             due.append(node)
     return due
 
 
 def idle_head_since(connections: ConnectionsList) -> float | None:
-    """When the head of the idle queue was stamped, or None (empty, or not stamped yet)."""
-    since = connections.idle_queue.head_stamp()
-    return since or None
+    """The smallest key of the idle queue (no idle time began before it), or None if it is empty."""
+    return connections.idle_queue.head_stamp()
 
 
 def headers_oldest(connections: ConnectionsList, skip: Connection | None = None) -> Connection | None:

@@ -45,9 +45,10 @@ arrives whole::
     stalled     responses the client stopped taking (``stall``, ``unstall``),
                 by when they were last sampled (``connlist.sweep``)
     closing     connections the enforcer closed (``linger``), by when
-    idle_queue  connections in the order they became idle, for the
-                connection budget's choice of what to close
-                (``connlist.budget``; ``idle()`` is Node's view)
+    idle_queue  idle connections by when their idle time began, for the
+                keep-alive timeout and the budget's choice of what to
+                close (``connlist.budget``; ``idle()`` is Node's view): a
+                heap, whose keys the sweep corrects as it finds them late
 
 A record is in at most one of ``stalled`` and ``closing`` (one link,
 ``out_state`` says which).  A connection closed to make room (``evict``)
@@ -119,7 +120,7 @@ from collections.abc import Callable
 from typing import Any
 
 from connlist.kinds import effective_timeouts
-from connlist.queues import Queue
+from connlist.queues import Heap, Queue
 from connlist.records import OUT_CLOSING, OUT_NONE, OUT_STALLED, Connection, ConnectionHandle
 from connlist.views import ListViews
 
@@ -183,7 +184,7 @@ class ConnectionsList(ListViews):
         self.stalled: Queue[Connection] = Queue("_out_link", "out_sampled")
         self.closing: Queue[Connection] = Queue("_out_link", "out_since")
         # ``idle()`` is Node's view; this is the budget's queue (connlist.budget).
-        self.idle_queue: Queue[Connection] = Queue("_idle_link", "idle_since")
+        self.idle_queue: Heap[Connection] = Heap("_idle_entry", "idle_since")
         # ASGI-only mode's requests without a body (see Received).
         self.received: dict[int, tuple[float, Any]] = {}
 
@@ -334,12 +335,11 @@ class ConnectionsList(ListViews):
             return  # idle already: a second call for the same request counts nothing
         conn.last_message_start = 0.0
         conn.requests += 1
-        idle = conn._idle_link
-        if idle.next is idle:
-            # Joins the tail unstamped; one still queued stays (connlist.budget).
+        if conn._idle_entry is None:
+            # Its idle time begins no earlier than now; one still queued
+            # stays, with a key no later than that (connlist.budget).
             conn.idle_requests = conn.requests
-            conn.idle_since = 0.0
-            self.idle_queue.append(conn)
+            self.idle_queue.push(conn, self._clock())
 
     def remove(self, conn: Connection) -> None:
         """Closed or upgraded: leaves every list it is in.  Idempotent, safe in any state."""
@@ -357,7 +357,7 @@ class ConnectionsList(ListViews):
                 self.body.unlink(conn)
             if conn.out_state:
                 self._out_leave(conn)
-            if conn._idle_link.next is not conn._idle_link:
+            if conn._idle_entry is not None:
                 self.idle_queue.unlink(conn)
             if conn.evicted:
                 self._n_evicted -= 1

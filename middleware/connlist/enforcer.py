@@ -18,15 +18,22 @@ anything can be due:
   tell, fewer bytes unsent;
 * a closed connection's linger (``LINGER``), after which it is aborted;
 * the next log summary, while one is pending;
-* under pressure (see below), an idle connection's shortened keep-alive
-  time, and at least every ``PRESSURE_TICK``.
+* an idle connection's keep-alive time, where the server integration times
+  uvicorn's keep-alive (``keep_alive_timed``: ``connlist.uvicorn_keepalive``),
+  shortened under pressure (see below), and at least every
+  ``PRESSURE_TICK`` while pressed.  A connection idle for exactly its
+  time is due (uvicorn's rule), so the timer fires at that time, and a
+  sweep that the loop runs at or after the time it was armed for takes
+  that time as now: the deadline follows the loop's clock, as uvicorn's
+  own timer would (even a test's loop that only pretends time passed).
 
 After each sweep the timer is armed again, never further away than
 ``Settings.shortest``: anything that starts a clock after the timer was armed
 (a request, a body, a stall) cannot be due before that, so it never has to
 move the timer, only to arm one if there is none (``watch``).  A timer is
 armed only while something can be due: a connection is active, stalled or
-closing, or a log summary is pending.  The server layer's common case, a
+closing, idle under a keep-alive the list times, or a log summary is
+pending.  The server layer's common case, a
 whole request in one read on an idle connection, never makes one active, so
 it never touches the timer; and a loop with no timer of ours in its heap does
 less at each iteration (asyncio's loop reads its clock at every iteration
@@ -191,7 +198,11 @@ class Enforcer:
         self.linger = linger
         self.loop = loop
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
+        # When the armed timer fires (a clock value; inf: none is armed).
+        self.timer_at = math.inf
+        # Which arming the armed timer is: a timer that was replaced, yet
+        # still fires (a loop that cannot cancel), does nothing.
+        self._arming = 0
         self._timer_loop: asyncio.AbstractEventLoop | None = None
         # A sweep that ran out of its budget continues at the next iteration.
         self._continuing = False
@@ -205,8 +216,12 @@ class Enforcer:
         self._failure_logged = False
         # Above the watermark of the budget (see admit and pressure).
         self.pressed = False
-        # uvicorn's keep-alive idle time (the protocol tells it: attach).
+        # uvicorn's keep-alive idle time (the protocol tells it: attach),
+        # and whether the list times it (the server layer says, at each
+        # protocol's making): else uvicorn's timers do, and the list only
+        # closes idle connections sooner under pressure.
         self.keep_alive = KEEP_ALIVE
+        self.keep_alive_timed = False
         self.attached_loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -266,16 +281,20 @@ class Enforcer:
             or connections.closing
             or self.summary.pending
             or self.pressed
+            or (self.keep_alive_timed and connections.idle_queue)
         )
 
     def cancel(self) -> None:
         """Forget the timer (and a sweep waiting to carry on): a server is starting, or nothing is due."""
         loop = self._timer_loop
-        live = loop is not None and not loop.is_closed()
+        # (A test's stand-in loop may not tell whether it is closed.)
+        is_closed = getattr(loop, "is_closed", None)
+        live = loop is not None and not (is_closed is not None and is_closed())
         if self._timer is not None:
             if live:
                 self._timer.cancel()
             self._timer = None
+            self.timer_at = math.inf
         if self._soon is not None:
             if live:
                 self._soon.cancel()
@@ -285,10 +304,24 @@ class Enforcer:
 
     def bring_forward(self, when: float) -> None:
         """Make sure the timer fires by ``when`` (a clock value): for clocks started outside a sweep."""
-        if self._continuing or (self._timer is not None and self._timer_at <= when):
+        if self._continuing or (self._timer is not None and self.timer_at <= when):
             return
         self.cancel()
         self._arm()
+
+    def wake_by(self, when: float) -> None:
+        """The timer fires at ``when`` at the latest: a connection idle under the keep-alive the list times.
+
+        The server layer calls it where a response leaves a connection idle,
+        only if the timer is armed for later (``timer_at``): in a busy worker
+        it is not, since it fires for the connection idle longest.  Armed
+        for exactly ``when``, so a loop that runs it has reached ``when``
+        (see ``_sweep``).
+        """
+        if self._continuing or when >= self.timer_at:
+            return
+        self.cancel()
+        self._set_timer(self.clock(), when)
 
     def _next_due(self, now: float) -> float | None:
         """The earliest clock value at which anything can be due, or None if nothing can."""
@@ -302,14 +335,21 @@ class Enforcer:
         return min(candidates) if candidates else None
 
     def _apply_pressure(self) -> None:
-        """The headers timeout and keep-alive idle time the steps apply now: shrunk while pressed."""
+        """The headers timeout and keep-alive idle time the steps apply now: shrunk while pressed.
+
+        The idle time is infinite where nothing closes idle connections: the
+        keep-alive is uvicorn's to time, and the pressure does not shorten it.
+        """
+        keep_alive = self.keep_alive
+        idle_time = keep_alive if self.keep_alive_timed else math.inf
         if self.pressed:
             pressure = self.pressure
             self.headers_timeout_now = shrink(self.settings.headers_timeout, pressure)
-            self.idle_time_now = shrink(self.keep_alive, pressure)
+            shrunk = shrink(keep_alive, pressure)
+            self.idle_time_now = shrunk if shrunk < keep_alive else idle_time
         else:
             self.headers_timeout_now = self.settings.headers_timeout
-            self.idle_time_now = math.inf
+            self.idle_time_now = idle_time
 
     def _arm(self) -> None:
         now = self.clock()
@@ -323,34 +363,58 @@ class Enforcer:
         elif shortest:
             # Never later: what starts a clock after this cannot be due earlier than that.
             due = min(due, now + shortest)
-        loop = self.loop or asyncio.get_running_loop()
+        self._set_timer(now, due)
+
+    def _set_timer(self, now: float, due: float) -> None:
+        loop = self._loop()
         delay = max(due - now, 0.0)
-        self._timer = loop.call_later(delay, self._sweep)
-        self._timer_at = now + delay
+        self._arming += 1
+        self._timer = loop.call_later(delay, self._sweep, self._arming)
+        self.timer_at = now + delay
         self._timer_loop = loop
 
-    def _sweep(self) -> None:
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """Where the timer runs: the given loop, else the protocols' (``attach``), else the running one."""
+        if self.loop is not None:
+            return self.loop
+        attached = self.attached_loop
+        if attached is not None:
+            is_closed = getattr(attached, "is_closed", None)
+            if is_closed is None or not is_closed():
+                return attached
+        return asyncio.get_running_loop()
+
+    def _sweep(self, arming: int = 0) -> None:
+        if arming and arming != self._arming:
+            return  # a timer replaced since, which its loop still ran
+        # The loop ran the timer: at least the time it was armed for has come.
+        floor = self.timer_at if arming else 0.0
         self._timer = None
+        self.timer_at = math.inf
         self._soon = None
         self._continuing = False
-        if self._work():
+        if self._work(floor):
             self.summary.flush(self.clock())
             self._arm()
         else:
             # Out of budget: carry on at the next loop iteration, after the
             # I/O that is ready (other clients) has been served.
             self._continuing = True
-            loop = self.loop or asyncio.get_running_loop()
+            loop = self._loop()
             self._soon = loop.call_soon(self._sweep)
             self._timer_loop = loop
 
-    def _work(self) -> bool:
-        """Cut off what is due, within ``SWEEP_TIME``; whether everything due was done."""
-        now = self.clock()
+    def _work(self, floor: float = 0.0) -> bool:
+        """Cut off what is due, within ``SWEEP_TIME``; whether everything due was done.
+
+        ``floor``: the time the timer was armed for, if it fired (now is no earlier).
+        """
+        started = self.clock()
+        now = max(started, floor)
         if self.pressed:
             self.pressed = self.pressure > PRESSURE_WATERMARK
         self._apply_pressure()
-        stop = now + SWEEP_TIME
+        stop = started + SWEEP_TIME
         return all(step.run(self, now, stop) for step in STEPS)
 
     def drain(
@@ -404,7 +468,7 @@ class Enforcer:
         connections = self.connections
         settings = self.settings
         kind: RoomKind
-        victim = idle_oldest(connections)
+        victim = idle_oldest(connections, self.clock())
         if victim is not None:
             kind = "idle"
         else:
@@ -445,7 +509,7 @@ class Enforcer:
         first is logged once with the numbers; later ones are counted
         (``accept_failures``), not logged.
         """
-        if keep_alive is not None and keep_alive > 0:
+        if keep_alive is not None and keep_alive >= 0:
             self.keep_alive = float(keep_alive)
         if self.attached_loop is loop:
             return

@@ -266,8 +266,9 @@ def resolve(**options: Unpack[Options]) -> Settings:
 
 # -- the counters ------------------------------------------------------------------
 
-# The names of the rows of TIMEOUT_KINDS, as on_timeout receives them.
-TimeoutKind = Literal["headers", "request", "rate", "send"]
+# The names of the rows of TIMEOUT_KINDS, as on_timeout receives them
+# (all but keepalive, uvicorn's own rule, which on_timeout never sees).
+TimeoutKind = Literal["headers", "request", "rate", "send", "keepalive"]
 # What went to make room for a new connection at the budget (see Enforcer.admit).
 RoomKind = Literal["idle", "headers", "body", "refused"]
 
@@ -290,13 +291,14 @@ class Totals:
     request_timeouts: int = 0
     rate_timeouts: int = 0
     send_timeouts: int = 0
+    # Idle keep-alive connections closed: at uvicorn's --timeout-keep-alive
+    # where the list times it, and sooner under pressure.
+    keepalive_timeouts: int = 0
     # Connections let go to make room at max_connections, by kind
-    # (``<kind>_evictions``: RoomKind), idle ones closed under pressure (the
-    # keep-alive idle time shrunk), and new ones refused with 503.
+    # (``<kind>_evictions``: RoomKind), and new ones refused with 503.
     idle_evictions: int = 0
     headers_evictions: int = 0
     body_evictions: int = 0
-    keepalive_evictions: int = 0
     refused: int = 0
     # accept() failed for want of descriptors (logged once).
     accept_failures: int = 0
@@ -421,7 +423,7 @@ class Kind:
     # Its field of Totals.
     counter: str
     # The Settings field that turns it on (a value of 0 turns it off); None:
-    # on with max_connections.
+    # on with max_connections (ROOM_KINDS), or the server's (keepalive).
     setting: str | None
     # What the views call it, and the unit of its setting's value as they write it.
     label: str
@@ -482,6 +484,18 @@ TIMEOUT_KINDS = (
         # A stall is sampled four times per send_timeout.
         soonest=lambda s: s.send_timeout / 4,
     ),
+    Kind(
+        # uvicorn's --timeout-keep-alive, where the server integration times
+        # it (the enforcer's keep_alive): no soonest, the response that
+        # starts an idle time brings the timer forward (Enforcer.wake_by).
+        name="keepalive",
+        counter="keepalive_timeouts",
+        setting=None,
+        label="keep-alive timeout",
+        unit="s",
+        message="idle keep-alive connection closed under pressure",
+        help="idle for the server's keep-alive time, or for less under pressure",
+    ),
 )
 
 
@@ -499,7 +513,7 @@ def _room(name: str, counter: str, message: str, help: str, setting: str | None 
     )
 
 
-# In the order admit looks for room (keepalive is the sweep's, under pressure).
+# In the order admit looks for room.
 ROOM_KINDS = (
     _room(
         name="idle",
@@ -519,12 +533,6 @@ ROOM_KINDS = (
         setting="body_min_rate",
         message="slowest body cut at {s.max_connections} connections (408)",
         help="closed to make room",
-    ),
-    _room(
-        name="keepalive",
-        counter="keepalive_evictions",
-        message="idle keep-alive connection closed under pressure",
-        help="idle past the keep-alive time shortened under pressure",
     ),
     _room(
         name="refused",

@@ -1,4 +1,4 @@
-"""The ordered queue of the lists beyond Node's: ``body``, ``stalled``, ``closing`` and ``idle_queue``.
+"""The ordered queues of the lists beyond Node's: ``body``, ``stalled`` and ``closing``, and ``idle_queue``.
 
 Theory of operation.  Each of these lists holds records in the order of one
 stamp, a clock value written on the record before it joins the tail (the
@@ -19,9 +19,12 @@ Invariants:
   after that first one, allocate nothing; ``len`` is kept as links move.
 * The stamps of a queue's records never decrease from head to tail, as long
   as every record is stamped no earlier than the tail's before it joins.
-  (``idle_queue`` is the exception its owner handles: records join it unstamped,
-  0, and are stamped from the tail back before a walk: ``connlist.budget``.)
 * A walk may unlink the record it is on, or move it to the tail.
+
+``idle_queue`` is a ``Heap`` instead: its keys come back out of order (a
+connection idle again goes back with the time its last response ended,
+which the sweep learns late: ``connlist.budget``), so the smallest is found
+by a binary heap, O(log n) per push and pop, and never on a request's path.
 
 A plain insertion-ordered ``dict`` does not serve: after records leave from
 its head, finding the head again scans the deleted entries, so a queue
@@ -31,11 +34,13 @@ rebuilt (docs/benchmarks.md, "Data structures").
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterator
+from itertools import count
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
-__all__ = ["UNQUEUED", "Link", "Queue"]
+__all__ = ["UNQUEUED", "Heap", "Link", "Queue"]
 
 T = TypeVar("T")
 
@@ -145,3 +150,94 @@ class Queue(Generic[T]):
                 break
             due.append(record)
         return due
+
+
+# A dead entry's record (see Heap.unlink).
+_DEAD: Any = None
+
+
+class Heap(Generic[T]):
+    """Records by a key (a clock value), the smallest first: a binary heap of one entry per record.
+
+    An entry is ``[key, sequence, record]`` (the sequence breaks ties, so
+    records are never compared), and the record's ``entry`` attribute holds
+    it while the record is in the heap (None otherwise): its place, as a
+    ``Link`` is a record's place in a ``Queue``.  ``key`` names the
+    record's attribute that ``push`` writes the key to.
+
+    Invariants: a record is in the heap at most once; ``len`` counts the
+    records in it.  ``unlink`` is O(1): it marks the entry dead, and a dead
+    entry is dropped when it comes to the top, or with every other dead one
+    when they outnumber the live (the heap is rebuilt), so the dead never
+    hold more than the live do.  ``push`` and ``pop`` are O(log n); a push
+    allocates its entry.
+    """
+
+    __slots__ = ("_count", "_dead", "_entries", "_entry", "_get", "_key", "_sequence")
+
+    def __init__(self, entry: str, key: str) -> None:
+        self._entries: list[list[Any]] = []
+        self._count = 0
+        self._dead = 0
+        self._entry = entry
+        self._get: Callable[[T], list[Any] | None] = attrgetter(entry)
+        self._key = key
+        self._sequence = count()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __contains__(self, record: T) -> bool:
+        return self._get(record) is not None
+
+    def push(self, record: T, key: float) -> None:
+        """Join with ``key`` (written to the record too); the record must be in no heap."""
+        entry = [key, next(self._sequence), record]
+        setattr(record, self._key, key)
+        setattr(record, self._entry, entry)
+        heapq.heappush(self._entries, entry)
+        self._count += 1
+
+    def unlink(self, record: T) -> None:
+        """Leave the heap (nothing happens if the record is in none)."""
+        entry = self._get(record)
+        if entry is None:
+            return
+        entry[2] = _DEAD
+        setattr(record, self._entry, None)
+        self._count -= 1
+        self._dead += 1
+        if self._dead > 32 and self._dead > self._count:
+            self._entries = [entry for entry in self._entries if entry[2] is not _DEAD]
+            heapq.heapify(self._entries)
+            self._dead = 0
+
+    def _top(self) -> list[Any] | None:
+        entries = self._entries
+        while entries and entries[0][2] is _DEAD:
+            heapq.heappop(entries)
+            self._dead -= 1
+        return entries[0] if entries else None
+
+    def head(self) -> T | None:
+        """The record with the smallest key, or None."""
+        top = self._top()
+        return None if top is None else top[2]
+
+    def head_stamp(self) -> float | None:
+        """The smallest key, or None."""
+        top = self._top()
+        return None if top is None else top[0]
+
+    def pop(self) -> T | None:
+        """Take the record with the smallest key out of the heap, or None if it is empty."""
+        if self._top() is None:
+            return None
+        record = heapq.heappop(self._entries)[2]
+        setattr(record, self._entry, None)
+        self._count -= 1
+        return record  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[T]:
+        """The records in the heap, in no particular order (the heap must not change meanwhile)."""
+        return (entry[2] for entry in self._entries if entry[2] is not _DEAD)

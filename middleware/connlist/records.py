@@ -32,6 +32,9 @@ class ConnectionHandle(Protocol):
     def connlist_close_idle(self) -> bool:
         """Close the connection if no response is in progress; return whether it was closed."""
 
+    def connlist_close_keepalive(self) -> None:
+        """The keep-alive timeout: close an idle connection as the server closes it (its own handler)."""
+
     def connlist_close(self) -> None:
         """Close the connection now, whatever it is doing."""
 
@@ -93,7 +96,7 @@ class Connection:
         "_all_prev",
         "_begun",
         "_body_link",
-        "_idle_link",
+        "_idle_entry",
         "_method",
         "_out_link",
         "_path",
@@ -105,6 +108,7 @@ class Connection:
         "handle",
         "headers_completed",
         "id",
+        "idle_at",
         "idle_requests",
         "idle_since",
         "last_message_start",
@@ -134,10 +138,10 @@ class Connection:
         self._active_prev: Connection = self
         self._active_next: Connection = self
         # Its places in the queues (connlist.queues): ``body``, ``stalled``
-        # or ``closing``, and ``idle``.
+        # or ``closing``, and ``idle_queue`` (a heap's entry; None: not in it).
         self._body_link: Link[Connection] = UNQUEUED
         self._out_link: Link[Connection] = UNQUEUED
-        self._idle_link: Link[Connection] = UNQUEUED
+        self._idle_entry: list[Any] | None = None
         # Given by ASGI-only mode, which numbers its requests as it counts them.
         self.id: int = next_id() if id is None else id
         self.client = client
@@ -176,11 +180,14 @@ class Connection:
         # acknowledgements came (kept from one stall to the next).
         self.out_acked = -1
         self.out_step = 0
-        # While in ``idle_queue`` (see ``connlist.budget``): ``requests``
-        # when it joined or was last looked at there, and when that was
-        # (0: not stamped yet; the timer stamps it).
-        self.idle_requests = 0
+        # While in ``idle_queue`` (see ``connlist.budget``): its key there,
+        # a clock value no later than the start of its idle time, and
+        # ``requests`` when it was pushed.
         self.idle_since = 0.0
+        self.idle_requests = 0
+        # When its last response ended with nothing after it (the server
+        # layer writes it where it times uvicorn's keep-alive; 0: never).
+        self.idle_at = 0.0
         # Closed or aborted to make room (``ConnectionsList.evict``): its
         # descriptor is on its way out, it no longer counts against the budget.
         self.evicted = False

@@ -217,6 +217,11 @@ class Feeder(ConnectionHandle, Protocol):
     """
 
     connlist_mode: ClassVar[str]
+    # Whether the class leaves the keep-alive timeout to the list (the
+    # sweep's ``keepalive`` step) instead of a server timer per response;
+    # why not, if it does not.
+    connlist_keepalive: ClassVar[bool] = False
+    connlist_keepalive_not: ClassVar[str] = "the server times it"
 
 
 class TransportHandle:
@@ -271,6 +276,12 @@ class TransportHandle:
         transport.close()
         self._connlist_linger()
         return True
+
+    def connlist_close_keepalive(self) -> None:
+        # A server whose keep-alive connlist times closes it its own way (uvicorn: its handler).
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
 
     def connlist_close(self) -> None:
         transport = self.transport
@@ -401,6 +412,11 @@ class Tracking(TransportHandle):
         __slots__ = ()
 
     connlist_mode: ClassVar[str]
+    # Whether the class leaves the keep-alive timeout to the list (the
+    # sweep's ``keepalive`` step) instead of a server timer per response;
+    # why not, if it does not.
+    connlist_keepalive: ClassVar[bool] = False
+    connlist_keepalive_not: ClassVar[str] = "the server times it"
 
     # Provided by the server's protocol.
     transport: Any
@@ -423,6 +439,7 @@ class Tracking(TransportHandle):
         # Once per loop: the loop's accept failures, and the server's keep-alive time.
         if loop is not None and enforcer.attached_loop is not loop:
             enforcer.attach(loop, keep_alive)
+        enforcer.keep_alive_timed = self.connlist_keepalive and bool(keep_alive and keep_alive > 0)
         self._connlist = enforcer
         self._connlist_record = None
         self._connlist_phase = BETWEEN

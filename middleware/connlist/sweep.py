@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from connlist.budget import idle_expired, idle_head_since
 from connlist.connections import ConnectionsList
-from connlist.kinds import ROOM_BY_NAME, send_allowance
+from connlist.kinds import TIMEOUT_BY_NAME, send_allowance
 from connlist.records import OUT_NONE, OUT_STALLED, Connection
 
 if TYPE_CHECKING:
@@ -150,30 +150,40 @@ def reading_paused(conn: Connection) -> bool:
 
 
 def _run_keepalive(enforcer: Enforcer, now: float, stop: float) -> bool:
-    """Under pressure: keep-alive connections idle longer than the shrunk idle time, closed."""
+    """Keep-alive connections idle for the keep-alive time (shortened under pressure), closed."""
     idle_time = enforcer.idle_time_now
-    if idle_time >= enforcer.keep_alive:
+    if idle_time == _INF:
         return True
     connections = enforcer.connections
-    kind = ROOM_BY_NAME["keepalive"]
+    kind = TIMEOUT_BY_NAME["keepalive"]
+    shortened = idle_time < enforcer.keep_alive
 
     def close(conn: Connection) -> None:
-        connections.evict(conn)
-        enforcer.count(kind, conn)
-        if conn.handle is not None:
-            enforcer.call(conn.handle.connlist_close_idle)
+        handle = conn.handle
+        if shortened:
+            # Under pressure: counted and logged as the budget's cuts are,
+            # closed, and aborted if it does not go within the linger.
+            connections.evict(conn)
+            enforcer.count(kind, conn)
+            if handle is not None:
+                enforcer.call(handle.connlist_close_idle)
+        else:
+            # uvicorn's own keep-alive: counted, closed as uvicorn closes it.
+            enforcer.totals.keepalive_timeouts += 1
+            if handle is not None:
+                enforcer.call(handle.connlist_close_keepalive)
 
     return enforcer.drain(lambda n: idle_expired(connections, idle_time, now, n), close, stop)
 
 
 def _due_keepalive(enforcer: Enforcer, now: float) -> float | None:
-    # Unstamped records are stamped at the next sweep, which the pressure's
-    # tick (Enforcer._next_due) brings.
-    idle_time = enforcer.idle_time_now
+    # Not SLACK later: uvicorn's rule is not strict, a connection idle for
+    # exactly the keep-alive time is closed (its timer, call_later, fires then).
     since = idle_head_since(enforcer.connections)
-    if idle_time >= enforcer.keep_alive or since is None:
+    idle_time = enforcer.idle_time_now
+    if since is None or idle_time == _INF:
         return None
-    return since + idle_time + SLACK
+    return since + idle_time
 
 
 def _run_active(enforcer: Enforcer, now: float, stop: float) -> bool:

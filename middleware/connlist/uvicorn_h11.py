@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import h11
 
 from connlist import uvicorn_cycle as _cycle
+from connlist import uvicorn_keepalive as _keepalive
 from connlist.server import BETWEEN as _BETWEEN
 from connlist.server import BODY as _BODY
 from connlist.server import HEADERS as _HEADERS
@@ -45,6 +46,12 @@ else:
 # uvicorn's class as a module global: its methods are called as ``_H11.method(self)``, not through
 # ``super()`` (docs/benchmarks.md, "The request path's tricks, each measured").
 _H11: Any = None if h11_impl is None else h11_impl.H11Protocol
+# uvicorn's on_response_complete, less its keep-alive timer if it is a form
+# connlist knows (connlist.uvicorn_keepalive), else as it is.
+_KEEPALIVE, _KEEPALIVE_NOT = (
+    (None, "") if _H11 is None else _keepalive.replacement("h11", _H11.on_response_complete)
+)
+_on_response_complete: Any = _KEEPALIVE or (None if _H11 is None else _H11.on_response_complete)
 
 
 class H11Tracking(Tracking, _H11Base):
@@ -53,6 +60,8 @@ class H11Tracking(Tracking, _H11Base):
     __slots__ = ()
 
     connlist_mode = "uvicorn-h11"
+    connlist_keepalive = _KEEPALIVE is not None
+    connlist_keepalive_not = _KEEPALIVE_NOT
 
     # What it reads of uvicorn's cycle and protocol, as the httptools protocol does.
     _connlist_without_middleware = _cycle.without_middleware
@@ -129,7 +138,7 @@ class H11Tracking(Tracking, _H11Base):
     def on_response_complete(self) -> None:
         phase = self._connlist_phase
         cycle = self.cycle
-        _H11.on_response_complete(self)
+        _on_response_complete(self)
         record = self._connlist_record
         if record is not None:
             # A finished response lets h11 go on to what it held.

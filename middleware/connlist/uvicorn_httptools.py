@@ -45,6 +45,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from connlist import uvicorn_cycle as _cycle
+from connlist import uvicorn_keepalive as _keepalive
 from connlist.connections import Connection
 from connlist.enforcer import Enforcer
 from connlist.server import BETWEEN as _BETWEEN
@@ -214,6 +215,10 @@ if httptools_impl is not None:
     # measured").  (A release that lacks one fails the self-check before any
     # is called.)
     _HttpTools: Any = httptools_impl.HttpToolsProtocol
+    # uvicorn's on_response_complete, less its keep-alive timer if it is a
+    # form connlist knows (connlist.uvicorn_keepalive), else as it is.
+    _KEEPALIVE, _KEEPALIVE_NOT = _keepalive.replacement("httptools", _HttpTools.on_response_complete)
+    _on_response_complete: Any = _KEEPALIVE or _HttpTools.on_response_complete
 
     class HttpToolsTracking(Tracking, _HttpToolsBase):
         """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""
@@ -221,6 +226,8 @@ if httptools_impl is not None:
         __slots__ = ()
 
         connlist_mode = "uvicorn-httptools"
+        connlist_keepalive = _KEEPALIVE is not None
+        connlist_keepalive_not = _KEEPALIVE_NOT
 
         # What it reads of uvicorn's cycle and protocol, as the h11 protocol does.
         _connlist_without_middleware = _cycle.without_middleware
@@ -346,7 +353,7 @@ if httptools_impl is not None:
             return n
 
         def on_response_complete(self) -> None:
-            _HttpTools.on_response_complete(self)
+            _on_response_complete(self)
             # ConnectionsList.response_complete, the feeder's own write (see
             # connlist.connections).  self.cycle is the newest
             # request's: if uvicorn has just started a pipelined one, or any

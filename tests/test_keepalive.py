@@ -1,0 +1,119 @@
+"""uvicorn's keep-alive timeout, timed by connlist's list: the same closes at the same times as uvicorn's own.
+
+Each case runs against real ``uvicorn`` processes started from the command
+line with ``--timeout-keep-alive``, on both parsers: plain uvicorn serving
+an app without connlist (``tests.keepalive_app:bare``), and the same app
+with ``ConnectionsMiddleware`` (the integration turns itself on).  The
+clients use raw sockets, and the cases of one server run side by side:
+
+* a connection idle after one response is closed ``--timeout-keep-alive``
+  after it;
+* after pipelined requests, the same after the last response;
+* a request sent just before the deadline keeps the connection, which is
+  then closed the keep-alive time after its response;
+* a websocket idle for longer than that stays open;
+* with ``--timeout-keep-alive 0``, the connection is closed at once after
+  its response, as uvicorn does.
+
+For connlist, the view counts the closes (``keepalive_timeouts``).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from websockets.sync.client import connect as ws_connect
+
+from tests.servers import EARLY, LATE, connect, read_response, read_until_closed
+from tests.subprocesses import PYTHON, get_json, run_server
+
+KEEP_ALIVE = 1.0
+GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+APPS = {"uvicorn": "tests.keepalive_app:bare", "connlist": "tests.keepalive_app:app"}
+
+
+def _command(app: str, parser: str, keep_alive: float) -> Callable[[int], list[str]]:
+    return lambda port: [
+        PYTHON, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
+        "--http", parser, "--timeout-keep-alive", f"{keep_alive:g}", "--log-level", "warning",
+    ]  # fmt: skip
+
+
+def _closed_after(sock: socket.socket, since: float) -> float:
+    data, closed = read_until_closed(sock, limit=KEEP_ALIVE + 5)
+    assert data == b"", data
+    return closed - since
+
+
+def idle_after_one(port: int) -> float:
+    sock = connect(port)
+    sock.sendall(GET)
+    assert read_response(sock).startswith(b"HTTP/1.1 200")
+    return _closed_after(sock, time.monotonic())
+
+
+def idle_after_pipelined(port: int) -> float:
+    sock = connect(port)
+    sock.sendall(GET * 3)
+    for _ in range(3):
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+    return _closed_after(sock, time.monotonic())
+
+
+def kept_by_a_request_just_before(port: int) -> float:
+    sock = connect(port)
+    sock.sendall(GET)
+    assert read_response(sock).startswith(b"HTTP/1.1 200")
+    time.sleep(KEEP_ALIVE - 0.2)
+    sock.sendall(GET)
+    assert read_response(sock).startswith(b"HTTP/1.1 200")
+    return _closed_after(sock, time.monotonic())
+
+
+def websocket_outlives(port: int) -> float:
+    with ws_connect(f"ws://127.0.0.1:{port}/ws", open_timeout=5) as ws:
+        ws.send("a")
+        assert ws.recv(timeout=5) == "a"
+        time.sleep(KEEP_ALIVE + 0.5)
+        ws.send("b")
+        assert ws.recv(timeout=5) == "b"
+    return KEEP_ALIVE
+
+
+CASES = (idle_after_one, idle_after_pipelined, kept_by_a_request_just_before, websocket_outlives)
+# The cases that end in a keep-alive close (the view counts them).
+CLOSES = 3
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+@pytest.mark.parametrize("server", list(APPS))
+def test_closed_at_the_keep_alive_time(server: str, parser: str, tmp_path: Path) -> None:
+    with run_server(
+        _command(APPS[server], parser, KEEP_ALIVE), tmp_path / "server.log", ready_path="/"
+    ) as running:
+        with ThreadPoolExecutor(len(CASES)) as pool:
+            took = dict(zip(CASES, pool.map(lambda case: case(running.port), CASES), strict=True))
+        for case, elapsed in took.items():
+            assert KEEP_ALIVE - EARLY <= elapsed <= KEEP_ALIVE + LATE, (case.__name__, elapsed)
+        if server == "connlist":
+            view = get_json(running.port, "/_connections")
+            assert view["mode"] == f"uvicorn-{parser}", view
+            # The readiness checks' connections were closed at the keep-alive time too.
+            assert view["totals"]["keepalive_timeouts"] >= CLOSES, view["totals"]
+        log = running.log()
+    assert "keep-alive" not in log, log
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+@pytest.mark.parametrize("server", list(APPS))
+def test_keep_alive_zero_closes_after_the_response(server: str, parser: str, tmp_path: Path) -> None:
+    with run_server(_command(APPS[server], parser, 0), tmp_path / "server.log", ready_path="/") as running:
+        sock = connect(running.port)
+        sock.sendall(GET)
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+        assert _closed_after(sock, time.monotonic()) <= LATE
