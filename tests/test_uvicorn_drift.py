@@ -122,6 +122,15 @@ VARIANTS: dict[str, list[Edit]] = {
     "conn renamed": [replace((PROTOCOLS["h11"],), r"\bself\.conn\b", "self.h11_conn")],
     "existing_cycle renamed": [replace((PROTOCOLS["httptools"],), r"\bexisting_cycle\b", "previous_cycle")],
     "hook renamed": [replace(BOTH, r"\bon_response_complete\b", "on_response_done")],
+    # A statement more at the end of a response: not a form connlist knows, so
+    # uvicorn keeps its keep-alive timer (connlist.uvicorn_keepalive), all else on.
+    "keep-alive hook changed": [
+        replace(
+            BOTH,
+            r"( +)self\.server_state\.total_requests \+= 1\n",
+            r"\1self.server_state.total_requests += 1\n\1self.responses_done = True\n",
+        )
+    ],
     "logger renamed": [everywhere(r'"uvicorn\.error"', '"uvicorn.server"')],
     "pipeline renamed": [replace((PROTOCOLS["httptools"],), r"\bself\.pipeline\b", "self.queue")],
     "more_body renamed": [replace((PROTOCOLS["httptools"],), r"\.more_body\b", ".body_pending")],
@@ -167,6 +176,7 @@ EXPECTED: dict[str, dict[str, str]] = {
     "conn renamed": {"httptools": "on", "h11": "off"},
     "existing_cycle renamed": {"httptools": "off", "h11": "on"},
     "hook renamed": {"httptools": "off", "h11": "off"},
+    "keep-alive hook changed": {"httptools": "on", "h11": "on"},
     "logger renamed": {"httptools": "on", "h11": "on"},
     "pipeline renamed": {"httptools": "off", "h11": "on"},
     "more_body renamed": {"httptools": "off", "h11": "on"},
@@ -193,6 +203,8 @@ FAILURE_WORDS = {
     "receive bound on the class": "(the cycle's `receive`)",
     "protocol class read before the lifespan": "served a request through another protocol than connlist's",
 }
+# Where the integration is on but uvicorn keeps timing its keep-alive itself (one WARNING line says so).
+KEEP_ALIVE_BY_UVICORN = {"keep-alive hook changed"}
 # Failures the server's start cannot see: the first request tells, with the ERROR line alone.
 AT_FIRST_REQUEST = {"protocol class read before the lifespan"}
 
@@ -407,7 +419,17 @@ def test_serves_exact_or_in_asgi_only_mode(
     if EXPECTED[variant][parser] == "on":
         assert view["mode"] == f"uvicorn-{parser}", log
         assert view["integration_off"] is None
-        assert view["enforced"] == ["headers", "request", "rate", "send"]
+        by_uvicorn = variant in KEEP_ALIVE_BY_UVICORN
+        assert view["keep_alive_by"] == ("server" if by_uvicorn else "connlist"), view
+        assert view["enforced"] == [
+            "headers",
+            "request",
+            "rate",
+            "send",
+            *([] if by_uvicorn else ["keepalive"]),
+        ]
+        said = [line for line in log.splitlines() if "so uvicorn times its keep-alive itself" in line]
+        assert len(said) == by_uvicorn, log
         assert errors == [], log
         # The INFO line says so, and how it came on.
         given = ", from the server's protocol setting" if how == "flag" else ""
@@ -423,6 +445,7 @@ def test_serves_exact_or_in_asgi_only_mode(
         assert outcome.busy.startswith(b"HTTP/1.1 200 OK") and outcome.busy.endswith(b"ok 4"), outcome.busy
     else:
         assert view["mode"] == "asgi", log
+        assert view["keep_alive_by"] == "server"
         assert view["enforced"] == ["request", "rate"]
         assert FAILURE_WORDS[variant] in view["integration_off"], view["integration_off"]
         # One ERROR line: the version, what failed, what is lost, what to do.

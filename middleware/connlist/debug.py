@@ -155,13 +155,17 @@ def describe(
 
 
 def enforced(enforcer: Enforcer) -> list[str]:
-    """The timeouts this worker enforces (on, and possible in its mode): the rows of ``TIMEOUT_KINDS``."""
+    """The timeouts this worker enforces (on, and possible in its mode): the rows of ``TIMEOUT_KINDS``.
+
+    The keep-alive is the server's setting: listed where the list times it.
+    """
     settings = enforcer.settings
     asgi = enforcer.mode == "asgi"
     return [
         kind.name
         for kind in TIMEOUT_KINDS
-        if kind.setting is not None and getattr(settings, kind.setting) and (kind.asgi or not asgi)
+        if (kind.setting is not None and getattr(settings, kind.setting) and (kind.asgi or not asgi))
+        or (kind.name == "keepalive" and enforcer.keep_alive_timed and not asgi)
     ]
 
 
@@ -212,6 +216,10 @@ def snapshot_steps(
         "integration_off": enforcer.integration_off,
         "server_integration": enforcer.server_integration,
         **dataclasses.asdict(enforcer.settings),
+        # The server's keep-alive time, and who times it: "connlist" (the
+        # list, connlist.uvicorn_keepalive) or "server" (its own timers).
+        "keep_alive": enforcer.keep_alive,
+        "keep_alive_by": "connlist" if enforcer.keep_alive_timed and enforcer.mode != "asgi" else "server",
         "counts": counts,
         "totals": dataclasses.asdict(enforcer.totals),
         "budget": budget_view(enforcer),

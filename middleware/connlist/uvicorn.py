@@ -161,6 +161,7 @@ def _build(parser: str) -> tuple[type[Any] | None, type | None, uvicorn_selfchec
     assert cls is not None
     integration.record_pass(cls)
     _warn_if_newer()
+    _warn_keepalive(cls, parser)
     return cls, base, result
 
 
@@ -221,6 +222,23 @@ def _warn_if_newer() -> None:
         _connlist_version(),
         TESTED_RANGE,
         uvicorn.__version__,
+    )
+
+
+def _warn_keepalive(cls: type[Any], parser: str) -> None:
+    """One WARNING where uvicorn keeps its timer per response: its method is not a form connlist knows."""
+    if getattr(cls, "connlist_keepalive", False):
+        return
+    route_to_uvicorn()
+    logger.warning(
+        "uvicorn %s's %s.on_response_complete: %s, so uvicorn times its keep-alive itself "
+        "(a timer per response, as without connlist); connlist's other protections are on. "
+        "connlist %s knows the forms of uvicorn %s",
+        uvicorn.__version__,
+        _NAMES[parser],
+        getattr(cls, "connlist_keepalive_not", "") or "it is not one of the forms connlist knows",
+        _connlist_version(),
+        TESTED_RANGE,
     )
 
 

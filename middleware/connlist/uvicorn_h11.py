@@ -48,10 +48,9 @@ else:
 _H11: Any = None if h11_impl is None else h11_impl.H11Protocol
 # uvicorn's on_response_complete, less its keep-alive timer if it is a form
 # connlist knows (connlist.uvicorn_keepalive), else as it is.
-_KEEPALIVE, _KEEPALIVE_NOT = (
-    (None, "") if _H11 is None else _keepalive.replacement("h11", _H11.on_response_complete)
-)
-_on_response_complete: Any = _KEEPALIVE or (None if _H11 is None else _H11.on_response_complete)
+# (A uvicorn without the method fails the self-check before any is called.)
+_KEEPALIVE, _KEEPALIVE_NOT = _keepalive.replacement("h11", getattr(_H11, "on_response_complete", None))
+_on_response_complete: Any = _KEEPALIVE or getattr(_H11, "on_response_complete", None)
 
 
 class H11Tracking(Tracking, _H11Base):

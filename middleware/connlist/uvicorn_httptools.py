@@ -217,8 +217,11 @@ if httptools_impl is not None:
     _HttpTools: Any = httptools_impl.HttpToolsProtocol
     # uvicorn's on_response_complete, less its keep-alive timer if it is a
     # form connlist knows (connlist.uvicorn_keepalive), else as it is.
-    _KEEPALIVE, _KEEPALIVE_NOT = _keepalive.replacement("httptools", _HttpTools.on_response_complete)
-    _on_response_complete: Any = _KEEPALIVE or _HttpTools.on_response_complete
+    # (A uvicorn without the method fails the self-check before any is called.)
+    _KEEPALIVE, _KEEPALIVE_NOT = _keepalive.replacement(
+        "httptools", getattr(_HttpTools, "on_response_complete", None)
+    )
+    _on_response_complete: Any = _KEEPALIVE or getattr(_HttpTools, "on_response_complete", None)
 
     class HttpToolsTracking(Tracking, _HttpToolsBase):
         """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""

@@ -192,12 +192,14 @@ def _as_uvicorn(node: ast.FunctionDef) -> ast.FunctionDef:
     return ast.fix_missing_locations(tree)  # type: ignore[no-any-return]
 
 
-def replacement(parser: str, method: Callable[..., Any]) -> tuple[Callable[[Any], None] | None, str]:
+def replacement(parser: str, method: Callable[..., Any] | None) -> tuple[Callable[[Any], None] | None, str]:
     """The replacement for uvicorn's ``on_response_complete`` (``method``), or None; and why not.
 
     A replacement is taken only where uvicorn's method is, statement for
     statement, the replacement with the keep-alive statement back in place.
     """
+    if method is None:
+        return None, "uvicorn's protocol has no such method"
     try:
         theirs = _canonical(_tree(method))
     except (OSError, TypeError, SyntaxError) as exc:

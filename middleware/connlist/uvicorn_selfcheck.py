@@ -20,7 +20,10 @@ of connlist's is handed to uvicorn, this module checks it, once per process:
    expect ``100 Continue`` (the body's clock starts at the app's first
    ``receive()``, when uvicorn writes ``100 Continue``, or at its answer
    without reading; not before), a websocket upgrade, a connection lost
-   mid-request, and a headers timeout.  After each step the connection's
+   mid-request, and a headers timeout.  At the end of the first response,
+   uvicorn's duties there (its count of requests, reading resumed) and the
+   keep-alive: the list's, where connlist runs uvicorn's
+   ``on_response_complete`` less its timer, else uvicorn's timer.  After each step the connection's
    record (state, requests, method and path, the body's clock) and what
    was written are compared with what must be; after the first request
    every attribute connlist reads (on the protocol, its cycle, its flow
@@ -51,6 +54,7 @@ from typing import Any
 from connlist.connections import Connection, connection_state
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.kinds import resolve
+from connlist.uvicorn_keepalive import TIMED_BY_LIST
 
 __all__ = [
     "CheckFailed",
@@ -333,8 +337,10 @@ class _Script:
         protocol, transport = self.connect()
         record = self.record(protocol)
         self.expect("a connection", record, "new", 0)
+        served = self.server_state.total_requests
         await self.feed(protocol, GET)
         self.expect("a whole request in one read", record, "idle", 1)
+        self.keep_alive(protocol, record, served)
         await self.feed(protocol, GET[:10])
         self.expect("the first bytes of a request", record, "reading_headers", 1)
         await self.feed(protocol, GET[10:])
@@ -399,6 +405,30 @@ class _Script:
         if not bytes(silent_transport.written).startswith(b"HTTP/1.1 408 ") or not silent_transport.closing:
             raise CheckFailed("a connection past the headers timeout was not answered 408 and closed")
         self.steps.append("a headers timeout")
+
+    def keep_alive(self, protocol: Any, record: Connection, served: int) -> None:
+        """The end of a response on an idle connection: uvicorn's duties done, and the keep-alive timed.
+
+        Where connlist's class runs uvicorn's ``on_response_complete`` less
+        its keep-alive timer (``connlist.uvicorn_keepalive``), the rest of
+        what uvicorn does there must still be done, and the list must have
+        taken the keep-alive over; elsewhere uvicorn's timer must be armed.
+        """
+        if self.server_state.total_requests != served + 1:
+            raise CheckFailed("a response did not count in uvicorn's `server_state.total_requests`")
+        if protocol.flow.read_paused:
+            raise CheckFailed("reading was not resumed at the end of a response (`flow.resume_reading`)")
+        task = getattr(protocol, "timeout_keep_alive_task", None)
+        if getattr(self.cls, "connlist_keepalive", False):
+            if task is not TIMED_BY_LIST or record.idle_at != self.now:
+                raise CheckFailed("the end of a response did not leave the keep-alive to connlist's list")
+            if self.enforcer.timer_at != self.now + protocol.timeout_keep_alive:
+                raise CheckFailed(
+                    "the end of a response did not wake the list's timer at the keep-alive time"
+                )
+        elif task is None:
+            raise CheckFailed("uvicorn armed no keep-alive timer at the end of a response")
+        self.steps.append("the keep-alive after a response")
 
     async def expect_100_continue(self) -> None:
         """Bodies behind ``Expect: 100-continue``: timed from the app's first receive(), or its answer.
