@@ -161,6 +161,8 @@ class MemoryHandle:
         self.transport = MemoryTransport()
         self.request = (method, path)
         self.responding = False
+        # Closed by the keep-alive timeout (connlist_close_keepalive).
+        self.closed_keepalive = False
 
     def connlist_close_expired(self) -> None:
         if not self.responding and not self.transport.closed:

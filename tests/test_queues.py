@@ -1,8 +1,8 @@
-"""connlist.queues.Queue on records of its own: order, counts, and walks that unlink or move as they go."""
+"""connlist.queues on records of its own: the Queue's order, counts and walks; the Heap's order."""
 
 from __future__ import annotations
 
-from connlist.queues import UNQUEUED, Link, Queue
+from connlist.queues import UNQUEUED, Heap, Link, Queue
 
 
 class Record:
@@ -69,3 +69,44 @@ def test_a_walk_may_unlink_or_move_the_record_it_is_on() -> None:
             queue.unlink(d)  # the successor goes too: the walk ends there
     assert seen == [a, b, c]
     assert list(queue) == [c, b] and len(queue) == 2
+
+
+class Idle:
+    """A record as the idle heap needs it: an entry attribute and a key attribute."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.entry: list[object] | None = None
+        self.key = 0.0
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def test_a_heap_gives_the_smallest_key_first_whatever_the_order_of_pushes() -> None:
+    heap: Heap[Idle] = Heap("entry", "key")
+    assert (len(heap), heap.head(), heap.head_stamp(), heap.pop()) == (0, None, None, None)
+    records = {name: Idle(name) for name in "abcd"}
+    for name, key in (("a", 3.0), ("b", 1.0), ("c", 2.0), ("d", 1.0)):
+        heap.push(records[name], key)
+        assert records[name] in heap and records[name].key == key
+    assert len(heap) == 4 and heap.head_stamp() == 1.0
+    # Equal keys come out in the order they went in.
+    assert [heap.pop() for _ in range(4)] == [records[name] for name in "bdca"]
+    assert len(heap) == 0 and all(record not in heap for record in records.values())
+
+
+def test_unlink_is_lazy_but_exact_and_the_dead_never_outnumber_the_live() -> None:
+    heap: Heap[Idle] = Heap("entry", "key")
+    many = [Idle(str(i)) for i in range(200)]
+    for i, record in enumerate(many):
+        heap.push(record, float(i))
+    for record in many[:150]:
+        heap.unlink(record)
+        heap.unlink(record)  # idempotent
+    assert len(heap) == 50 and heap.head() is many[150] and heap.head_stamp() == 150.0
+    assert sorted(record.name for record in heap) == sorted(record.name for record in many[150:])
+    assert len(heap._entries) <= 2 * len(heap) + 33
+    # A record let go may come back, with a new key.
+    heap.push(many[0], 0.5)
+    assert heap.pop() is many[0] and heap.pop() is many[150]
