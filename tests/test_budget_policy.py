@@ -199,8 +199,9 @@ def test_an_idle_connection_used_since_it_went_idle_gets_a_second_chance(
     idle(enforcer, b)
     c, c_handle = arrive(enforcer)
     idle(enforcer, c)
-    # a serves another request the fast way (ConnectionsList.message): it
-    # stays where it is in the idle order, but it was used since.
+    # a serves another request the fast way (ConnectionsList.message), a
+    # second later: it stays where it is in the idle order, but it was used since.
+    clock.advance(1)
     connections.message(a)
     connections.response_complete(a)
     arrive(enforcer)

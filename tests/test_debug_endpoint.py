@@ -281,6 +281,8 @@ def test_snapshot_method_is_what_the_endpoint_serves() -> None:
         "body_min_rate",
         "body_grace",
         "max_connections",
+        "keep_alive",
+        "keep_alive_by",
         "counts",
         "totals",
         "budget",

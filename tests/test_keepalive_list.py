@@ -13,6 +13,7 @@ import math
 
 import pytest
 
+from connlist.budget import idle_oldest
 from connlist.connections import Connection
 from connlist.enforcer import PRESSURE_FLOOR, Enforcer
 from connlist.kinds import resolve
@@ -197,3 +198,19 @@ def test_under_pressure_the_same_rule_closes_sooner_and_says_so(
     assert enforcer.totals.keepalive_timeouts == 10 and enforcer.connections.occupied == 0
     assert not any(handle.closed_keepalive for _, handle in conns)  # closed as the budget closes
     assert "10 connections timed out (10 keepalive)" in caplog.text
+
+
+def test_the_budget_lets_go_of_the_connection_idle_longest_by_its_responses_end(
+    enforcer: Enforcer, clock: FakeClock, loop: MockLoop
+) -> None:
+    # Both joined the idle heap at their first request; b's response ended first.
+    (a, _), (b, _) = arrive(enforcer), arrive(enforcer)
+    first_request(enforcer, a)
+    first_request(enforcer, b)
+    clock.advance(1)
+    responded(enforcer, b)
+    clock.advance(1)
+    responded(enforcer, a)
+    assert idle_oldest(enforcer.connections, clock.now) is b
+    assert idle_oldest(enforcer.connections, clock.now) is a
+    assert idle_oldest(enforcer.connections, clock.now) is None

@@ -43,7 +43,8 @@ def test_the_installed_uvicorn_passes_quietly(parser: str, caplog: pytest.LogCap
     assert result.passed, result
     assert result.logger_name == "uvicorn.error"
     assert result.steps[0] == "uvicorn's own protocol, and what connlist reads of it"
-    assert result.steps[-1] == "a headers timeout" and len(result.steps) == 17
+    assert result.steps[-1] == "a headers timeout" and len(result.steps) == 18
+    assert "the keep-alive after a response" in result.steps
     # Nothing reached uvicorn's loggers (its error log, its access log) or connlist's.
     assert [r for r in caplog.records if r.name.startswith(("uvicorn", "connlist"))] == []
     # Milliseconds, once per process (docs/deployment.md states the cost).

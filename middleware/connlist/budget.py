@@ -11,19 +11,20 @@ lets it go (``ConnectionsList.evict``).
 
 The idle order.  ``ConnectionsList.idle_queue`` is a heap of idle
 connections keyed by a clock value no later than the start of their idle
-time: a record joins at ``message_complete``, keyed by the clock then.  A
-whole request on an idle connection (``message``, the common case) neither
-moves it nor reads a clock, so when the sweep finds a record at the top,
-its key may be behind.  ``_look`` therefore gives it a second chance, as
+time: a record joins at ``message_complete``, keyed by its message's start
+(no clock is read there).  A whole request on an idle connection
+(``message``, the common case) neither moves it nor reads a clock, so when
+the sweep finds a record at the top, its key may be behind.  ``_look`` therefore gives it a second chance, as
 the CLOCK page-replacement algorithm does, and corrects its key on the way:
 
 * a record serving a request (``responding``), or whose client is taking a
   response (stalled), goes back keyed now: its idle time starts later;
-* a record whose last response ended after its key (``idle_at``, written
-  by the server layer where it times uvicorn's keep-alive) goes back keyed
-  by that time, exactly;
-* without ``idle_at`` (uvicorn's own timer keeps the keep-alive), a record
-  that served requests since it was keyed goes back keyed now;
+* a record whose last response ended after its key (``idle_at``: the
+  server layer writes it at each response's end) goes back keyed by that
+  time, exactly;
+* one with no response ended since its message did (the response ended
+  before the request's body, or the feeder does not say) goes back keyed
+  now: its idle time counts from the first look;
 * one that is no longer idle (a request began, it expired, it is closing,
   it was let go) leaves the heap, to join again at its next
   ``message_complete``;
@@ -63,11 +64,13 @@ def _look(connections: ConnectionsList, node: Connection, now: float) -> int:
         queue.push(node, now)
     elif node.idle_at > node.idle_since:
         queue.push(node, node.idle_at)
-    elif node.requests != node.idle_requests:
+    elif node.idle_at == 0.0:
+        # No response ended since its message did (it ended first, or the
+        # feeder does not say): idle from the first look on.
+        node.idle_at = now
         queue.push(node, now)
     else:
         return _FREE
-    node.idle_requests = node.requests
     return _AGAIN
 
 
@@ -75,11 +78,12 @@ def idle_oldest(connections: ConnectionsList, now: float) -> Connection | None:
     """Take out and return the longest-idle keep-alive connection that can be closed, or None.
 
     Each record looked at is taken off the top; one not free goes back
-    (``_look``), and the walk ends after as many looks as there were
-    records, so each is looked at about once.
+    (``_look``), keyed again.  An idle one keyed late comes back keyed by
+    when its idle time began, and is free at its next look, so the walk
+    ends after at most two looks per record.
     """
     queue = connections.idle_queue
-    for _ in range(len(queue)):
+    for _ in range(2 * len(queue)):
         node = queue.pop()
         if node is None:
             break

@@ -306,15 +306,16 @@ class ConnectionsList(ListViews):
         if conn._all_next is not conn:
             conn.responding = True
 
-    @staticmethod
-    def response_complete(conn: Connection) -> None:
-        """No response is unfinished on the connection any more (``responding`` is false)."""
+    def response_complete(self, conn: Connection) -> None:
+        """No response is unfinished on the connection any more: not ``responding``, idle from now."""
         conn.responding = False
+        conn.idle_at = self._clock()
 
     def message_complete(self, conn: Connection) -> None:
         """The request is fully received: the connection leaves ``active`` and is idle."""
         if conn._all_next is conn:
             return
+        started = conn.last_message_start
         nxt = conn._active_next
         if nxt is not conn:
             prev = conn._active_prev
@@ -335,11 +336,14 @@ class ConnectionsList(ListViews):
             return  # idle already: a second call for the same request counts nothing
         conn.last_message_start = 0.0
         conn.requests += 1
+        # Its idle time begins when its response ends (response_complete;
+        # 0: not yet, or it ended before this message did).
+        conn.idle_at = 0.0
         if conn._idle_entry is None:
-            # Its idle time begins no earlier than now; one still queued
-            # stays, with a key no later than that (connlist.budget).
-            conn.idle_requests = conn.requests
-            self.idle_queue.push(conn, self._clock())
+            # Keyed by the message's start, with no clock read: no idle time
+            # began before it.  One still queued stays, keyed as early
+            # (connlist.budget).
+            self.idle_queue.push(conn, started)
 
     def remove(self, conn: Connection) -> None:
         """Closed or upgraded: leaves every list it is in.  Idempotent, safe in any state."""

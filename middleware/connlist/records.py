@@ -109,7 +109,6 @@ class Connection:
         "headers_completed",
         "id",
         "idle_at",
-        "idle_requests",
         "idle_since",
         "last_message_start",
         "out_acked",
@@ -181,12 +180,11 @@ class Connection:
         self.out_acked = -1
         self.out_step = 0
         # While in ``idle_queue`` (see ``connlist.budget``): its key there,
-        # a clock value no later than the start of its idle time, and
-        # ``requests`` when it was pushed.
+        # a clock value no later than the start of its idle time.
         self.idle_since = 0.0
-        self.idle_requests = 0
-        # When its last response ended with nothing after it (the server
-        # layer writes it where it times uvicorn's keep-alive; 0: never).
+        # When its last response ended (``response_complete``; the server
+        # layer writes it itself on its fast path), or 0: not since its last
+        # message ended.
         self.idle_at = 0.0
         # Closed or aborted to make room (``ConnectionsList.evict``): its
         # descriptor is on its way out, it no longer counts against the budget.

@@ -24,6 +24,7 @@ from connlist.server import BODY, AfterCut, Tracking
 __all__ = [
     "after_continue",
     "body_begin",
+    "close_keepalive",
     "cycles",
     "mark_cut",
     "reading_paused",
@@ -54,6 +55,11 @@ def setup(self: Any) -> None:
     Tracking._connlist_setup(
         self, self.app_state, getattr(self, "loop", None), getattr(self, "timeout_keep_alive", None)
     )
+
+
+def close_keepalive(self: Any) -> None:
+    """The keep-alive timeout the list times: uvicorn's own handler, as its timer would have called it."""
+    self.timeout_keep_alive_handler()
 
 
 def without_middleware(self: Any) -> tuple[object, object]:

@@ -70,6 +70,7 @@ class H11Tracking(Tracking, _H11Base):
     _connlist_responding = _cycle.responding
     _connlist_cycles = _cycle.cycles
     _connlist_mark_cut = _cycle.mark_cut
+    connlist_close_keepalive = _cycle.close_keepalive
     connlist_request = _cycle.request
     connlist_reading_paused = _cycle.reading_paused
 
@@ -143,7 +144,11 @@ class H11Tracking(Tracking, _H11Base):
             # A finished response lets h11 go on to what it held.
             self._connlist_events(phase, cycle)
             if not self._connlist_responding():
-                self._connlist.connections.response_complete(record)
+                record.responding = False
+                if _KEEPALIVE is None:
+                    # uvicorn's own method: the idle time begins now (with
+                    # connlist's, it began where its timer would have been armed).
+                    record.idle_at = self._connlist.clock()
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         self._connlist_phase = _UPGRADED

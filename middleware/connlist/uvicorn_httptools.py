@@ -221,7 +221,7 @@ if httptools_impl is not None:
     _KEEPALIVE, _KEEPALIVE_NOT = _keepalive.replacement(
         "httptools", getattr(_HttpTools, "on_response_complete", None)
     )
-    _on_response_complete: Any = _KEEPALIVE or getattr(_HttpTools, "on_response_complete", None)
+    _TIMED = _keepalive.TIMED_BY_LIST
 
     class HttpToolsTracking(Tracking, _HttpToolsBase):
         """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""
@@ -237,6 +237,7 @@ if httptools_impl is not None:
         _connlist_body_begin = _cycle.body_begin
         _connlist_after_continue = _cycle.after_continue
         _connlist_mark_cut = _cycle.mark_cut
+        connlist_close_keepalive = _cycle.close_keepalive
         connlist_request = _cycle.request
         connlist_reading_paused = _cycle.reading_paused
 
@@ -260,6 +261,11 @@ if httptools_impl is not None:
             if self._connlist_phase:
                 self._connlist_read(data, self.scope, cycle)
                 return
+            if self.timeout_keep_alive_task is _TIMED:  # type: ignore[comparison-overlap]
+                # What uvicorn's data_received cancels first: nothing to
+                # cancel, this read ends the idle time by itself.  Dropped
+                # here, uvicorn's cancel is a None test, not a call.
+                self.timeout_keep_alive_task = None
             _HttpTools.data_received(self, data)
             # The common case: no message was open, and one request began,
             # got its headers and completed in this read, with none queued.
@@ -355,15 +361,22 @@ if httptools_impl is not None:
                 n += 1
             return n
 
-        def on_response_complete(self) -> None:
-            _on_response_complete(self)
-            # ConnectionsList.response_complete, the feeder's own write (see
-            # connlist.connections).  self.cycle is the newest
-            # request's: if uvicorn has just started a pipelined one, or any
-            # is still queued, it is not complete.
-            if self.cycle.response_complete:
-                record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
-                record.responding = False
+        if _KEEPALIVE is not None:
+            # uvicorn's method less its timer, which also writes what the
+            # method below writes (connlist.uvicorn_keepalive): one call.
+            on_response_complete = _KEEPALIVE
+        else:
+
+            def on_response_complete(self) -> None:
+                _HttpTools.on_response_complete(self)
+                # ConnectionsList.response_complete, the feeder's own writes
+                # (see connlist.connections).  self.cycle is the newest
+                # request's: if uvicorn has just started a pipelined one, or
+                # any is still queued, it is not complete.
+                if self.cycle.response_complete:
+                    record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
+                    record.responding = False
+                    record.idle_at = self._connlist.clock()
 
         def handle_websocket_upgrade(self) -> None:
             # Upgraded connections are never timed out (Node: parser freed);

@@ -22,8 +22,12 @@ one timer per worker already sweeps them (``connlist.budget``, the sweep's
   arms its timer as before: there is nothing to save.
 
 The replacements below are uvicorn's methods as uvicorn writes them, one per
-form its releases have had, with that statement in an ``if``.  Each is
-taken only for a uvicorn whose method is the same but for that statement
+form its releases have had, with that statement in an ``if``.  The httptools
+ones also write what connlist's protocol wrote after uvicorn's method (the
+record no longer ``responding``), so that a response's end is one call, not
+two (docs/benchmarks.md, "The keep-alive timer in the list"); those
+statements name ``_connlist`` attributes.  Each replacement is taken only
+for a uvicorn whose method is the same but for these statements
 (``replacement`` compares the two syntax trees); any other uvicorn keeps its
 own method and its timer, and connlist says so in one WARNING line
 (``connlist.uvicorn``).  The self-check then drives the class it built
@@ -69,6 +73,7 @@ def _httptools(self: Any) -> None:  # uvicorn 0.45 and later
     self.server_state.total_requests += 1
 
     if self.transport.is_closing():
+        self._connlist_record.responding = False
         return
 
     self._unset_keepalive_if_required()
@@ -81,16 +86,18 @@ def _httptools(self: Any) -> None:  # uvicorn 0.45 and later
     if self.pipeline:
         cycle, app = self.pipeline.pop()
         self._start_asgi_task(cycle, app)
-    elif self.timeout_keep_alive > 0:
-        self.timeout_keep_alive_task = TIMED_BY_LIST
-        enforcer = self._connlist
-        self._connlist_record.idle_at = idle_at = enforcer.clock()
-        if idle_at + self.timeout_keep_alive < enforcer.timer_at:
-            enforcer.wake_by(idle_at + self.timeout_keep_alive)
     else:
-        self.timeout_keep_alive_task = self.loop.call_later(
-            self.timeout_keep_alive, self.timeout_keep_alive_handler
-        )
+        self._connlist_record.responding = False
+        if self.timeout_keep_alive > 0:
+            self.timeout_keep_alive_task = TIMED_BY_LIST
+            enforcer = self._connlist
+            self._connlist_record.idle_at = idle_at = enforcer.clock()
+            if idle_at + self.timeout_keep_alive < enforcer.timer_at:
+                enforcer.wake_by(idle_at + self.timeout_keep_alive)
+        else:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
 
 def _httptools_create_task(self: Any) -> None:  # uvicorn 0.36 to 0.44
@@ -98,6 +105,7 @@ def _httptools_create_task(self: Any) -> None:  # uvicorn 0.36 to 0.44
     self.server_state.total_requests += 1
 
     if self.transport.is_closing():
+        self._connlist_record.responding = False
         return
 
     self._unset_keepalive_if_required()
@@ -112,16 +120,18 @@ def _httptools_create_task(self: Any) -> None:  # uvicorn 0.36 to 0.44
         task = self.loop.create_task(cycle.run_asgi(app))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
-    elif self.timeout_keep_alive > 0:
-        self.timeout_keep_alive_task = TIMED_BY_LIST
-        enforcer = self._connlist
-        self._connlist_record.idle_at = idle_at = enforcer.clock()
-        if idle_at + self.timeout_keep_alive < enforcer.timer_at:
-            enforcer.wake_by(idle_at + self.timeout_keep_alive)
     else:
-        self.timeout_keep_alive_task = self.loop.call_later(
-            self.timeout_keep_alive, self.timeout_keep_alive_handler
-        )
+        self._connlist_record.responding = False
+        if self.timeout_keep_alive > 0:
+            self.timeout_keep_alive_task = TIMED_BY_LIST
+            enforcer = self._connlist
+            self._connlist_record.idle_at = idle_at = enforcer.clock()
+            if idle_at + self.timeout_keep_alive < enforcer.timer_at:
+                enforcer.wake_by(idle_at + self.timeout_keep_alive)
+        else:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
 
 def _h11(self: Any) -> None:
@@ -175,10 +185,26 @@ def _canonical(node: ast.FunctionDef) -> str:
     return text
 
 
+def _ours(statement: ast.stmt) -> bool:
+    """Whether a simple statement is connlist's own: it names a ``_connlist`` attribute or name."""
+    return any(
+        (isinstance(node, ast.Attribute) and node.attr.startswith("_connlist"))
+        or (isinstance(node, ast.Name) and node.id.startswith("_connlist"))
+        for node in ast.walk(statement)
+    )
+
+
 def _as_uvicorn(node: ast.FunctionDef) -> ast.FunctionDef:
-    """A replacement's tree as uvicorn's would read: the ``if`` around the statement is its ``else``."""
+    """A replacement's tree as uvicorn's would read.
+
+    connlist's own statements (``_ours``) taken out, and the ``if`` around
+    the keep-alive statement replaced by its ``else``.
+    """
 
     class Back(ast.NodeTransformer):
+        def visit_Assign(self, statement: ast.Assign) -> Any:
+            return None if _ours(statement) else statement
+
         def visit_If(self, branch: ast.If) -> Any:
             self.generic_visit(branch)
             if (
@@ -196,7 +222,8 @@ def replacement(parser: str, method: Callable[..., Any] | None) -> tuple[Callabl
     """The replacement for uvicorn's ``on_response_complete`` (``method``), or None; and why not.
 
     A replacement is taken only where uvicorn's method is, statement for
-    statement, the replacement with the keep-alive statement back in place.
+    statement, the replacement without connlist's own statements and with
+    the keep-alive statement back in place.
     """
     if method is None:
         return None, "uvicorn's protocol has no such method"

@@ -420,6 +420,11 @@ class _Script:
             raise CheckFailed("reading was not resumed at the end of a response (`flow.resume_reading`)")
         task = getattr(protocol, "timeout_keep_alive_task", None)
         if getattr(self.cls, "connlist_keepalive", False):
+            # What the list's keep-alive close calls (connlist.uvicorn_cycle.close_keepalive).
+            if not callable(getattr(protocol, "timeout_keep_alive_handler", None)):
+                raise CheckFailed(
+                    "uvicorn's protocol has no `timeout_keep_alive_handler` (its keep-alive close)"
+                )
             if task is not TIMED_BY_LIST or record.idle_at != self.now:
                 raise CheckFailed("the end of a response did not leave the keep-alive to connlist's list")
             if self.enforcer.timer_at != self.now + protocol.timeout_keep_alive:
