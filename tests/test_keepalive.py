@@ -8,12 +8,16 @@ clients use raw sockets, and the cases of one server run side by side:
 
 * a connection idle after one response is closed ``--timeout-keep-alive``
   after it;
-* after pipelined requests, the same after the last response;
+* after pipelined requests, the same after the last response, also when
+  one of them takes longer than the keep-alive time to answer;
 * a request sent just before the deadline keeps the connection, which is
   then closed the keep-alive time after its response;
 * a websocket idle for longer than that stays open;
 * with ``--timeout-keep-alive 0``, the connection is closed at once after
-  its response, as uvicorn does.
+  its response, as uvicorn does;
+* a blank line after a response begins no request: the connection is
+  still closed at the keep-alive time (uvicorn's httptools protocol would
+  hold it for good).
 
 For connlist, the view counts the closes (``keepalive_timeouts``).
 """
@@ -65,6 +69,15 @@ def idle_after_pipelined(port: int) -> float:
     return _closed_after(sock, time.monotonic())
 
 
+def pipelined_behind_a_slow_one(port: int) -> float:
+    # The second request takes longer than the keep-alive time to answer.
+    sock = connect(port)
+    sock.sendall(GET + b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert read_response(sock).startswith(b"HTTP/1.1 200")
+    assert read_response(sock).endswith(b"slow")
+    return _closed_after(sock, time.monotonic())
+
+
 def kept_by_a_request_just_before(port: int) -> float:
     sock = connect(port)
     sock.sendall(GET)
@@ -85,9 +98,15 @@ def websocket_outlives(port: int) -> float:
     return KEEP_ALIVE
 
 
-CASES = (idle_after_one, idle_after_pipelined, kept_by_a_request_just_before, websocket_outlives)
+CASES = (
+    idle_after_one,
+    idle_after_pipelined,
+    pipelined_behind_a_slow_one,
+    kept_by_a_request_just_before,
+    websocket_outlives,
+)
 # The cases that end in a keep-alive close (the view counts them).
-CLOSES = 3
+CLOSES = 4
 
 
 @pytest.mark.parametrize("parser", ["httptools", "h11"])
@@ -117,3 +136,18 @@ def test_keep_alive_zero_closes_after_the_response(server: str, parser: str, tmp
         sock.sendall(GET)
         assert read_response(sock).startswith(b"HTTP/1.1 200")
         assert _closed_after(sock, time.monotonic()) <= LATE
+
+
+def test_a_blank_line_after_a_response_does_not_hold_the_connection(tmp_path: Path) -> None:
+    # uvicorn's httptools protocol cancels its timer at any read and arms it
+    # again only after a response: a blank line would hold the connection
+    # for good.  No request began, so the list still counts it idle.
+    command = _command(APPS["connlist"], "httptools", KEEP_ALIVE)
+    with run_server(command, tmp_path / "server.log", ready_path="/") as running:
+        sock = connect(running.port)
+        sock.sendall(GET)
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+        since = time.monotonic()
+        sock.sendall(b"\r\n")
+        elapsed = _closed_after(sock, since)
+        assert KEEP_ALIVE - EARLY <= elapsed <= KEEP_ALIVE + LATE, elapsed
