@@ -19,6 +19,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
+from connlist.budget import idle_expired
 from connlist.connections import PHASES, STATES, Connection, ConnectionsList, connection_state
 from connlist.sweep import lingered, rate_expired, stall_sample, stalled_due
 from tests.fakes import FakeClock
@@ -70,6 +71,8 @@ class Model:
     out_since: float = 0.0
     out_sampled: float = 0.0
     out_pending: int = 0
+    # When it last became idle (between messages, not responding), or None while it is not.
+    idle_start: float | None = None
 
 
 def effective(headers_timeout: float, request_timeout: float) -> tuple[float, float]:
@@ -91,6 +94,8 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         self.body_order: list[Connection] = []
         self.stalled_order: list[Connection] = []
         self.closing_order: list[Connection] = []
+        # The records in the idle heap (its order is the heap's own).
+        self.idle_heap: set[Connection] = set()
 
     # -- the model's own rules ---------------------------------------------------
 
@@ -138,6 +143,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         m.start = self.clock.now
         m.headers_completed = False
         m.begun = True
+        m.idle_start = None
         self.discard(self.body_order, conn)
 
     @rule(conn=conns)
@@ -155,6 +161,8 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             self.active_order.remove(conn)
         if m.start != 0.0:  # a request was open: it now counts as received
             m.requests += 1
+            self.idle_heap.add(conn)
+            m.idle_start = None if m.responding else self.clock.now
         m.start = 0.0
         self.discard(self.body_order, conn)
 
@@ -166,6 +174,8 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             return
         m.removed = True
         m.responding = False
+        m.idle_start = None
+        self.idle_heap.discard(conn)
         self.all_order.remove(conn)
         for order in (self.active_order, self.body_order, self.stalled_order, self.closing_order):
             self.discard(order, conn)
@@ -176,11 +186,15 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         m = self.model[conn]
         if not m.removed:
             m.responding = True
+            m.idle_start = None
 
     @rule(conn=conns)
     def response_complete(self, conn: Connection) -> None:
         self.lst.response_complete(conn)
-        self.model[conn].responding = False
+        m = self.model[conn]
+        if m.responding and m.start == 0.0 and not m.removed:
+            m.idle_start = self.clock.now
+        m.responding = False
 
     @rule(headers_timeout=TIMEOUTS, request_timeout=TIMEOUTS)
     def expired(self, headers_timeout: int, request_timeout: int) -> None:
@@ -191,6 +205,45 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         self.body_order = [c for c in self.body_order if c not in expected]
         # Reported once: an immediate second call finds nothing.
         assert self.lst.expired(headers_timeout, request_timeout) == []
+
+    @rule(conn=conns)
+    def message(self, conn: Connection) -> None:
+        # A whole request at one instant, given to the app (the server layer's common case).
+        self.lst.message(conn)
+        m = self.model[conn]
+        if m.removed:
+            m.headers_completed = True  # as headers_complete does on a removed record
+            return
+        if m.start != 0.0:
+            # Not idle: the four events, in order.
+            self.discard(self.active_order, conn)
+            self.discard(self.body_order, conn)
+            m.begun = True
+            self.idle_heap.add(conn)
+        m.start = 0.0
+        m.headers_completed = True
+        m.requests += 1
+        m.responding = True
+        m.idle_start = None
+
+    @rule(idle_time=st.sampled_from([0.25, 0.5, 1, 2]), limit=st.sampled_from([1, 100]))
+    def idle_expired(self, idle_time: float, limit: int) -> None:
+        # The keep-alive sweep's walk: never a record that is not idle, or idle for less.
+        before = set(self.lst.idle_queue)
+        now = self.clock.now
+        due = idle_expired(self.lst, idle_time, now, limit)
+        assert len(due) <= limit and len(set(due)) == len(due)
+        for conn in due:
+            m = self.model[conn]
+            assert conn in before and not m.removed and m.start == 0.0 and not m.responding
+            assert conn not in self.stalled_order and conn not in self.closing_order
+            assert m.idle_start is not None and m.idle_start + idle_time <= now, (m.idle_start, now)
+        after = set(self.lst.idle_queue)
+        assert after <= before and after.isdisjoint(due)
+        # The others it took out were no longer idle (they join again at message_complete).
+        for conn in before - after - set(due):
+            assert self.model[conn].start != 0.0 or conn in self.closing_order
+        self.idle_heap = after
 
     @staticmethod
     def discard(order: list[Connection], conn: Connection) -> None:
@@ -416,6 +469,11 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             assert len(queue) == len(order)
             stamps = [queue.stamp(c) for c in order]
             assert stamps == sorted(stamps)
+        # The idle heap: its records, its count, its smallest key at the top.
+        heap = lst.idle_queue
+        assert set(heap) == self.idle_heap and len(heap) == len(self.idle_heap)
+        keys = [conn.idle_since for conn in self.idle_heap]
+        assert heap.head_stamp() == (min(keys) if keys else None)
         # What the list says of a record and what the model says agree.
         for conn in self.model:
             assert conn.receiving_body == (conn in self.body_order)

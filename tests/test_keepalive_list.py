@@ -10,11 +10,15 @@ the real protocols.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
 
-from connlist.budget import idle_oldest
-from connlist.connections import Connection
+from connlist.budget import idle_expired, idle_oldest
+from connlist.connections import Connection, ConnectionsList
 from connlist.enforcer import PRESSURE_FLOOR, Enforcer
 from connlist.kinds import resolve
 from tests.fakes import FakeClock, MemoryHandle, MockLoop
@@ -214,3 +218,112 @@ def test_the_budget_lets_go_of_the_connection_idle_longest_by_its_responses_end(
     assert idle_oldest(enforcer.connections, clock.now) is b
     assert idle_oldest(enforcer.connections, clock.now) is a
     assert idle_oldest(enforcer.connections, clock.now) is None
+
+
+# -- the idle heap against a model ------------------------------------------------------
+
+
+@dataclass
+class IdleModel:
+    # A message open (its first byte came, it is not all in), a response unfinished, gone.
+    open: bool = True
+    responding: bool = False
+    removed: bool = False
+    # When its idle time began, and whether the list knows it exactly (a
+    # response ended after its message did); None while it is not idle.
+    idle_start: float | None = None
+    exact: bool = False
+
+
+class IdleHeapMachine(RuleBasedStateMachine):
+    """The keep-alive walk (``idle_expired``) after any events: never early, and exact where it can be."""
+
+    conns = Bundle("conns")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.lst = ConnectionsList(self.clock)
+        self.model: dict[Connection, IdleModel] = {}
+
+    @initialize(target=conns)
+    def connections(self) -> object:
+        # Three, made once: the rules then act on them (a close is the sweep's).
+        made = [self.lst.connect() for _ in range(3)]
+        for conn in made:
+            self.model[conn] = IdleModel()
+        return multiple(*made)
+
+    @rule(conn=conns)
+    def whole_request(self, conn: Connection) -> None:
+        # In one read, to the app (the fast path on an idle connection).
+        self.lst.message(conn)
+        m = self.model[conn]
+        if not m.removed:
+            m.open, m.responding, m.idle_start, m.exact = False, True, None, False
+
+    @rule(conn=conns)
+    def first_bytes(self, conn: Connection) -> None:
+        self.lst.message_begin(conn)
+        m = self.model[conn]
+        if not m.removed:
+            m.open, m.idle_start, m.exact = True, None, False
+
+    @rule(conn=conns, answered_first=st.booleans())
+    def rest_of_request(self, conn: Connection, answered_first: bool) -> None:
+        # The rest of an open request; its app may have answered before its body was in.
+        m = self.model[conn]
+        if m.removed or not m.open:
+            return
+        self.lst.headers_complete(conn, None if answered_first else "GET", "/")
+        self.lst.message_complete(conn)
+        m.open = False
+        if answered_first:
+            m.responding, m.idle_start, m.exact = False, self.clock.now, False
+        else:
+            m.responding = True
+
+    @rule(conn=conns)
+    def response_end(self, conn: Connection) -> None:
+        m = self.model[conn]
+        if m.removed or not m.responding:
+            return
+        self.lst.response_complete(conn)
+        m.responding = False
+        if not m.open:
+            m.idle_start, m.exact = self.clock.now, True
+
+    @rule(seconds=st.sampled_from([0.5, 1.0]))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @rule(idle_time=st.sampled_from([0.5, 1.0, 2.0]))
+    def sweep(self, idle_time: float) -> None:
+        now = self.clock.now
+        due = idle_expired(self.lst, idle_time, now, 1000)
+        for conn in due:
+            m = self.model[conn]
+            # Never a record that is not idle, or idle for less.
+            assert m.idle_start is not None and not m.responding, m
+            assert m.idle_start + idle_time <= now, (m, now)
+            m.idle_start = None  # closed: the model forgets it
+            m.removed = True
+            self.lst.remove(conn)
+        # Exact: every record whose idle time the list knows is found when due.
+        for m in self.model.values():
+            if not m.removed and m.exact and m.idle_start is not None:
+                assert m.idle_start + idle_time > now, (m, now)
+
+    @invariant()
+    def every_idle_record_is_in_the_heap(self) -> None:
+        # Idle after a request: in the heap (the sweep takes out only what is not idle).
+        heap = self.lst.idle_queue
+        for conn, m in self.model.items():
+            if not m.removed and not m.open and not m.responding and m.idle_start is not None:
+                assert conn in heap, m
+
+
+IdleHeapMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=50, derandomize=True, deadline=None, database=None
+)
+TestIdleHeap = IdleHeapMachine.TestCase
