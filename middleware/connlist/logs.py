@@ -159,8 +159,8 @@ class Summary:
         ``client`` is the peer's address as the server has it; it is
         formatted, and ``detail()`` called, only if they are written (a mass
         timeout adds thousands).  The kinds of ``room`` are ``idle``,
-        ``headers`` and ``body`` (closed to make room), ``keepalive`` (idle
-        past the idle time shortened under pressure) and ``refused``.
+        ``headers`` and ``body`` (closed to make room) and ``refused``; a
+        keep-alive close under pressure is a timeout kind (``keepalive``).
         """
         counts = self._room if room else self._counts
         counts[kind] = counts.get(kind, 0) + 1
