@@ -21,7 +21,8 @@ from connlist.budget import idle_expired, idle_oldest
 from connlist.connections import Connection, ConnectionsList
 from connlist.enforcer import PRESSURE_FLOOR, Enforcer
 from connlist.kinds import resolve
-from tests.fakes import FakeClock, MemoryHandle, MockLoop
+from tests.fakes import FakeClock, MockLoop
+from tests.test_budget_policy import arrive
 
 KEEP_ALIVE = 5.0
 
@@ -32,14 +33,6 @@ def enforcer(clock: FakeClock, loop: MockLoop) -> Enforcer:
     enforcer.keep_alive = KEEP_ALIVE
     enforcer.keep_alive_timed = True
     return enforcer
-
-
-def arrive(enforcer: Enforcer) -> tuple[Connection, MemoryHandle]:
-    handle = MemoryHandle()
-    conn = enforcer.connections.connect(client=("127.0.0.1", 5000), handle=handle)
-    enforcer.admit(conn)
-    enforcer.watch()
-    return conn, handle
 
 
 def first_request(enforcer: Enforcer, conn: Connection) -> None:

@@ -154,6 +154,11 @@ def describe(
     }
 
 
+def _keep_alive_by_list(enforcer: Enforcer) -> bool:
+    """Whether the list times the server's keep-alive (never in ASGI-only mode: uvicorn's timers do)."""
+    return enforcer.keep_alive_timed and enforcer.mode != "asgi"
+
+
 def enforced(enforcer: Enforcer) -> list[str]:
     """The timeouts this worker enforces (on, and possible in its mode): the rows of ``TIMEOUT_KINDS``.
 
@@ -165,7 +170,7 @@ def enforced(enforcer: Enforcer) -> list[str]:
         kind.name
         for kind in TIMEOUT_KINDS
         if (kind.setting is not None and getattr(settings, kind.setting) and (kind.asgi or not asgi))
-        or (kind.name == "keepalive" and enforcer.keep_alive_timed and not asgi)
+        or (kind.name == "keepalive" and _keep_alive_by_list(enforcer))
     ]
 
 
@@ -219,7 +224,7 @@ def snapshot_steps(
         # The server's keep-alive time, and who times it: "connlist" (the
         # list, connlist.uvicorn_keepalive) or "server" (its own timers).
         "keep_alive": enforcer.keep_alive,
-        "keep_alive_by": "connlist" if enforcer.keep_alive_timed and enforcer.mode != "asgi" else "server",
+        "keep_alive_by": "connlist" if _keep_alive_by_list(enforcer) else "server",
         "counts": counts,
         "totals": dataclasses.asdict(enforcer.totals),
         "budget": budget_view(enforcer),

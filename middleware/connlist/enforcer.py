@@ -159,6 +159,12 @@ def _is_open(fd: int) -> bool:
     return True
 
 
+def _open(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` is not closed (a test's stand-in loop that cannot tell is taken as open)."""
+    is_closed = getattr(loop, "is_closed", None)
+    return is_closed is None or not is_closed()
+
+
 OnTimeout = Callable[[Connection, TimeoutKind], object]
 
 
@@ -287,9 +293,7 @@ class Enforcer:
     def cancel(self) -> None:
         """Forget the timer (and a sweep waiting to carry on): a server is starting, or nothing is due."""
         loop = self._timer_loop
-        # (A test's stand-in loop may not tell whether it is closed.)
-        is_closed = getattr(loop, "is_closed", None)
-        live = loop is not None and not (is_closed is not None and is_closed())
+        live = loop is not None and _open(loop)
         if self._timer is not None:
             if live:
                 self._timer.cancel()
@@ -378,10 +382,8 @@ class Enforcer:
         if self.loop is not None:
             return self.loop
         attached = self.attached_loop
-        if attached is not None:
-            is_closed = getattr(attached, "is_closed", None)
-            if is_closed is None or not is_closed():
-                return attached
+        if attached is not None and _open(attached):
+            return attached
         return asyncio.get_running_loop()
 
     def _sweep(self, arming: int = 0) -> None:
