@@ -8,13 +8,28 @@ Method.  For each setup of ``benchmarks/e2e_apps.py`` (the same five as
 ``e2e.py``), a child process builds uvicorn's ``Config`` for the setup's app and
 ``--http`` protocol, runs the ASGI lifespan, connects one protocol instance to
 an in-memory transport (it records what uvicorn writes, and is never slow), and
-feeds it N keep-alive ``GET /`` requests one after the other on the event loop,
-waiting for each response to complete.  Every setup runs on both loops: uvloop
+runs N iterations of a workload (``--workloads``) on the event loop, waiting
+for each response to complete:
+
+``keep-alive``
+    N ``GET /`` requests one after the other on one connection;
+``close``
+    N connections, each a new protocol instance, ``connection_made``, one
+    ``GET /`` with ``Connection: close``, the response (uvicorn closes the
+    transport) and ``connection_lost``, while ``OTHERS`` (10) connections stay
+    idle after a request each, as on a server in use: what a proxy that
+    opens a connection per request (nginx's default ``proxy_pass``), HTTP/1.0
+    clients and health checks cost;
+``close-alone``
+    the same with no other connection open.
+
+Every setup runs on both loops: uvloop
 (what ``uvicorn[standard]`` installs, and what production servers run) and
 asyncio's own.  The child runs under
 valgrind's callgrind with ``PYTHONHASHSEED=0``, once with N = 500 and once with
 N = 1,500; instructions per request = the difference of the two totals / 1,000,
-so that start-up, imports and the lifespan cancel out.
+so that start-up, imports and the lifespan cancel out: what is left is
+per request (``keep-alive``) or per connection (the others).
 
 Memory layouts.  Two runs of the same child agree to within a few
 instructions, but where objects land in memory moves a setup's count by a
@@ -40,7 +55,8 @@ of uvicorn, httptools, Starlette and connlist for one request.
 
 Usage::
 
-    python3 benchmarks/per_request.py                   # all five setups, both loops: 20 minutes on 2 CPUs
+    python3 benchmarks/per_request.py                   # every setup, both loops, keep-alive and close
+    python3 benchmarks/per_request.py --workloads close close-alone --setups connlist
     python3 benchmarks/per_request.py --setups bare connlist --loops uvloop
     python3 benchmarks/per_request.py --layouts 1       # one layout: a quick look, within a few hundred
 
@@ -72,6 +88,12 @@ LAYOUTS = 5
 # of up to 512 bytes) shift.
 BALLAST_STEP = 64
 REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nUser-Agent: per_request\r\n\r\n"
+CLOSE_REQUEST = REQUEST[:-2] + b"Connection: close\r\n\r\n"
+# The workloads: N requests on one reused connection; N connections of one
+# ``Connection: close`` request each, with OTHERS connections idle beside them
+# (a server in use), or alone.
+WORKLOADS = ("keep-alive", "close", "close-alone")
+OTHERS = 10
 
 
 class MemoryTransport(asyncio.Transport):
@@ -109,11 +131,18 @@ def load(spec: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-async def drive(app_spec: str, http: str, requests: int, report: dict[str, Any] | None = None) -> None:
-    """Serve ``requests`` keep-alive requests on one in-memory connection.
+async def drive(
+    app_spec: str,
+    http: str,
+    requests: int,
+    report: dict[str, Any] | None = None,
+    workload: str = "keep-alive",
+) -> None:
+    """Serve ``requests`` requests of ``workload`` (see ``WORKLOADS``) on in-memory connections.
 
-    ``report`` (for the tests) receives the number of responses and the
-    connlist enforcer the lifespan handed over, if any.
+    ``report`` (for the tests) receives the number of responses, the
+    connlist enforcer the lifespan handed over, if any, and the number of
+    connections made.
     """
     from uvicorn.config import Config
     from uvicorn.lifespan.on import LifespanOn
@@ -123,25 +152,56 @@ async def drive(app_spec: str, http: str, requests: int, report: dict[str, Any] 
     config.load()
     lifespan = LifespanOn(config)
     await lifespan.startup()
-    protocol = config.http_protocol_class(  # type: ignore[call-arg]
-        config=config, server_state=ServerState(), app_state=lifespan.state
-    )
-    transport = MemoryTransport()
-    protocol.connection_made(transport)
-    responses = 0
-    for _ in range(requests):
-        protocol.data_received(REQUEST)
+    server_state = ServerState()
+    made = 0
+
+    def connect() -> tuple[Any, MemoryTransport]:
+        nonlocal made
+        protocol = config.http_protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=server_state, app_state=lifespan.state
+        )
+        transport = MemoryTransport()
+        protocol.connection_made(transport)
+        made += 1
+        return protocol, transport
+
+    async def serve(protocol: Any, transport: MemoryTransport, request: bytes) -> None:
+        protocol.data_received(request)
         while not protocol.cycle.response_complete:
             await asyncio.sleep(0)
-        responses += 1
-    if not transport.writes or not transport.writes[0].startswith(b"HTTP/1.1 200 "):
-        raise SystemExit(f"{app_spec} with {http}: unexpected answer {transport.writes[:1]!r}")
+        if not transport.writes or not transport.writes[0].startswith(b"HTTP/1.1 200 "):
+            raise SystemExit(f"{app_spec} with {http}: unexpected answer {transport.writes[:1]!r}")
+
+    responses = 0
+    idle: list[Any] = []
+    if workload == "keep-alive":
+        protocol, transport = connect()
+        for _ in range(requests):
+            await serve(protocol, transport, REQUEST)
+            responses += 1
+        idle.append(protocol)
+    else:
+        # Connections idle after one request each, as on a server in use.
+        for _ in range(OTHERS if workload == "close" else 0):
+            protocol, transport = connect()
+            await serve(protocol, transport, REQUEST)
+            idle.append(protocol)
+        for _ in range(requests):
+            protocol, transport = connect()
+            await serve(protocol, transport, CLOSE_REQUEST)
+            if not transport.closing:
+                raise SystemExit(f"{app_spec} with {http}: the server did not close after Connection: close")
+            # What the loop does once the transport it was told to close is gone.
+            protocol.connection_lost(None)
+            responses += 1
     if report is not None:
         from connlist.enforcer import STATE_KEY
 
         report["responses"] = responses
+        report["connections"] = made
         report["enforcer"] = lifespan.state.get(STATE_KEY)
-    protocol.connection_lost(None)
+    for protocol in idle:
+        protocol.connection_lost(None)
     await lifespan.shutdown()
 
 
@@ -156,16 +216,16 @@ def ballast(layout: int) -> list[bytes]:
 _ballast: list[bytes] = []
 
 
-def child(app_spec: str, http: str, requests: int, loop: str, layout: int) -> None:
+def child(app_spec: str, http: str, requests: int, loop: str, layout: int, workload: str) -> None:
     # Kept to the end: freed, it would leave holes that the imports fill.
     _ballast[:] = ballast(layout)
     sys.path.insert(0, str(HERE))
     if loop == "uvloop":
         import uvloop
 
-        uvloop.run(drive(app_spec, http, requests))
+        uvloop.run(drive(app_spec, http, requests, workload=workload))
     else:
-        asyncio.run(drive(app_spec, http, requests))
+        asyncio.run(drive(app_spec, http, requests, workload=workload))
 
 
 def child_env(layout: int) -> dict[str, str]:
@@ -184,7 +244,7 @@ def child_env(layout: int) -> dict[str, str]:
     )
 
 
-def instructions(app_spec: str, http: str, requests: int, loop: str, layout: int) -> int:
+def instructions(app_spec: str, http: str, requests: int, loop: str, layout: int, workload: str) -> int:
     command = [
         "valgrind",
         "--tool=callgrind",
@@ -197,21 +257,22 @@ def instructions(app_spec: str, http: str, requests: int, loop: str, layout: int
         str(requests),
         loop,
         str(layout),
+        workload,
     ]
     env = child_env(layout)
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     match = re.search(r"(?:Collected|refs):\s*([\d,]+)", done.stderr)
     if done.returncode != 0 or match is None:
         raise SystemExit(
-            f"valgrind run failed ({app_spec}, {http}, {loop}, layout {layout}):\n"
+            f"valgrind run failed ({app_spec}, {http}, {loop}, layout {layout}, {workload}):\n"
             f"{done.stdout}{done.stderr[-3000:]}"
         )
     return int(match.group(1).replace(",", ""))
 
 
-def per_request(app_spec: str, http: str, loop: str, layout: int) -> int:
-    small = instructions(app_spec, http, SMALL, loop, layout)
-    large = instructions(app_spec, http, LARGE, loop, layout)
+def per_request(app_spec: str, http: str, loop: str, layout: int, workload: str) -> int:
+    small = instructions(app_spec, http, SMALL, loop, layout, workload)
+    large = instructions(app_spec, http, LARGE, loop, layout, workload)
     return round((large - small) / (LARGE - SMALL))
 
 
@@ -225,13 +286,25 @@ def layouts_count(text: str) -> int:
     return value
 
 
+# What each workload's table counts per iteration.
+UNITS = {
+    "keep-alive": "per request on a reused connection",
+    "close": f"per connection (one request, Connection: close; {OTHERS} other connections idle)",
+    "close-alone": "per connection (one request, Connection: close; no other connection)",
+}
+
+
 def table(
-    setups: list[Any], loops: list[str], results: dict[tuple[str, str], list[int]], baseline: str
+    setups: list[Any],
+    loops: list[str],
+    results: dict[tuple[str, str], list[int]],
+    baseline: str,
+    workload: str = "keep-alive",
 ) -> list[str]:
     """The report: each setup's median over the layouts, against the baseline's median, and the range."""
     count = len(next(iter(results.values())))
     lines = [
-        f"User-space instructions per request, in process (N = {LARGE:,} minus N = {SMALL:,}), "
+        f"User-space instructions {UNITS[workload]}, in process (N = {LARGE:,} minus N = {SMALL:,}), "
         f"median of {count} memory layout{'s' if count > 1 else ''} [range]:",
         (f"  {'setup':<38s}" + "".join(f"  {loop + ' (vs bare)':<44s}" for loop in loops)).rstrip(),
     ]
@@ -264,6 +337,13 @@ def main(argv: list[str] | None = None) -> int:
         default=LAYOUTS,
         help=f"memory layouts each setup is measured in (default {LAYOUTS}; see the docstring)",
     )
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        choices=WORKLOADS,
+        default=["keep-alive", "close"],
+        help="requests on a reused connection, a connection per request beside idle ones, or alone",
+    )
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         print(
@@ -277,22 +357,26 @@ def main(argv: list[str] | None = None) -> int:
     setups = [setup for setup in SETUPS if setup.key in args.setups]
     if BASELINE not in args.setups:
         setups.insert(0, SETUP_BY_KEY[BASELINE])
+    workloads = [workload for workload in WORKLOADS if workload in args.workloads]
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         futures = {
-            (setup.key, loop, layout): pool.submit(per_request, setup.app, setup.http, loop, layout)
+            (workload, setup.key, loop, layout): pool.submit(
+                per_request, setup.app, setup.http, loop, layout, workload
+            )
+            for workload in workloads
             for layout in range(args.layouts)
             for setup in setups
             for loop in loops
         }
-        results: dict[tuple[str, str], list[int]] = {}
-        for (key, loop, _), future in futures.items():
-            results.setdefault((key, loop), []).append(future.result())
-    print("\n".join(table(setups, loops, results, BASELINE)))
+        results: dict[str, dict[tuple[str, str], list[int]]] = {workload: {} for workload in workloads}
+        for (workload, key, loop, _), future in futures.items():
+            results[workload].setdefault((key, loop), []).append(future.result())
+    print("\n\n".join("\n".join(table(setups, loops, results[w], BASELINE, w)) for w in workloads))
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 7 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6]))
+    if len(sys.argv) == 8 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6]), sys.argv[7])
     else:
         sys.exit(main())

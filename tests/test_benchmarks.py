@@ -51,6 +51,30 @@ def test_each_setup_serves_keep_alive_requests_in_process(setup: setups.Setup) -
         assert enforcer.totals.requests == 5  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("workload", ["close", "close-alone"])
+@pytest.mark.parametrize("setup", setups.SETUPS, ids=lambda setup: setup.key)
+def test_each_setup_serves_a_connection_per_request_in_process(setup: setups.Setup, workload: str) -> None:
+    importlib.reload(e2e_apps)
+    state: dict[str, object] = {}
+
+    async def run() -> None:
+        await per_request.drive(setup.app, setup.http, 5, state, workload=workload)
+
+    asyncio.run(run())
+    others = per_request.OTHERS if workload == "close" else 0
+    assert state["responses"] == 5
+    assert state["connections"] == 5 + others
+    enforcer = state["enforcer"]
+    if setup.mode is not None:
+        assert enforcer is not None
+        totals = enforcer.totals  # type: ignore[attr-defined]
+        if setup.mode != "asgi":
+            assert totals.connections == 5 + others
+        assert totals.requests == 5 + others
+        # Every connection left the list: the closed ones at once, the idle ones at the end.
+        assert len(enforcer.connections) == 0  # type: ignore[attr-defined]
+
+
 # -- the micro-benchmarks (structures.py, list_micro.py) ---------------------------------------
 
 
@@ -158,22 +182,45 @@ def test_per_request_reports_each_setups_median_over_the_layouts(
     by_app = {(setup.app, setup.http): setup.key for setup in setups.SETUPS}
     seen: list[int] = []
 
-    def fake(app_spec: str, http: str, requests: int, loop: str, layout: int) -> int:
-        assert loop == "asyncio"
+    def fake(app_spec: str, http: str, requests: int, loop: str, layout: int, workload: str) -> int:
+        assert loop == "asyncio" and workload == "keep-alive"
         seen.append(layout)
         return 5_000_000 + per_layout[by_app[app_spec, http]][layout] * requests
 
     monkeypatch.setattr(per_request, "instructions", fake)
     monkeypatch.setattr(per_request.shutil, "which", lambda name: "/usr/bin/" + name)
     argv = ["--setups", "connlist", "--loops", "asyncio", "--layouts", "3", "--jobs", "1"]
-    assert per_request.main(argv) == 0
+    assert per_request.main([*argv, "--workloads", "keep-alive"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert sorted(seen) == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]  # two N per setup and layout
+    assert "per request on a reused connection" in lines[0]
     assert "median of 3 memory layouts" in lines[0]
     bare, connlist = lines[2].split(), lines[3].split()
     # The medians (110 and 114), the difference of the medians, and each range.
     assert bare[-4:] == ["110", "+0", "+0.00%", "[100..130]"]
     assert connlist[-4:] == ["114", "+4", "+3.64%", "[113..150]"]
+
+
+def test_per_request_reports_one_table_per_workload(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Made-up counts: a connection per request costs 3 more per iteration on connlist, 1 more alone.
+    extra = {"keep-alive": 0, "close": 3, "close-alone": 1}
+
+    def fake(app_spec: str, http: str, requests: int, loop: str, layout: int, workload: str) -> int:
+        per = 100 + (extra[workload] if "connlist" in app_spec else 0)
+        return 5_000_000 + per * requests
+
+    monkeypatch.setattr(per_request, "instructions", fake)
+    monkeypatch.setattr(per_request.shutil, "which", lambda name: "/usr/bin/" + name)
+    argv = ["--setups", "connlist", "--loops", "asyncio", "--layouts", "1", "--jobs", "1", "--workloads"]
+    assert per_request.main([*argv, "close-alone", "close"]) == 0
+    tables = capsys.readouterr().out.split("\n\n")
+    assert len(tables) == 2
+    # In WORKLOADS' order, whatever the order asked.
+    assert "10 other connections idle" in tables[0] and "no other connection" in tables[1]
+    assert tables[0].splitlines()[3].split()[-4:] == ["103", "+3", "+3.00%", "[103..103]"]
+    assert tables[1].splitlines()[3].split()[-4:] == ["101", "+1", "+1.00%", "[101..101]"]
 
 
 def test_per_request_layouts_must_be_at_least_one(capsys: pytest.CaptureFixture[str]) -> None:
