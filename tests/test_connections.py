@@ -1448,23 +1448,51 @@ def test_a_smaller_step_at_the_next_stall_keeps_the_largest(lst: ConnectionsList
     assert (a.out_acked, a.out_step) == (310_000, 400_000)
 
 
-def test_idle_expired_passes_over_a_record_still_responding(lst: ConnectionsList, clock: FakeClock) -> None:
+def test_a_record_joins_the_idle_queue_when_its_response_ends(lst: ConnectionsList, clock: FakeClock) -> None:
     # Idle (its request fully received) but its response is still being
-    # written: never closed for idleness; it goes back, keyed anew.
+    # written: not in the idle queue, so never closed for idleness; it joins
+    # at response_complete, keyed by that time.
     done, busy = lst.connect(), lst.connect()
     for conn in (done, busy):
         lst.message_begin(conn)
         lst.headers_complete(conn, "GET", "/")
         lst.response_begin(conn)
         lst.message_complete(conn)
+    assert len(lst.idle_queue) == 0
     lst.response_complete(done)
-    assert idle_expired(lst, 5, clock.now, 10) == []  # both keyed now, at message_complete
+    assert list(lst.idle_queue) == [done] and done.idle_since == clock.now
     clock.advance(6)
     assert idle_expired(lst, 5, clock.now, 10) == [done]
-    assert busy.idle_since == clock.now
     lst.response_complete(busy)
-    clock.advance(6)
+    assert busy.idle_since == clock.now
+    assert idle_expired(lst, 5, clock.now, 10) == []
+    clock.advance(5)
     assert idle_expired(lst, 5, clock.now, 10) == [busy]
+
+
+def test_a_response_that_ends_before_its_request_queues_the_record_at_message_complete(
+    lst: ConnectionsList, clock: FakeClock
+) -> None:
+    # The app answered before the body was in: the idle time begins when the message ends.
+    conn = lst.connect()
+    lst.message_begin(conn)
+    lst.headers_complete(conn, "POST", "/upload")
+    lst.response_complete(conn)  # still active: not idle, not queued
+    assert len(lst.idle_queue) == 0
+    clock.advance(1)
+    lst.message_complete(conn)
+    assert list(lst.idle_queue) == [conn]
+
+
+def test_a_response_on_a_removed_or_active_record_queues_nothing(lst: ConnectionsList) -> None:
+    gone, pipelined = lst.connect(), lst.connect()
+    lst.message(gone)
+    lst.remove(gone)
+    lst.response_complete(gone)
+    lst.message(pipelined)
+    lst.message_begin(pipelined)  # the next request began before this response ended
+    lst.response_complete(pipelined)
+    assert len(lst.idle_queue) == 0
 
 
 def test_body_slowest_looks_at_the_oldest_bodies_only(lst: ConnectionsList, clock: FakeClock) -> None:

@@ -161,7 +161,8 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             self.active_order.remove(conn)
         if m.start != 0.0:  # a request was open: it now counts as received
             m.requests += 1
-            self.idle_heap.add(conn)
+            if not m.responding:  # its response ended first: idle now (else at response_complete)
+                self.idle_heap.add(conn)
             m.idle_start = None if m.responding else self.clock.now
         m.start = 0.0
         self.discard(self.body_order, conn)
@@ -192,8 +193,10 @@ class ConnectionsListMachine(RuleBasedStateMachine):
     def response_complete(self, conn: Connection) -> None:
         self.lst.response_complete(conn)
         m = self.model[conn]
-        if m.responding and m.start == 0.0 and not m.removed:
-            m.idle_start = self.clock.now
+        if m.start == 0.0 and not m.removed:
+            self.idle_heap.add(conn)  # idle and no response unfinished: queued, if it was not
+            if m.responding:
+                m.idle_start = self.clock.now
         m.responding = False
 
     @rule(headers_timeout=TIMEOUTS, request_timeout=TIMEOUTS)
@@ -215,11 +218,14 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             m.headers_completed = True  # as headers_complete does on a removed record
             return
         if m.start != 0.0:
-            # Not idle: the four events, in order.
+            # New (active, no byte yet): it leaves active, and joins the idle
+            # queue when its response ends.  Else the four events, in order.
+            one_by_one = conn not in self.active_order or m.begun or m.headers_completed
             self.discard(self.active_order, conn)
             self.discard(self.body_order, conn)
             m.begun = True
-            self.idle_heap.add(conn)
+            if one_by_one and not m.responding:
+                self.idle_heap.add(conn)
         m.start = 0.0
         m.headers_completed = True
         m.requests += 1

@@ -63,8 +63,12 @@ instructions go").
 
 Invariants:
 
-* A node that is in no list is linked to itself, so unlinking is idempotent
-  and always safe, and "is it linked?" is one identity test.
+* A record the list holds (connected, not yet removed) that is in no list
+  but ``all`` is linked to itself in ``active``, so unlinking is idempotent
+  and "is it linked?" is one identity test; the roots of empty lists too.
+  A record it does not hold (not yet connected, or removed) has no links
+  (``NO_LINK``): "is it in ``all``?" is ``_all_next is not None``, and no
+  record refers to itself once the list lets go of it.
 * ``message_begin`` stamps the current clock and moves the node to the tail,
   and the clock never goes back, so ``active`` is always ordered by
   ``last_message_start``, oldest first.  ``expired()`` therefore stops at the
@@ -120,8 +124,16 @@ from collections.abc import Callable
 from typing import Any
 
 from connlist.kinds import effective_timeouts
-from connlist.queues import Heap, Queue
-from connlist.records import OUT_CLOSING, OUT_NONE, OUT_STALLED, Connection, ConnectionHandle
+from connlist.queues import UNQUEUED, Heap, Queue
+from connlist.records import (
+    NO_LINK,
+    OUT_CLOSING,
+    OUT_NONE,
+    OUT_STALLED,
+    Address,
+    Connection,
+    ConnectionHandle,
+)
 from connlist.views import ListViews
 
 __all__ = [
@@ -141,12 +153,12 @@ PHASES = ("reading", "writing", "waiting", "timed_out")
 
 def connection_state(conn: Connection) -> str:
     """One of ``STATES``, or ``"closed"`` for a connection no longer in the list."""
-    if conn._active_next is not conn:
+    if not conn.tracked:  # a property: a ``Received`` record is in the list's table, not linked
+        return "closed"
+    if conn._active_next is not conn and conn._active_next is not None:
         if conn.headers_completed:
             return "reading_body"
         return "reading_headers" if conn._begun else "new"
-    if not conn.tracked:  # a property: a ``Received`` record is in the list's table, not linked
-        return "closed"
     if conn.last_message_start != 0.0:
         return "timed_out"  # left active without completing its message: expired
     if conn.out_state == OUT_STALLED:
@@ -163,12 +175,12 @@ class ConnectionsList(ListViews):
         "_clock",
         "_n_active",
         "_n_all",
-        "_n_evicted",
         "_n_headers_pending",
         "_n_timed_out",
         "body",
         "closing",
         "idle_queue",
+        "occupied",
         "received",
         "stalled",
     )
@@ -176,10 +188,15 @@ class ConnectionsList(ListViews):
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         # Sentinels: an empty list is a root linked to itself.
-        self._all_root = Connection()
-        self._active_root = Connection()
-        # The counts (see the invariants); evicted: closed to make room, not yet removed.
-        self._n_all = self._n_active = self._n_timed_out = self._n_headers_pending = self._n_evicted = 0
+        self._all_root = root = Connection()
+        root._all_prev = root._all_next = root
+        self._active_root = root = Connection()
+        root._active_prev = root._active_next = root
+        # The counts (see the invariants).
+        self._n_all = self._n_active = self._n_timed_out = self._n_headers_pending = 0
+        # Connections that count against the budget: those in ``all`` not
+        # evicted (closed to make room, not yet removed).  Read-only outside the list.
+        self.occupied = 0
         self.body: Queue[Connection] = Queue("_body_link", "body_started")
         self.stalled: Queue[Connection] = Queue("_out_link", "out_sampled")
         self.closing: Queue[Connection] = Queue("_out_link", "out_since")
@@ -192,32 +209,9 @@ class ConnectionsList(ListViews):
     def clock(self) -> Callable[[], float]:
         return self._clock
 
-    # -- the links of all and active; message_begin and message_complete write
-    # theirs out (docs/benchmarks.md, "Where the remaining instructions go")
-
-    def _all_append(self, conn: Connection) -> None:
-        root = self._all_root
-        last = root._all_prev
-        conn._all_prev = last
-        conn._all_next = root
-        last._all_next = conn
-        root._all_prev = conn
-
-    @staticmethod
-    def _all_unlink(conn: Connection) -> None:
-        prev = conn._all_prev
-        nxt = conn._all_next
-        prev._all_next = nxt
-        nxt._all_prev = prev
-        conn._all_prev = conn._all_next = conn
-
-    def _active_append(self, conn: Connection) -> None:
-        root = self._active_root
-        last = root._active_prev
-        conn._active_prev = last
-        conn._active_next = root
-        last._active_next = conn
-        root._active_prev = conn
+    # -- the links of all and active; connect, message_begin, message and
+    # message_complete write their appends and unlinks out (docs/benchmarks.md,
+    # "Where the remaining instructions go")
 
     @staticmethod
     def _active_unlink(conn: Connection) -> None:
@@ -234,22 +228,40 @@ class ConnectionsList(ListViews):
 
     # -- events --------------------------------------------------------------
 
-    def connect(self, **details: Any) -> Connection:
+    def connect(
+        self,
+        client: Address = None,
+        server: Address = None,
+        handle: ConnectionHandle | None = None,
+        id: int | None = None,
+    ) -> Connection:
         """A new connection: joins ``all`` and ``active``; its clock starts now."""
         now = self._clock()
-        conn = Connection(connected_at=now, **details)
-        self._all_append(conn)
-        self._n_all += 1
+        conn = Connection(client, server, handle, now, id)
         conn.last_message_start = now
-        self._active_append(conn)
+        # Appended to all and to active.
+        root = self._all_root
+        last = root._all_prev
+        conn._all_prev = last
+        conn._all_next = root
+        last._all_next = conn
+        root._all_prev = conn
+        root = self._active_root
+        last = root._active_prev
+        conn._active_prev = last
+        conn._active_next = root
+        last._active_next = conn
+        root._active_prev = conn
+        self._n_all += 1
+        self.occupied += 1
         self._n_active += 1
         self._n_headers_pending += 1
         return conn
 
     def message_begin(self, conn: Connection) -> None:
         """The first byte of a request: clock restarted, moved to the tail of ``active``."""
-        if conn._all_next is conn:
-            return  # removed (closed or upgraded): never rejoin
+        if conn._all_next is None:
+            return  # removed (closed or upgraded), or never connected: never rejoin
         nxt = conn._active_next
         if nxt is not conn:
             prev = conn._active_prev
@@ -276,7 +288,7 @@ class ConnectionsList(ListViews):
 
     def headers_complete(self, conn: Connection, method: str | None = None, path: str | None = None) -> None:
         """The request's headers are all in; with its ``method`` and ``path``, it goes to the app too."""
-        if not conn.headers_completed and conn._active_next is not conn:
+        if not conn.headers_completed and conn._active_next is not conn and conn._active_next is not None:
             self._n_headers_pending -= 1
         conn.headers_completed = True
         if method is not None:
@@ -287,15 +299,33 @@ class ConnectionsList(ListViews):
     def message(self, conn: Connection) -> None:
         """A whole request received at one instant and handed to the app: four events in one.
 
-        On an idle connection nothing moves and no clock is read: one request
-        more, responding (what a feeder's hot path writes itself).
+        No clock is read.  On an idle connection nothing moves: one request
+        more, responding (what a feeder's hot path writes itself).  On a new
+        connection (its first request, whole in its first read) it leaves
+        ``active``; its idle time begins at ``response_complete``, which
+        queues it.
         """
-        if conn.last_message_start != 0.0 or conn._all_next is conn:
+        if conn.last_message_start == 0.0 and conn._all_next is not None:
+            conn.headers_completed = True
+            conn.requests += 1
+            conn.responding = True
+            return
+        nxt = conn._active_next
+        if nxt is conn or nxt is None or conn._begun or conn.headers_completed:
+            # Expired, removed, or not new: the events one by one.
             self.message_begin(conn)
             self.headers_complete(conn)
             self.message_complete(conn)
             self.response_begin(conn)
             return
+        prev = conn._active_prev
+        prev._active_next = nxt
+        nxt._active_prev = prev
+        conn._active_prev = conn._active_next = conn
+        self._n_active -= 1
+        self._n_headers_pending -= 1
+        conn.last_message_start = 0.0
+        conn._begun = True
         conn.headers_completed = True
         conn.requests += 1
         conn.responding = True
@@ -303,17 +333,24 @@ class ConnectionsList(ListViews):
     @staticmethod
     def response_begin(conn: Connection) -> None:
         """A received request went to the app: ``responding`` until ``response_complete``."""
-        if conn._all_next is not conn:
+        if conn._all_next is not None:
             conn.responding = True
 
     def response_complete(self, conn: Connection) -> None:
-        """No response is unfinished on the connection any more: not ``responding``, idle from now."""
+        """No response is unfinished on the connection any more: not ``responding``, idle from now.
+
+        An idle connection joins the idle queue here, if it is not in it,
+        keyed by when its idle time began.  A feeder that writes this event
+        out itself writes the same.
+        """
         conn.responding = False
-        conn.idle_at = self._clock()
+        conn.idle_at = now = self._clock()
+        if conn._idle_entry is None and conn.last_message_start == 0.0 and conn._all_next is not None:
+            self.idle_queue.push(conn, now)
 
     def message_complete(self, conn: Connection) -> None:
         """The request is fully received: the connection leaves ``active`` and is idle."""
-        if conn._all_next is conn:
+        if conn._all_next is None:
             return
         started = conn.last_message_start
         nxt = conn._active_next
@@ -339,49 +376,65 @@ class ConnectionsList(ListViews):
         # Its idle time begins when its response ends (response_complete;
         # 0: not yet, or it ended before this message did).
         conn.idle_at = 0.0
-        if conn._idle_entry is None:
-            # Keyed by the message's start, with no clock read: no idle time
-            # began before it.  One still queued stays, keyed as early
-            # (connlist.budget).
+        if conn._idle_entry is None and not conn.responding:
+            # Its response ended first: keyed by the message's start, with no
+            # clock read, as no idle time began before it.  One still
+            # responding joins at response_complete; one still queued stays,
+            # keyed as early (connlist.budget).
             self.idle_queue.push(conn, started)
 
     def remove(self, conn: Connection) -> None:
-        """Closed or upgraded: leaves every list it is in.  Idempotent, safe in any state."""
-        if conn._all_next is not conn:
-            if conn._active_next is not conn:
-                self._active_unlink(conn)
-                self._n_active -= 1
-                if not conn.headers_completed:
-                    self._n_headers_pending -= 1
-            elif conn.last_message_start != 0.0:
-                self._n_timed_out -= 1
-            # Nothing is left to finish on a removed record.
-            conn.responding = False
-            if conn._body_link.next is not conn._body_link:
-                self.body.unlink(conn)
-            if conn.out_state:
-                self._out_leave(conn)
-            if conn._idle_entry is not None:
-                self.idle_queue.unlink(conn)
-            if conn.evicted:
-                self._n_evicted -= 1
-            self._all_unlink(conn)
-            self._n_all -= 1
+        """Closed or upgraded: leaves every list it is in, for good.  Idempotent, safe in any state.
+
+        Its links are cleared (``NO_LINK``), not linked to itself: a record
+        linked to itself is a reference cycle, which only the cyclic
+        collector frees, and a record kept for long is in its oldest
+        generation; cleared, the record goes with its last reference.
+        """
+        last = conn._all_next
+        if last is None:
+            return
+        prev = conn._all_prev
+        prev._all_next = last
+        last._all_prev = prev
+        nxt = conn._active_next
+        if nxt is not conn:
+            prev = conn._active_prev
+            prev._active_next = nxt
+            nxt._active_prev = prev
+            self._n_active -= 1
+            if not conn.headers_completed:
+                self._n_headers_pending -= 1
+        elif conn.last_message_start != 0.0:
+            self._n_timed_out -= 1
+        conn._all_prev = conn._all_next = conn._active_prev = conn._active_next = NO_LINK
+        self._n_all -= 1
+        if not conn.evicted:
+            self.occupied -= 1
+        # Nothing is left to finish on a removed record.
+        conn.responding = False
+        # The queues beyond Node's, which a connection per request never joins.
+        if conn._idle_entry is not None:
+            self.idle_queue.unlink(conn)
+        body = conn._body_link
+        if body is not UNQUEUED:  # its own: it was in ``body`` once
+            self.body.unlink(conn)
+            body.release()
+        if conn.out_state:
+            self._out_leave(conn)
+        out = conn._out_link
+        if out is not UNQUEUED:
+            out.release()
 
     # -- the connection budget ---------------------------------------------------
 
     def evict(self, conn: Connection) -> None:
         """Closed to make room: it no longer counts in ``occupied``, and is cut (``expire``) until removed."""
-        if conn._all_next is not conn and not conn.evicted:
+        if conn._all_next is not None and not conn.evicted:
             conn.evicted = True
-            self._n_evicted += 1
+            self.occupied -= 1
             self.expire(conn)
             self.idle_queue.unlink(conn)
-
-    @property
-    def occupied(self) -> int:
-        """Connections that count against the budget: those in ``all`` not evicted."""
-        return self._n_all - self._n_evicted
 
     # -- the queues' events ---------------------------------------------------
 
@@ -390,7 +443,8 @@ class ConnectionsList(ListViews):
 
         Only a request being received (active, headers complete) joins, once.
         """
-        if not conn.receiving_body and conn._active_next is not conn and conn.headers_completed:
+        active = conn._active_next is not conn and conn._active_next is not None
+        if active and conn.headers_completed and not conn.receiving_body:
             conn.body_started = self._clock()
             conn.body_received = received
             self.body.append(conn)
@@ -401,6 +455,8 @@ class ConnectionsList(ListViews):
 
     def expire(self, conn: Connection) -> None:
         """Cut outside ``expired``'s walk: out of ``active`` and ``body`` (an idle one stamped), timed out."""
+        if conn._all_next is None:
+            return  # removed
         if conn._active_next is not conn:
             self._active_unlink(conn)
             self._n_active -= 1
@@ -420,7 +476,7 @@ class ConnectionsList(ListViews):
         ``acked`` as for ``Connection.sample``.  Not a connection closing,
         stalled already, or not tracked.
         """
-        if conn.out_state == OUT_NONE and conn._all_next is not conn:
+        if conn.out_state == OUT_NONE and conn._all_next is not None:
             conn.out_state = OUT_STALLED
             conn.first_sample(self._clock(), pending, acked)
             self.stalled.append(conn)
@@ -432,7 +488,7 @@ class ConnectionsList(ListViews):
 
     def linger(self, conn: Connection) -> None:
         """The enforcer closed the connection: it joins the tail of ``closing`` (leaving ``stalled``)."""
-        if conn._all_next is conn or conn.out_state == OUT_CLOSING:
+        if conn._all_next is None or conn.out_state == OUT_CLOSING:
             return
         if conn.out_state == OUT_STALLED:
             self._out_leave(conn)

@@ -56,6 +56,10 @@ class Link(Generic[T]):
         # The record whose place this is (None: a root's, or UNQUEUED).
         self.owner = owner
 
+    def release(self) -> None:
+        """Its record is gone for good (removed): the link no longer refers to it, so no cycle holds it."""
+        self.owner = None  # type: ignore[assignment]  # as a root's
+
 
 # The link of every record not queued yet: never linked.
 UNQUEUED: Link[Any] = Link(None)

@@ -16,7 +16,16 @@ from typing import Any, Protocol
 
 from connlist.queues import UNQUEUED, Link
 
-__all__ = ["OUT_CLOSING", "OUT_NONE", "OUT_STALLED", "Address", "Connection", "ConnectionHandle", "Received"]
+__all__ = [
+    "NO_LINK",
+    "OUT_CLOSING",
+    "OUT_NONE",
+    "OUT_STALLED",
+    "Address",
+    "Connection",
+    "ConnectionHandle",
+    "Received",
+]
 
 
 class ConnectionHandle(Protocol):
@@ -69,6 +78,11 @@ class ConnectionHandle(Protocol):
 # pair (uvicorn's ``client`` and ``server``), a string, or None (unknown, or a
 # unix socket); the debug view formats it.
 Address = tuple[str, int | None] | str | None
+
+# The links of a record the list does not hold (not yet connected, or
+# removed): None, so that no record refers to itself once the list lets go
+# of it (a reference cycle would wait for the cyclic collector).
+NO_LINK: Any = None
 
 # Connection.out_state: in neither ``stalled`` nor ``closing``, or in one of them.
 OUT_NONE = 0
@@ -124,18 +138,19 @@ class Connection:
 
     def __init__(
         self,
-        *,
         client: Address = None,
         server: Address = None,
         handle: ConnectionHandle | None = None,
         connected_at: float = 0.0,
         id: int | None = None,
     ) -> None:
-        # Linked to itself: in no list.
-        self._all_prev: Connection = self
-        self._all_next: Connection = self
-        self._active_prev: Connection = self
-        self._active_next: Connection = self
+        # Not the list's (not yet connected, or removed): no links.  The
+        # list links it at ``connect``; while it holds it, a record in no
+        # list of its is linked to itself (see connlist.connections).
+        self._all_prev: Connection = NO_LINK
+        self._all_next: Connection = NO_LINK
+        self._active_prev: Connection = NO_LINK
+        self._active_next: Connection = NO_LINK
         # Its places in the queues (connlist.queues): ``body``, ``stalled``
         # or ``closing``, and ``idle_queue`` (a heap's entry; None: not in it).
         self._body_link: Link[Connection] = UNQUEUED
@@ -212,15 +227,24 @@ class Connection:
     def path(self, value: str | None) -> None:
         self._path = value
 
+    def keep_request(self) -> None:
+        """Store the method and path the handle has now: the record shows them once the handle is gone.
+
+        For a record handed out (``on_timeout``), which its holder may read
+        after the connection is removed and its handle dropped.
+        """
+        if self._method is None and self.handle is not None:
+            self._method, self._path = self.handle.connlist_request()
+
     @property
     def tracked(self) -> bool:
         """Whether the connection is in ``all`` (connected and not yet removed)."""
-        return self._all_next is not self
+        return self._all_next is not None
 
     @property
     def is_active(self) -> bool:
         """Whether the connection is in ``active`` (receiving a request)."""
-        return self._active_next is not self
+        return self._active_next is not self and self._active_next is not None
 
     @property
     def receiving_body(self) -> bool:

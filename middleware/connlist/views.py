@@ -44,12 +44,12 @@ class ListViews:
         """``all`` in connection order; the current node may be removed while iterating."""
         root = self._all_root
         node = root._all_next
-        # A node removed during the yield is linked to itself: carry on from
-        # its old successor, unless that was removed too (the walk ends).
-        while node is not root and node._all_next is not node:
+        # A node removed during the yield has no links: carry on from its
+        # old successor, unless that was removed too (the walk ends).
+        while node is not root and node._all_next is not None:
             nxt = node._all_next
             yield node
-            node = nxt if node._all_next is node else node._all_next
+            node = nxt if node._all_next is None else node._all_next
         if node is root:
             yield from self._iter_received()
 
@@ -65,10 +65,13 @@ class ListViews:
         """``active`` by message start, oldest first; unlinking the current node is safe."""
         root = self._active_root
         node = root._active_next
-        while node is not root and node._active_next is not node:
+        # A node unlinked during the yield is linked to itself, or has no
+        # links if it was removed: carry on from its old successor.
+        while node is not root and node._active_next is not node and node._active_next is not None:
             nxt = node._active_next
             yield node
-            node = nxt if node._active_next is node else node._active_next
+            after = node._active_next
+            node = nxt if after is node or after is None else after
 
     def all(self) -> list[Connection]:
         return list(self.iter_all())
