@@ -22,11 +22,9 @@ def make(clock: FakeClock, loop: MockLoop, budget: int, **options: float) -> Enf
 
 
 def arrive(enforcer: Enforcer) -> tuple[Connection, MemoryHandle]:
-    """A new connection, as the server layer reports it: connect, admit, watch."""
+    """A new connection, as the server layer reports it (``join``: connect, admit, watch)."""
     handle = MemoryHandle()
-    conn = enforcer.connections.connect(client=("127.0.0.1", 5000), handle=handle)
-    enforcer.admit(conn)
-    enforcer.watch()
+    conn = enforcer.join(("127.0.0.1", 5000), handle=handle)
     return conn, handle
 
 

@@ -1,7 +1,7 @@
 """The enforcer's one timer, deterministically: a mock loop, a fake clock, handles over memory transports.
 
 Each test drives the list's events and the enforcer's entry points
-(``watch``, ``unwatch``, ``bring_forward``, ``cancel``) as the server layer
+(``join``, ``watch``, ``bring_forward``, ``cancel``) as the server layer
 does, and runs the timer with ``MockLoop.run_until``: when the timer is
 armed, what each sweep cuts and when the next one is due are exact.  The
 real-server tests (tests/test_timeouts.py, tests/test_hardening.py) check
@@ -47,10 +47,9 @@ def make(clock: FakeClock, loop: MockLoop, **options: float) -> Enforcer:
 
 
 def connect(enforcer: Enforcer) -> tuple[Connection, MemoryHandle]:
-    """A new connection, as the server layer reports it: ``connect`` then ``watch``."""
+    """A new connection, as the server layer reports it (``join``)."""
     handle = MemoryHandle()
-    conn = enforcer.connections.connect(client=("127.0.0.1", 5000), handle=handle)
-    enforcer.watch()
+    conn = enforcer.join(("127.0.0.1", 5000), handle=handle)
     return conn, handle
 
 
@@ -58,13 +57,14 @@ def finish_request(enforcer: Enforcer, conn: Connection) -> None:
     """A whole request received: the connection is idle (and responding)."""
     enforcer.connections.headers_complete(conn, "GET", "/")
     enforcer.connections.message_complete(conn)
-    enforcer.unwatch()
 
 
 # -- when the timer is armed ---------------------------------------------------
 
 
-def test_the_timer_is_armed_only_while_something_can_be_due(clock: FakeClock, loop: MockLoop) -> None:
+def test_the_timer_is_armed_while_something_can_be_due_and_not_again_once_nothing_is(
+    clock: FakeClock, loop: MockLoop
+) -> None:
     enforcer = make(clock, loop, headers_timeout=10, request_timeout=30, send_timeout=8)
     lst = enforcer.connections
     enforcer.watch()
@@ -72,19 +72,45 @@ def test_the_timer_is_armed_only_while_something_can_be_due(clock: FakeClock, lo
     conn, _ = connect(enforcer)
     assert loop.armed == [T0 + 2]  # a new connection is active; send_timeout / 4 bounds every sleep
     finish_request(enforcer, conn)
-    assert loop.armed == []  # idle: nothing can be due
+    assert loop.armed == [T0 + 2]  # idle: nothing can be due, and nothing was cancelled ...
+    loop.run_until(T0 + 2)
+    assert loop.armed == []  # ... the sweep found nothing to watch, and armed no timer
     lst.stall(conn, 100)
     enforcer.watch()
-    assert loop.armed == [T0 + 2]  # a stalled response is sampled
+    assert loop.armed == [T0 + 4]  # a stalled response is sampled
     lst.unstall(conn)
-    enforcer.unwatch()
+    loop.run_until(T0 + 4)
     assert loop.armed == []
     lst.linger(conn)
     enforcer.watch()
-    assert loop.armed == [T0 + LINGER]  # a closed connection's linger ends
+    assert loop.armed == [T0 + 4 + LINGER]  # a closed connection's linger ends
     lst.remove(conn)
-    loop.run_until(T0 + LINGER)
+    loop.run_until(T0 + 4 + LINGER)
     assert loop.armed == []  # the sweep found nothing more to watch
+
+
+def test_a_connection_per_request_costs_no_timer_work_while_the_timer_is_armed(
+    clock: FakeClock, loop: MockLoop
+) -> None:
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
+    armed: list[float] = []
+    call_later = loop.call_later
+
+    def counted(delay: float, callback: typing.Any, *args: typing.Any) -> typing.Any:
+        armed.append(clock.now + delay)
+        return call_later(delay, callback, *args)
+
+    loop.call_later = counted  # type: ignore[method-assign]
+    for _ in range(100):  # a connection, a whole request, the close: 0.01 s each
+        conn, _ = connect(enforcer)
+        enforcer.connections.message(conn)
+        enforcer.connections.response_complete(conn)
+        enforcer.connections.remove(conn)
+        clock.advance(0.01)
+    # One timer, armed by the first connection for its headers timeout, and never cancelled.
+    assert armed == [T0 + 10] and loop.armed == [T0 + 10]
+    loop.run_until(T0 + 10)
+    assert loop.armed == [] and len(armed) == 1 and enforcer.totals.connections == 100
 
 
 def test_with_every_timeout_off_no_timer_is_ever_armed(clock: FakeClock, loop: MockLoop) -> None:
@@ -343,10 +369,9 @@ def test_a_connection_that_goes_within_the_linger_is_not_aborted(clock: FakeCloc
     conn, handle = connect(enforcer)
     loop.run_until(T0 + 10 + SLACK)
     enforcer.connections.remove(conn)  # the server reports the connection lost
-    enforcer.unwatch()
-    assert loop.armed == []
     loop.run_until(T0 + 20)
     assert handle.transport.closed and not handle.transport.aborted
+    assert loop.armed == []  # the linger's sweep found it gone, and nothing more to watch
 
 
 # -- the body rate -------------------------------------------------------------
@@ -433,10 +458,9 @@ def test_a_stall_that_ends_is_not_cut(clock: FakeClock, loop: MockLoop) -> None:
     conn, handle = stalled(enforcer, 1000)
     loop.run_until(T0 + 4)
     enforcer.connections.unstall(conn)  # the client takes the response again
-    enforcer.unwatch()
-    assert loop.armed == []
     loop.run_until(T0 + 40)
     assert not handle.transport.aborted and enforcer.totals.send_timeouts == 0
+    assert loop.armed == []
 
 
 # -- the log summary and the callback ---------------------------------------------
@@ -455,14 +479,12 @@ def test_a_pending_summary_keeps_the_timer_until_it_is_written(
     loop.run_until(T0 + 3 + SLACK)
     assert warnings(caplog) == ["connlist: 1 connection timed out (1 headers); e.g. 127.0.0.1:5000"]
     enforcer.connections.remove(first)
-    enforcer.unwatch()
-    assert loop.armed == []
-    # A second timeout within the interval waits for the next summary ...
     loop.run_until(T0 + 5)
+    assert loop.armed == []  # nothing left to watch
+    # A second timeout within the interval waits for the next summary ...
     second, _ = connect(enforcer)
     loop.run_until(T0 + 8 + SLACK)
     enforcer.connections.remove(second)
-    enforcer.unwatch()
     # ... which keeps the timer armed with nothing else due, and is written on time.
     due = T0 + 3 + SLACK + SUMMARY_INTERVAL
     loop.run_until(due - 0.01)
@@ -492,6 +514,29 @@ def test_a_failing_callback_is_logged_once_then_counted(
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and errors[0].exc_info is not None
     assert warnings(caplog)[-1].endswith("; on_timeout raised 2 times")
+
+
+def test_a_record_handed_to_the_callback_keeps_its_request_once_the_connection_is_gone(
+    clock: FakeClock, loop: MockLoop
+) -> None:
+    kept: list[Connection] = []
+    enforcer = make(clock, loop, headers_timeout=1, request_timeout=2)
+    enforcer.on_timeout = lambda conn, kind: kept.append(conn)
+    conn, handle = connect(enforcer)
+    handle.request = ("POST", "/upload")
+    enforcer.connections.message_begin(conn)
+    loop.run_until(T0 + 1 + SLACK)
+    # The server reports the connection lost, and lets go of the record (connlist.server).
+    enforcer.connections.remove(conn)
+    conn.handle = None
+    assert kept == [conn] and (conn.method, conn.path) == ("POST", "/upload")
+    # One that no callback holds stores nothing: it asks its handle while it has one.
+    other, other_handle = connect(enforcer)
+    other_handle.request = ("GET", "/")
+    assert (other.method, other.path) == ("GET", "/")
+    enforcer.connections.remove(other)
+    other.handle = None
+    assert (other.method, other.path) == (None, None)
 
 
 def test_a_slow_callback_is_warned_about_once(

@@ -21,6 +21,7 @@ from connlist.budget import idle_expired, idle_oldest
 from connlist.connections import Connection, ConnectionsList
 from connlist.enforcer import PRESSURE_FLOOR, Enforcer
 from connlist.kinds import resolve
+from connlist.sweep import SLACK
 from tests.fakes import FakeClock, MockLoop
 from tests.test_budget_policy import arrive
 
@@ -41,7 +42,6 @@ def first_request(enforcer: Enforcer, conn: Connection) -> None:
     connections.message_begin(conn)
     connections.headers_complete(conn, "GET", "/")
     connections.message_complete(conn)
-    enforcer.unwatch()
 
 
 def responded(enforcer: Enforcer, conn: Connection) -> None:
@@ -165,6 +165,34 @@ def test_a_timer_the_loop_runs_takes_the_time_it_was_armed_for(
     assert not other_handle.transport.closed and enforcer.timer_at == current.when
 
 
+def test_a_connection_that_arrives_while_the_keep_alive_is_awaited_is_timed(
+    clock: FakeClock, loop: MockLoop
+) -> None:
+    # The timer a response arms for the keep-alive (5 s) is never armed further
+    # away than the shortest timeout (1 s), so a silent client that connects
+    # meanwhile, which arms nothing while a timer is armed, gets its 408 on time.
+    enforcer = Enforcer(resolve(headers_timeout=1, request_timeout=2), clock=clock, loop=loop)  # type: ignore[arg-type]
+    enforcer.keep_alive = KEEP_ALIVE
+    enforcer.keep_alive_timed = True
+    conn, handle = arrive(enforcer)
+    enforcer.connections.message(conn)
+    loop.run_until(clock.now + 1)  # the connect's timer: nothing due
+    assert loop.armed == []
+    responded(enforcer, conn)
+    assert loop.armed == [clock.now + 1]
+    connected = clock.now + 0.5
+    loop.run_until(connected)
+    _, silent_handle = arrive(enforcer)
+    assert len(loop.armed) == 1  # it armed nothing of its own
+    loop.run_until(connected + 1)
+    assert silent_handle.transport.buffer == b""
+    loop.run_until(connected + 1 + SLACK)  # more than the headers timeout ago: Node's rule
+    assert silent_handle.transport.buffer.startswith(b"HTTP/1.1 408 ")
+    assert not handle.transport.closed  # the idle one waits for its keep-alive time
+    loop.run_until(connected - 0.5 + KEEP_ALIVE)
+    assert handle.closed_keepalive
+
+
 def test_without_the_list_timing_it_idle_connections_are_left_to_the_server(
     enforcer: Enforcer, clock: FakeClock, loop: MockLoop
 ) -> None:
@@ -172,9 +200,10 @@ def test_without_the_list_timing_it_idle_connections_are_left_to_the_server(
     conn, handle = arrive(enforcer)
     first_request(enforcer, conn)
     enforcer.connections.response_complete(conn)
-    assert enforcer.timer_at == math.inf and loop.armed == []
     loop.run_until(clock.now + 60)
     assert not handle.transport.closed and enforcer.totals.keepalive_timeouts == 0
+    # The timer its connect armed found nothing to watch, and armed none.
+    assert enforcer.timer_at == math.inf and loop.armed == []
 
 
 def test_under_pressure_the_same_rule_closes_sooner_and_says_so(
@@ -269,6 +298,8 @@ class IdleHeapMachine(RuleBasedStateMachine):
         if m.removed or not m.open:
             return
         self.lst.headers_complete(conn, None if answered_first else "GET", "/")
+        if answered_first:
+            self.lst.response_complete(conn)  # every response so far ended, the body not yet in
         self.lst.message_complete(conn)
         m.open = False
         if answered_first:

@@ -160,7 +160,6 @@ async def serve_with_body(
             raise  # not connlist's doing
     finally:
         connections.remove(conn)
-        enforcer.unwatch()
         if handle.task is not None:
             await handle.task
         # Break the record <-> handle cycle: the handle holds the server's

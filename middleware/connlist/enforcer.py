@@ -29,18 +29,20 @@ anything can be due:
 
 After each sweep the timer is armed again, never further away than
 ``Settings.shortest``: anything that starts a clock after the timer was armed
-(a request, a body, a stall) cannot be due before that, so it never has to
-move the timer, only to arm one if there is none (``watch``).  A timer is
-armed only while something can be due: a connection is active, stalled or
+(a connection, a request, a body, a stall) cannot be due before that, so it
+never has to move the timer, only to arm one if there is none (``watch``):
+while one is armed, an event costs one test.  Nor does an event that leaves
+nothing due cancel it (a connection per request would arm and cancel one
+each): the timer fires, the sweep finds nothing, and arms none, so a worker
+with nothing to watch has no timer after at most ``Settings.shortest``, and
+a loop with no timer of ours in its heap does less at each iteration
+(asyncio's loop reads its clock at every iteration while any timer is
+scheduled: docs/benchmarks.md, "Instructions per request, observing
+uvicorn").  Something can be due while a connection is active, stalled or
 closing, idle under a keep-alive the list times, or a log summary is
-pending.  The server layer's common case, a
-whole request in one read on an idle connection, never makes one active, so
-it never touches the timer; and a loop with no timer of ours in its heap does
-less at each iteration (asyncio's loop reads its clock at every iteration
-while any timer is scheduled: docs/benchmarks.md, "Instructions per request,
-observing uvicorn").  ``unwatch`` cancels the timer once
-nothing can be due; a close that starts a linger outside a sweep brings the
-timer forward.
+pending.  The server layer's common case, a whole request in one read on
+an idle connection, never makes one active, so it never touches the timer.
+A close that starts a linger outside a sweep brings the timer forward.
 
 Cutting a connection off costs tens of microseconds (the ``408``, the
 transport, the callback), so a mass timeout is spread over loop iterations:
@@ -49,7 +51,7 @@ and carries on at the next iteration, so requests of other clients are served
 in between.
 
 The connection budget (``max_connections``) is kept at connect, not by the
-timer: the server layer calls ``admit`` once per new connection, and over
+timer: the server layer reports each new connection (``join``), and over
 the budget one connection goes, the first that exists of: the longest-idle
 keep-alive connection (closed), the oldest still sending its headers (``408``,
 then aborted), the body furthest behind the minimum rate (the same), and
@@ -60,9 +62,8 @@ linear down to ``PRESSURE_FLOOR`` at the budget) and pass them to the same
 ordered walks, so one timer still serves every deadline.
 
 The server layer (``connlist.uvicorn``), or ``connlist.asgi`` in ASGI-only
-mode, feeds the list, calls ``watch()`` after any event that can make
-something due (``connect``, ``message_begin``, ``stall``) and ``unwatch()``
-after one that can leave nothing due (``message_complete``, ``remove``); what
+mode, feeds the list, and calls ``watch()`` after any event that can make
+something due (``message_begin``, ``stall``; ``join`` does at connect); what
 is due is closed through the connection's handle.
 """
 
@@ -77,7 +78,7 @@ import time
 from collections.abc import Callable
 
 from connlist.budget import body_slowest, headers_oldest, idle_oldest
-from connlist.connections import Connection, ConnectionsList
+from connlist.connections import Connection, ConnectionHandle, ConnectionsList
 from connlist.kinds import (
     ROOM_BY_NAME,
     TIMEOUT_BY_NAME,
@@ -89,6 +90,7 @@ from connlist.kinds import (
     deadline,
 )
 from connlist.logs import Summary, log, logger
+from connlist.records import Address
 from connlist.sweep import STEPS, reading_paused
 
 __all__ = [
@@ -229,6 +231,9 @@ class Enforcer:
         self.keep_alive = KEEP_ALIVE
         self.keep_alive_timed = False
         self.attached_loop: asyncio.AbstractEventLoop | None = None
+        # The protocol class that told it the above and its mode (the server
+        # layer's, once per server and loop; None: none since the server started).
+        self.fed_by: type | None = None
 
     @property
     def settings(self) -> Settings:
@@ -274,11 +279,6 @@ class Enforcer:
         if self._timer is None and not self._continuing:
             self._arm()
 
-    def unwatch(self) -> None:
-        """Cancel the timer if nothing can be due; call after ``message_complete`` and ``remove``."""
-        if self._timer is not None and not self._anything_due():
-            self.cancel()
-
     def _anything_due(self) -> bool:
         connections = self.connections
         return bool(
@@ -320,12 +320,20 @@ class Enforcer:
         only if the timer is armed for later (``timer_at``): in a busy worker
         it is not, since it fires for the connection idle longest.  Armed
         for exactly ``when``, so a loop that runs it has reached ``when``
-        (see ``_sweep``).
+        (see ``_sweep``), unless that is further away than
+        ``Settings.shortest``, as no timer may be: then the sweep at that
+        time arms the next, for ``when`` if nothing comes before.
         """
         if self._continuing or when >= self.timer_at:
             return
         self.cancel()
-        self._set_timer(self.clock(), when)
+        now = self.clock()
+        shortest = self.settings.shortest
+        if shortest and when > now + shortest:
+            # Never further away than that: a connection that arrives while
+            # this timer is armed arms none of its own (``join``).
+            when = now + shortest
+        self._set_timer(now, when)
 
     def _next_due(self, now: float) -> float | None:
         """The earliest clock value at which anything can be due, or None if nothing can."""
@@ -443,10 +451,27 @@ class Enforcer:
         budget = self.settings.max_connections
         return self.connections.occupied / budget if budget else 0.0
 
+    def join(
+        self, client: Address = None, server: Address = None, handle: ConnectionHandle | None = None
+    ) -> Connection:
+        """A new connection: it joins the list, counted, within the budget (``admit``), and it is watched.
+
+        The server layer's one call per connection, at connect; the record
+        leaves the list at ``ConnectionsList.remove``.
+        """
+        connections = self.connections
+        record = connections.connect(client, server, handle)
+        self.totals.connections += 1
+        if connections.occupied > self._quiet_below:
+            self.admit(record)  # max_connections: may make room, or refuse this one
+        if self._timer is None and not self._continuing:
+            self._arm()
+        return record
+
     def admit(self, record: Connection) -> None:
         """A new connection joined the list: make room if the worker is over its budget.
 
-        Called by the server layer once per connection, after ``connect``.
+        Called by ``join``, once per connection, over ``PRESSURE_WATERMARK``.
         Over ``max_connections``, one connection goes, the first of these
         that exists (each found in O(1) from the head of a list, see
         ConnectionsList): the longest-idle keep-alive connection (closed, as
@@ -571,6 +596,7 @@ class Enforcer:
         self.count(TIMEOUT_BY_NAME[kind], conn)
         on_timeout = self.on_timeout
         if on_timeout is not None:
+            conn.keep_request()  # the callback may keep the record
             started = self.clock()
             try:
                 on_timeout(conn, kind)

@@ -360,6 +360,7 @@ class ConnectionsMiddleware:
         start = server.turn_on(config, policy)
         # What an earlier server of this app had does not hold for this one.
         enforcer.mode = "asgi" if start.mode is None else start.mode
+        enforcer.fed_by = None  # its protocols tell it their mode again
         enforcer.integration_off = start.reason
         enforcer.asgi_told = False
         self._unconfirmed = None if start.mode is None else (start.mode, enforcer.totals.connections, server)
