@@ -138,7 +138,7 @@ class ReferenceHttpTools(_ReferenceBody, httptools_impl.HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        uvicorn_cycle.setup(self)
+        self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
         self._ref_phase = _BETWEEN
         self._ref_entered_body = False
 
@@ -195,7 +195,7 @@ class ReferenceH11(_ReferenceBody, h11_impl.H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        uvicorn_cycle.setup(self)
+        self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
         self._ref_phase = _BETWEEN
         self._ref_entered_body = False
         self._ref_upgraded = False

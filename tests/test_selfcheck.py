@@ -279,7 +279,12 @@ def test_a_newer_uvicorn_that_passes_is_warned_about_once(
 
 
 def _untracked(cls: type) -> type:
-    return type("Broken", (cls,), {"_connlist_connect": lambda self: None})
+    def made(self: Any, transport: Any) -> None:
+        cls.connection_made(self, transport)
+        self._connlist.connections.remove(self._connlist_record)
+        self._connlist_record = None
+
+    return type("Broken", (cls,), {"connection_made": made})
 
 
 def _events_skipped(cls: type) -> type:
@@ -315,11 +320,11 @@ def _no_408(cls: type) -> type:
 
 
 def _own_pipeline(cls: type) -> type:
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        cls.__init__(self, *args, **kwargs)
+    def made(self: Any, transport: Any) -> None:
+        cls.connection_made(self, transport)
         self.pipeline = collections.deque()  # uvicorn's plain one, not connlist's
 
-    return type("Broken", (cls,), {"__init__": init})
+    return type("Broken", (cls,), {"connection_made": made})
 
 
 def _body_not_credited(cls: type) -> type:

@@ -56,16 +56,16 @@ def test_uvicorn_protocols_take_the_transport_handle_from_the_seam(parser: str) 
     # What reads nothing of uvicorn's state is connlist.server's Tracking, both protocols' base.
     assert issubclass(cls, server.Tracking)
     for name in (
-        "connection_made",
-        "connection_lost",
         "pause_writing",
         "resume_writing",
         "_connlist_setup",
-        "_connlist_connect",
         "_connlist_remove",
         "_connlist_settle",
     ):
         assert getattr(cls, name) is getattr(server.Tracking, name), name
+    # Its own connection_made and connection_lost: uvicorn's, then the seam's setup and join, or remove.
+    for name in ("connection_made", "connection_lost"):
+        assert getattr(cls, name) is not getattr(server.Tracking, name), name
     # Four classes of connlist's over uvicorn's: the one built, the parser's, Tracking, TransportHandle.
     uvicorn_base = cls.__mro__[4]
     assert cls.__mro__[1:4] == (cls.__mro__[1], server.Tracking, server.TransportHandle)

@@ -97,12 +97,13 @@ def test_the_made_up_server_feeds_the_list_through_the_seam(
     # It never lets go: aborted after the linger.
     loop.run_until(clock.now + enforcer.linger + 1.0)
     assert transport.aborted
-    # Lost: out of the list, keeping what it showed.
+    # Lost: out of the list, letting go of the protocol (what a callback held keeps its request).
     gone = record(fast)
+    assert (gone.method, gone.path) == ("GET", "/fast")
     for protocol in (fast, slow, upload):
         protocol.connection_lost(None)
     assert connections.all() == [] and len(connections) == 0
-    assert (gone.method, gone.path, gone.requests, gone.handle) == ("GET", "/fast", 1, None)
+    assert (gone.requests, gone.handle, gone.tracked) == (1, None, False)
     # (The slow one never got its headers in: not a request.)
     assert enforcer.totals.connections == 3 and enforcer.totals.requests == 2
 
@@ -145,11 +146,11 @@ def test_tracking_requires_what_only_the_server_can_answer(enforcer: Enforcer) -
 
     protocol = Incomplete()
     protocol._connlist_setup({STATE_KEY: enforcer}, None, None)
-    record = protocol._connlist_connect()
+    record = protocol._connlist_record = enforcer.join(handle=protocol)
     with pytest.raises(NotImplementedError):
         protocol._connlist_settle(record, server.BODY, True)  # asks _connlist_body_begin
     with pytest.raises(NotImplementedError):
-        protocol._connlist_remove()  # asks connlist_request
+        record.keep_request()  # asks connlist_request, for a record handed to on_timeout
 
 
 async def _app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover - never called

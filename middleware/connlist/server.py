@@ -34,7 +34,7 @@ import contextlib
 import socket
 import struct
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from starlette.requests import ClientDisconnect
@@ -187,11 +187,10 @@ class Feeder(ConnectionHandle, Protocol):
        value but ``"asgi"`` says the integration is in use), and takes the
        enforcer from the lifespan state (``enforcer_in``) or, without one,
        makes its own and says so once.
-    2. **Connections.**  At connect: ``connections.connect(handle=self)``,
-       ``totals.connections += 1``, ``enforcer.admit(record)`` (the budget),
-       ``enforcer.watch()``.  When the connection is lost, or leaves HTTP
-       (a websocket upgrade): ``connections.remove(record)``,
-       ``enforcer.unwatch()``.
+    2. **Connections.**  At connect: ``enforcer.join(client, server,
+       self)`` (the list, the count, the budget and the timer in one call).
+       When the connection is lost, or leaves HTTP (a websocket upgrade):
+       ``connections.remove(record)``.
     3. **Requests.**  The list's events in order, each at the instant the
        server saw it: ``message_begin`` (a request's first byte),
        ``headers_complete`` then ``response_begin`` (the request goes to the
@@ -202,8 +201,8 @@ class Feeder(ConnectionHandle, Protocol):
        ``record.responding = True`` for a whole request on an idle record,
        ``record.responding = False`` for ``response_complete``.  ``totals.requests +=
        1`` once per request whose headers are complete.  ``enforcer.watch()`` after
-       ``message_begin`` and a stall, ``enforcer.unwatch()`` after
-       ``message_complete``.
+       ``message_begin`` and a stall (nothing after ``message_complete``:
+       the timer, once armed, finds for itself that nothing is due).
     4. **Bodies and stalls.**  ``body_begin`` / ``body_bytes`` where the
        minimum rate applies; ``stall`` when the transport asks it to pause
        writing, ``unstall`` when it resumes.
@@ -420,6 +419,10 @@ class Tracking(TransportHandle):
 
     # Provided by the server's protocol.
     transport: Any
+    # The server's connection_made and connection_lost, where its class's
+    # own replace Tracking's (connlist.uvicorn names them on the class it builds).
+    _connlist_base_made: Callable[[Any], None]
+    _connlist_base_lost: Callable[[Exception | None], None]
     client: tuple[str, int] | None
     server: tuple[str, int | None] | None
 
@@ -430,8 +433,27 @@ class Tracking(TransportHandle):
     _connlist_record: Connection | None
     _connlist_phase: int
 
-    def _connlist_setup(self, state: MutableMapping[str, Any], loop: Any, keep_alive: float | None) -> None:
-        """At the protocol's making: its enforcer (the lifespan ``state``'s, or a fallback), mode and loop."""
+    def _connlist_setup(
+        self, state: MutableMapping[str, Any], loop: Any, keep_alive: float | None
+    ) -> Enforcer:
+        """At the connection's start, before ``join``: its enforcer (the lifespan ``state``'s, or a fallback).
+
+        What the protocol tells the enforcer (``_connlist_tell``) is the same
+        for every protocol of a server: told once, it costs a connection
+        three tests.
+        """
+        enforcer = state.get(STATE_KEY)
+        if enforcer is None or enforcer.fed_by is not type(self) or enforcer.attached_loop is not loop:
+            enforcer = self._connlist_tell(state, loop, keep_alive)
+        self._connlist = enforcer
+        self._connlist_record = None
+        self._connlist_phase = BETWEEN
+        return enforcer
+
+    def _connlist_tell(
+        self, state: MutableMapping[str, Any], loop: Any, keep_alive: float | None
+    ) -> Enforcer:
+        """The server's first protocol of this class on this loop: the enforcer learns its mode and loop."""
         enforcer = enforcer_in(state)
         if enforcer is None:
             enforcer = fallback_enforcer(state, *self._connlist_without_middleware())
@@ -440,9 +462,8 @@ class Tracking(TransportHandle):
         if loop is not None and enforcer.attached_loop is not loop:
             enforcer.attach(loop, keep_alive)
         enforcer.keep_alive_timed = self.connlist_keepalive and bool(keep_alive and keep_alive > 0)
-        self._connlist = enforcer
-        self._connlist_record = None
-        self._connlist_phase = BETWEEN
+        enforcer.fed_by = type(self)
+        return enforcer
 
     def _connlist_without_middleware(self) -> tuple[object, object]:
         """No middleware handed an enforcer over: the server's lifespan setting and the app it loaded.
@@ -455,33 +476,23 @@ class Tracking(TransportHandle):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
-        self._connlist_connect()
+        self._connlist_record = self._connlist.join(self.client, self.server, self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connlist_remove()
         super().connection_lost(exc)  # type: ignore[misc]
 
-    def _connlist_connect(self) -> Connection:
-        enforcer = self._connlist
-        record = enforcer.connections.connect(client=self.client, server=self.server, handle=self)
-        self._connlist_record = record
-        enforcer.totals.connections += 1
-        enforcer.admit(record)  # max_connections: may make room, or refuse this one
-        enforcer.watch()
-        return record
-
     def _connlist_remove(self) -> None:
         record = self._connlist_record
         if record is not None:
             self._connlist.connections.remove(record)
-            self._connlist.unwatch()
-            if record.handle is not None:
-                # The record keeps what it showed; it stops asking the protocol.
-                record.method, record.path = self.connlist_request()
             # Break the protocol <-> record cycle; a removed record needs no handle.
             record.handle = None
 
     def connlist_request(self) -> tuple[str | None, str | None]:
+        raise NotImplementedError
+
+    def connlist_reading_paused(self) -> bool:
         raise NotImplementedError
 
     # -- the body-rate feature's hooks (requests with a body only) -----------
@@ -504,9 +515,7 @@ class Tracking(TransportHandle):
         if body_begins:
             self._connlist_body_begin(record)
         self._connlist_phase = phase
-        if phase == BETWEEN:
-            self._connlist.unwatch()
-        else:
+        if phase != BETWEEN:
             self._connlist.watch()  # the connection is active: it can expire
 
     # -- the send timeout: fed by flow control, which runs only under back-pressure

@@ -119,9 +119,20 @@ def _subclass(name: str, mixin: type, base: type) -> type[Any]:
 
     The slots are declared here, on the one class that has uvicorn's as a
     base, so that a uvicorn protocol with ``__slots__`` of its own is no
-    layout conflict (see ``connlist.server.Tracking``).
+    layout conflict (see ``connlist.server.Tracking``).  The base's
+    ``connection_made`` and ``connection_lost`` are named here too, for the
+    mixin's to call: a method of the class, not ``super()``, which costs a
+    connection more (docs/benchmarks.md, "A connection per request").
     """
-    namespace = {"__slots__": SLOTS, "__module__": __name__, "__qualname__": name, "__doc__": mixin.__doc__}
+    namespace = {
+        "__slots__": SLOTS,
+        "__module__": __name__,
+        "__qualname__": name,
+        "__doc__": mixin.__doc__,
+        # (A base without them fails the self-check, which looks for both, before any is called.)
+        "_connlist_base_made": getattr(base, "connection_made", None),
+        "_connlist_base_lost": getattr(base, "connection_lost", None),
+    }
     return type(name, (mixin, base), namespace)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from connlist.connections import Connection
 from connlist.logs import route_to_uvicorn
-from connlist.server import BODY, AfterCut, Tracking
+from connlist.server import BODY, AfterCut
 
 __all__ = [
     "after_continue",
@@ -31,7 +31,6 @@ __all__ = [
     "request",
     "responding",
     "response_written",
-    "setup",
     "without_middleware",
 ]
 
@@ -46,15 +45,6 @@ HOOKS = (
     "pause_writing",
     "resume_writing",
 )
-
-
-def setup(self: Any) -> None:
-    """At the protocol's making (its ``__init__``): ``Tracking._connlist_setup`` from uvicorn's state."""
-    # (What connlist reads of uvicorn's protocol was checked once, before
-    # the class was handed to uvicorn: connlist.uvicorn_selfcheck.)
-    Tracking._connlist_setup(
-        self, self.app_state, getattr(self, "loop", None), getattr(self, "timeout_keep_alive", None)
-    )
 
 
 def close_keepalive(self: Any) -> None:

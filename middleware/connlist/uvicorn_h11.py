@@ -74,9 +74,14 @@ class H11Tracking(Tracking, _H11Base):
     connlist_request = _cycle.request
     connlist_reading_paused = _cycle.reading_paused
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _cycle.setup(self)
+    def connection_made(self, transport: Any) -> None:
+        self._connlist_base_made(transport)
+        enforcer = self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
+        self._connlist_record = enforcer.join(self.client, self.server, self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connlist_remove()
+        self._connlist_base_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         phase = self._connlist_phase
@@ -99,6 +104,12 @@ class H11Tracking(Tracking, _H11Base):
                     record.requests += 1
                     record.responding = True
                     self._connlist.totals.requests += 1
+                    return
+                if record is not None and cycle is None:
+                    # The first read of a new connection: a whole request.
+                    enforcer = self._connlist
+                    enforcer.connections.message(record)
+                    enforcer.totals.requests += 1
                     return
         self._connlist_events(_BETWEEN, cycle)
 
@@ -144,11 +155,12 @@ class H11Tracking(Tracking, _H11Base):
             # A finished response lets h11 go on to what it held.
             self._connlist_events(phase, cycle)
             if not self._connlist_responding():
-                record.responding = False
                 if _KEEPALIVE is None:
                     # uvicorn's own method: the idle time begins now (with
                     # connlist's, it began where its timer would have been armed).
-                    record.idle_at = self._connlist.clock()
+                    self._connlist.connections.response_complete(record)
+                else:
+                    record.responding = False
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         self._connlist_phase = _UPGRADED

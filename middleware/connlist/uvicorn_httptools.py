@@ -182,11 +182,10 @@ class _Pipeline(deque[Any]):
     nothing more.
     """
 
+    # Unset until pipelining (read with getattr): made per connection, the
+    # queue runs no __init__ of its own.
     __slots__ = ("running",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.running: Any = None
+    running: Any
 
     def appendleft(self, item: Any) -> None:
         if not self:
@@ -241,10 +240,16 @@ if httptools_impl is not None:
         connlist_request = _cycle.request
         connlist_reading_paused = _cycle.reading_paused
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            _cycle.setup(self)
-            self.pipeline = _Pipeline()
+        def connection_made(self, transport: Any) -> None:
+            # uvicorn's (its class's, past Tracking's own, which is for other servers).
+            self._connlist_base_made(transport)
+            enforcer = self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
+            self.pipeline = _Pipeline()  # (no __init__ of ours: uvicorn passes its arguments by keyword)
+            self._connlist_record = enforcer.join(self.client, self.server, self)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._connlist_remove()
+            self._connlist_base_lost(exc)
 
         def _connlist_cycles(self) -> list[Any]:
             # The queued ones, the one running ahead of them, the newest.
@@ -281,6 +286,12 @@ if httptools_impl is not None:
                     record.requests += 1
                     record.responding = True
                     self._connlist.totals.requests += 1
+                    return
+                if cycle is None:
+                    # The first read of a new connection: a whole request.
+                    enforcer = self._connlist
+                    enforcer.connections.message(record)
+                    enforcer.totals.requests += 1
                     return
             # Between messages, the last scope is the last cycle's.
             self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle)
@@ -369,14 +380,11 @@ if httptools_impl is not None:
 
             def on_response_complete(self) -> None:
                 _HttpTools.on_response_complete(self)
-                # ConnectionsList.response_complete, the feeder's own writes
-                # (see connlist.connections).  self.cycle is the newest
-                # request's: if uvicorn has just started a pipelined one, or
-                # any is still queued, it is not complete.
+                # self.cycle is the newest request's: if uvicorn has just
+                # started a pipelined one, or any is still queued, it is not complete.
                 if self.cycle.response_complete:
                     record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
-                    record.responding = False
-                    record.idle_at = self._connlist.clock()
+                    self._connlist.connections.response_complete(record)
 
         def handle_websocket_upgrade(self) -> None:
             # Upgraded connections are never timed out (Node: parser freed);

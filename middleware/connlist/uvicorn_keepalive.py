@@ -91,7 +91,11 @@ def _httptools(self: Any) -> None:  # uvicorn 0.45 and later
         if self.timeout_keep_alive > 0:
             self.timeout_keep_alive_task = TIMED_BY_LIST
             enforcer = self._connlist
-            self._connlist_record.idle_at = idle_at = enforcer.clock()
+            record = self._connlist_record
+            # ConnectionsList.response_complete, written out.
+            record.idle_at = idle_at = enforcer.clock()
+            if record._idle_entry is None:
+                enforcer.connections.idle_queue.push(record, idle_at)
             if idle_at + self.timeout_keep_alive < enforcer.timer_at:
                 enforcer.wake_by(idle_at + self.timeout_keep_alive)
         else:
@@ -125,7 +129,11 @@ def _httptools_create_task(self: Any) -> None:  # uvicorn 0.36 to 0.44
         if self.timeout_keep_alive > 0:
             self.timeout_keep_alive_task = TIMED_BY_LIST
             enforcer = self._connlist
-            self._connlist_record.idle_at = idle_at = enforcer.clock()
+            record = self._connlist_record
+            # ConnectionsList.response_complete, written out.
+            record.idle_at = idle_at = enforcer.clock()
+            if record._idle_entry is None:
+                enforcer.connections.idle_queue.push(record, idle_at)
             if idle_at + self.timeout_keep_alive < enforcer.timer_at:
                 enforcer.wake_by(idle_at + self.timeout_keep_alive)
         else:
@@ -146,7 +154,12 @@ def _h11(self: Any) -> None:
     if self.timeout_keep_alive > 0:
         self.timeout_keep_alive_task = TIMED_BY_LIST
         enforcer = self._connlist
-        self._connlist_record.idle_at = idle_at = enforcer.clock()
+        record = self._connlist_record
+        # ConnectionsList.response_complete, written out (less ``responding``:
+        # the caller writes it, once h11 has let in what it held).
+        record.idle_at = idle_at = enforcer.clock()
+        if record._idle_entry is None:
+            enforcer.connections.idle_queue.push(record, idle_at)
         if idle_at + self.timeout_keep_alive < enforcer.timer_at:
             enforcer.wake_by(idle_at + self.timeout_keep_alive)
     else:
