@@ -51,6 +51,7 @@ Usage::
     python3 benchmarks/e2e.py --quick         # 3 rounds x 1 s, no warm-up, about 1 minute (smoke test)
     python3 benchmarks/e2e.py --rounds 7 --duration 5 --json e2e.json
     python3 benchmarks/e2e.py --setups connlist no-keepalive-timer --loop asyncio
+    python3 benchmarks/e2e.py --close --setups connlist   # a connection per request (Connection: close)
     python3 benchmarks/e2e.py --callgrind     # = python3 benchmarks/per_request.py --loops uvloop
 
 On a shared machine CPU time per request moves by 10-30% from one server
@@ -99,6 +100,8 @@ WRK_MISSING = "wrk not found: install it with `apt-get install wrk` (Debian/Ubun
 # setup -> the largest allowed median ratio of its CPU per request to bare uvicorn's
 # (connlist, which times uvicorn's keep-alive in its list: at or below bare).
 CEILINGS = {"connlist": 1.00, "asgi-only": 1.05}
+# With a connection per request (--close): what a connection costs (issue #34's target for connlist).
+CEILINGS_CLOSE = {"connlist": 1.05, "asgi-only": 1.05}
 ALTERNATIVES = ("asyncio.timeout", "call_later")
 
 
@@ -309,18 +312,17 @@ def parse_wrk(output: str) -> dict[str, Any]:
     return result
 
 
-def start_wrk(wrk: str, cpu: int, conns: int, seconds: int, port: int) -> subprocess.Popen[str]:
-    """``wrk`` pinned to ``cpu``, loading ``port`` for ``seconds``; collect it with ``finish_wrk``."""
-    command = [
-        "taskset",
-        "-c",
-        str(cpu),
-        wrk,
-        "-t1",
-        f"-c{conns}",
-        f"-d{seconds}s",
-        f"http://127.0.0.1:{port}/",
-    ]
+def start_wrk(
+    wrk: str, cpu: int, conns: int, seconds: int, port: int, close: bool = False
+) -> subprocess.Popen[str]:
+    """``wrk`` pinned to ``cpu``, loading ``port`` for ``seconds``; collect it with ``finish_wrk``.
+
+    ``close``: every request with ``Connection: close``, so each is a connection of its own.
+    """
+    command = ["taskset", "-c", str(cpu), wrk, "-t1", f"-c{conns}", f"-d{seconds}s"]
+    if close:
+        command += ["-H", "Connection: close"]
+    command.append(f"http://127.0.0.1:{port}/")
     return subprocess.Popen(
         command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -359,12 +361,14 @@ def measure_pair(
         for server in servers:
             server.wait_ready()
         if args.warmup > 0:
-            warming = [start_wrk(wrk, args.client_cpu, conns, args.warmup, s.port) for s in servers]
+            warming = [
+                start_wrk(wrk, args.client_cpu, conns, args.warmup, s.port, args.close) for s in servers
+            ]
             for process in warming:
                 finish_wrk(process, args.warmup)
         busy_before, wrk_before = busy_ticks(cpus), children_cpu()
         before = [(cpu_ns(s.pid), cpu_ticks(s.pid)) for s in servers]
-        running = [start_wrk(wrk, args.client_cpu, conns, args.duration, s.port) for s in servers]
+        running = [start_wrk(wrk, args.client_cpu, conns, args.duration, s.port, args.close) for s in servers]
         results = [finish_wrk(process, args.duration) for process in running]
         after = [(cpu_ns(s.pid), cpu_ticks(s.pid)) for s in servers]
         busy_after, wrk_after = busy_ticks(cpus), children_cpu()
@@ -453,7 +457,9 @@ def run_rounds(args: argparse.Namespace, wrk: str) -> list[Measurement]:
     return measurements
 
 
-def summarize(measurements: list[Measurement], rounds: int, conns_list: list[int]) -> dict[str, Any]:
+def summarize(
+    measurements: list[Measurement], rounds: int, conns_list: list[int], close: bool = False
+) -> dict[str, Any]:
     measured = {m.setup for m in measurements}
     # (round, conns, setup, partner) -> measurement; each non-baseline setup ran once per round,
     # beside a bare uvicorn of its own.
@@ -490,7 +496,7 @@ def summarize(measurements: list[Measurement], rounds: int, conns_list: list[int
             )
     targets: list[dict[str, Any]] = []
     for conns in conns_list:
-        for key, ceiling in CEILINGS.items():
+        for key, ceiling in (CEILINGS_CLOSE if close else CEILINGS).items():
             if key not in measured:
                 continue
             value = statistics.median(ratios[conns, key])
@@ -523,7 +529,8 @@ def summarize(measurements: list[Measurement], rounds: int, conns_list: list[int
 def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
     print()
     print(
-        f"Medians of {args.rounds} round(s), {args.duration:g} s per run, loop {args.loop}; "
+        f"Medians of {args.rounds} round(s), {args.duration:g} s per run, loop {args.loop}, "
+        f"{'a connection per request (Connection: close)' if args.close else 'keep-alive'}; "
         "ratio = CPU/request over bare uvicorn's in the same round, median [min..max]"
     )
     header = (
@@ -666,6 +673,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[setup.key for setup in SETUPS if setup.key != BASELINE],
         help="the setups measured, each beside a bare uvicorn of its own (default: all)",
     )
+    parser.add_argument(
+        "--close",
+        action="store_true",
+        help="every request with Connection: close (a connection per request, as nginx's default "
+        "proxy_pass sends); the targets are then per connection",
+    )
     parser.add_argument("--json", metavar="PATH", help="write every measurement and the summary here")
     args = parser.parse_args(argv)
     if args.quick:
@@ -728,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as error:
         print(f"benchmark failed: {error}", file=sys.stderr)
         return 2
-    summary = summarize(measurements, args.rounds, args.conns)
+    summary = summarize(measurements, args.rounds, args.conns, args.close)
     print_summary(summary, args)
     source_end = connlist_source()
     if source_end.get("sha256") != source.get("sha256"):
@@ -746,6 +759,7 @@ def main(argv: list[str] | None = None) -> int:
                 "warmup": args.warmup,
                 "conns": args.conns,
                 "loop": args.loop,
+                "close": args.close,
                 "server_cpu": args.server_cpu,
                 "client_cpu": args.client_cpu,
                 "clk_tck": CLK_TCK,
