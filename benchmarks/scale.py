@@ -44,7 +44,9 @@ bare's and its memory per idle connection is within 1 KiB of bare's.
 Descriptors: the server and this process each need N plus a margin.  The
 soft limit (RLIMIT_NOFILE) is raised up to the hard limit, which children
 inherit; an N above the hard limit is skipped with a message (raise the hard
-limit, e.g. ``ulimit -Hn`` as root or systemd's ``LimitNOFILE``).
+limit, e.g. ``ulimit -Hn`` as root or systemd's ``LimitNOFILE``).  connlist
+derives its default connection budget from that limit; an N above 80% of
+it runs connlist pressed (a shorter keep-alive), which the script says.
 
 Usage::
 
@@ -158,7 +160,11 @@ def open_fds(pid: int) -> int:
 
 
 def fd_limit_problem(n: int) -> str | None:
-    """Raise the soft descriptor limit for N connections; what is wrong if the hard limit is too low."""
+    """Raise the soft descriptor limit to the hard one; what is wrong if that is too low for N connections.
+
+    The soft limit goes all the way up, as on a server set up for many
+    connections: connlist derives its default connection budget from it.
+    """
     need = n + FD_MARGIN
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < need:
@@ -167,7 +173,26 @@ def fd_limit_problem(n: int) -> str | None:
             f"(RLIMIT_NOFILE) is {hard}; raise it (ulimit -Hn as root, systemd's LimitNOFILE) "
             f"or pass --counts at most {hard - FD_MARGIN}"
         )
-    raise_fd_limit(need)
+    raise_fd_limit(hard if hard != resource.RLIM_INFINITY else need)
+    return None
+
+
+def pressure_note(n: int) -> str | None:
+    """Whether connlist's default budget, derived from the soft limit, would run pressed with N connections.
+
+    Pressed, it shortens the keep-alive (and wakes every ``PRESSURE_TICK``):
+    a measurement of its budget, not of the list.
+    """
+    from connlist.enforcer import PRESSURE_WATERMARK
+    from connlist.kinds import default_max_connections
+
+    budget = default_max_connections()
+    if budget and n > PRESSURE_WATERMARK * budget:
+        return (
+            f"note: N={n} is above {PRESSURE_WATERMARK:.0%} of connlist's default budget ({budget}, from "
+            f"the soft descriptor limit {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}): connlist runs "
+            "pressed there and shortens the keep-alive; raise the hard limit to measure the list alone"
+        )
     return None
 
 
@@ -597,6 +622,10 @@ def main(argv: list[str] | None = None) -> int:
             counts.append(n)
         else:
             print(problem, file=sys.stderr)
+    for n in counts:
+        note = pressure_note(n)
+        if note is not None:
+            print(note, file=sys.stderr)
     if not counts:
         print("no count can run under this descriptor limit", file=sys.stderr)
         return 2

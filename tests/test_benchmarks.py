@@ -463,3 +463,14 @@ def test_scale_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
             scale.parse_args(argv)
         assert exited.value.code == 2
         assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_scale_says_where_connlists_default_budget_would_be_pressed() -> None:
+    from connlist.kinds import default_max_connections
+
+    budget = default_max_connections()
+    if not budget:
+        pytest.skip("no descriptor limit, no default budget")
+    assert scale.pressure_note(1) is None
+    note = scale.pressure_note(budget)
+    assert note is not None and f"connlist's default budget ({budget}" in note
