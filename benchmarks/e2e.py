@@ -200,7 +200,7 @@ def get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
 class Server:
     """One uvicorn process pinned to one CPU; a context manager that always stops it."""
 
-    def __init__(self, setup: Setup, *, loop: str, cpu: int) -> None:
+    def __init__(self, setup: Setup, *, loop: str, cpu: int, extra: tuple[str, ...] = ()) -> None:
         self.setup = setup
         self.port = free_port()
         # The server's output, shown if it fails; closed in stop().
@@ -226,6 +226,8 @@ class Server:
             "--log-level",
             "warning",
             "--no-access-log",
+            # More of uvicorn's options (scale.py's --timeout-keep-alive).
+            *extra,
         ]
         # taskset execs the interpreter, so this PID is the server's own.
         self.process = subprocess.Popen(

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import math
 import os
+import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,6 +29,7 @@ import e2e_apps  # noqa: E402
 import flood  # noqa: E402
 import list_micro  # noqa: E402
 import per_request  # noqa: E402
+import scale  # noqa: E402
 import setups  # noqa: E402
 import workloads  # noqa: E402
 
@@ -409,3 +413,64 @@ def test_flood_keep_alive_client_holds_its_connections_and_stops_by_itself() -> 
     stats = asyncio.run(run())
     assert stats["answered"] == stats["connects"] == 20, stats
     assert stats["failed"] == 0
+
+
+# -- the scale benchmark (scale.py) ------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+def test_scale_measures_idle_connections_until_the_server_closed_them_all() -> None:
+    # Real servers, both setups, 50 connections, a 1 s keep-alive: a few seconds.
+    cpu = min(os.sched_getaffinity(0))
+    results = scale.run_rounds(1, ["asyncio"], [50], keep_alive=1, cpu=cpu, quiet=True)
+    assert sorted(r.setup for r in results) == ["bare", "connlist"]
+    for r in results:
+        assert (r.loop, r.n, r.round) == ("asyncio", 50, 1)
+        # The server closed every one of them, at its keep-alive deadline (measured from the
+        # load side's reads, so a little before it is possible).
+        assert r.closed == 50, r
+        assert -500 < r.late_ms < 3000, r
+        assert r.rss_idle_kib > 0 and math.isfinite(r.kib_per_conn)
+        assert r.cpu_s > 0
+        assert r.probe_requests >= 10 and r.probe_errors == 0, r
+        assert 0 < r.probe_median_ms <= r.probe_p99_ms <= r.probe_worst_ms
+    summary = scale.summarize(results)
+    rows = summary["table"]
+    assert [(row["loop"], row["n"], row["setup"]) for row in rows] == [
+        ("asyncio", 50, "bare"),
+        ("asyncio", 50, "connlist"),
+    ]
+    assert all(row["closed_all"] and row["rounds"] == 1 for row in rows)
+    by_setup = {r.setup: r for r in results}
+    assert rows[1]["cpu_ratio"] == by_setup["connlist"].cpu_s / by_setup["bare"].cpu_s
+    assert rows[1]["worst_ratio"] == by_setup["connlist"].probe_worst_ms / by_setup["bare"].probe_worst_ms
+    # The targets are judged from 5,000 connections on.
+    assert summary["targets"] == []
+
+
+def test_scale_skips_a_count_above_the_hard_descriptor_limit() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard descriptor limit")
+    problem = scale.fd_limit_problem(hard)
+    assert problem is not None and f"hard limit (RLIMIT_NOFILE) is {hard}" in problem
+    assert f"--counts at most {hard - scale.FD_MARGIN}" in problem
+
+
+def test_scale_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--rounds", "0"], ["--keep-alive", "0"], ["--counts", "0"]):
+        with pytest.raises(SystemExit) as exited:
+            scale.parse_args(argv)
+        assert exited.value.code == 2
+        assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_scale_says_where_connlists_default_budget_would_be_pressed() -> None:
+    from connlist.kinds import default_max_connections
+
+    budget = default_max_connections()
+    if not budget:
+        pytest.skip("no descriptor limit, no default budget")
+    assert scale.pressure_note(1) is None
+    note = scale.pressure_note(budget)
+    assert note is not None and f"connlist's default budget ({budget}" in note

@@ -1,0 +1,665 @@
+"""Scale benchmark: thousands of idle keep-alive connections, their mass close, bare uvicorn against connlist.
+
+Method.  For each setup (``bare`` and ``connlist`` of ``benchmarks/setups.py``),
+each event loop and each count N, a fresh ``python -m uvicorn`` (the setup's
+app and ``--http``, ``--timeout-keep-alive 5``, ``--log-level warning``) is
+served on a free port of 127.0.0.1, pinned to CPU 0 (``taskset``), and asked
+which connlist mode it runs in where connlist is in it.  This process, the
+load side, is pinned to CPU 1:
+
+1. warm-up: 100 connections (at most N) each send ``GET /`` and read the
+   answer, then close; once the server holds no more descriptors than before
+   them, its RSS (``VmRSS`` of ``/proc/PID/status``) is the baseline;
+2. load: N connections are opened, at most 100 at a time (asyncio, raw
+   sockets), each sends one ``GET / HTTP/1.1`` and reads the whole answer, and
+   stays open: an idle keep-alive connection.  They go idle one after the
+   other over the time this takes, as on a real server, so their keep-alive
+   deadlines are spread alike;
+3. once all N are idle (none closed yet, or the run fails): memory per idle
+   connection = (RSS now - baseline) / N; the server's CPU time (schedstat,
+   or utime + stime of ``/proc/PID/stat`` where the kernel has no schedstat)
+   is read and the probe starts;
+4. the probe, a process of its own on CPU 1, sends ``GET /`` every 10 ms on
+   one keep-alive connection and records how long each whole answer took.
+   One connection, not one per request: a request every 10 ms keeps it from
+   ever idling 5 s, and what it measures is how long the loop leaves a ready
+   request waiting (the stalls), not the price of accepting a connection,
+   which the instruction counts of ``per_request.py`` measure.  It shares CPU 1
+   with the load side, which only does one ``recv`` per connection closed;
+5. the load side waits (epoll, bounded) until the server has closed every one
+   of the N (EOF or reset); at the last the server's CPU time is read again
+   and the probe stops.  CPU = the difference: the idle time, the probe's
+   requests (about 100 a second, the same for both setups) and the mass
+   close at the keep-alive deadline.  The time to close all N is from the
+   first EOF to the last; "late" is how long after the last connection's
+   own deadline (when it went idle + the keep-alive) it was closed.
+
+Rounds interleave the setups (the order turns every measurement); the
+report gives, per loop, N and setup, the medians over the rounds, and
+connlist's ratio to bare for CPU and for the worst latency (the median of
+the ratios within each round).  Targets (issue #34): at 5,000 idle
+connections and more, connlist's CPU and worst latency are no more than
+bare's and its memory per idle connection is within 1 KiB of bare's.
+
+Descriptors: the server and this process each need N plus a margin.  The
+soft limit (RLIMIT_NOFILE) is raised up to the hard limit, which children
+inherit; an N above the hard limit is skipped with a message (raise the hard
+limit, e.g. ``ulimit -Hn`` as root or systemd's ``LimitNOFILE``).  connlist
+derives its default connection budget from that limit; an N above 80% of
+it runs connlist pressed (a shorter keep-alive), which the script says.
+
+Usage::
+
+    python3 benchmarks/scale.py                             # 1,000 5,000 20,000; both loops; 3 rounds
+    python3 benchmarks/scale.py --counts 1000 5000 --loops asyncio --rounds 1
+    python3 benchmarks/scale.py --json scale.json
+
+Leaves out: other servers and parsers (httptools only), requests with a
+body, clients that are slow or never send (``mass_timeout.py``, ``attacks.py``),
+and the kernel's memory per socket (RSS is the process's own).  One worker;
+the load side and the probe share a CPU.
+
+Needs ``taskset`` (util-linux), two CPUs and, for ``--loops uvloop``,
+uvloop.  Loopback only; bounded in connections and in time (about 15 s per
+measurement at 20,000).  Exits 0 when every target is met, 1 when one is
+missed, 2 when it cannot run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import select
+import selectors
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from e2e import CLK_TCK, BenchError, Server, cpu_ns, cpu_ticks, version
+from mass_timeout import _raise_fd_limit as raise_fd_limit
+from mass_timeout import _request as request_on
+from setups import BASELINE, SETUP_BY_KEY
+
+HERE = Path(__file__).resolve().parent
+COMPARED = (BASELINE, "connlist")
+COUNTS = (1000, 5000, 20000)
+LOOPS = ("uvloop", "asyncio")
+REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+# Descriptors beyond the N, in the server and here (listening socket, epoll, pipes, the probe, imports).
+FD_MARGIN = 128
+WARMUP = 100
+# Connections being opened at once (below uvicorn's default backlog of 2048).
+BATCH = 100
+PROBE_INTERVAL = 0.010
+# The probe stops by itself after this long, whatever happens here.
+PROBE_LIMIT = 300.0
+# At or above this N, the targets are judged (the issue's 5,000 and 20,000).
+TARGET_FROM = 5000
+MEMORY_SLACK_KIB = 1.0
+
+
+@dataclass
+class Result:
+    round: int
+    loop: str
+    setup: str
+    n: int
+    kib_per_conn: float
+    rss_base_kib: int
+    rss_idle_kib: int
+    # Server CPU seconds from all N idle until the last was closed.
+    cpu_s: float
+    probe_requests: int
+    probe_errors: int
+    probe_median_ms: float
+    probe_p99_ms: float
+    probe_worst_ms: float
+    # Seconds the N took to open (first idle to last idle).
+    open_s: float
+    # Seconds from the first EOF to the last.
+    close_s: float
+    # Milliseconds from the last connection's own deadline to its close.
+    late_ms: float
+    # Of the N, how many the server closed within the bound.
+    closed: int
+
+
+# -- the server's process ------------------------------------------------------------
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise BenchError(f"no VmRSS in /proc/{pid}/status")
+
+
+def cpu_seconds(pid: int) -> float:
+    ns = cpu_ns(pid)
+    if ns is not None:
+        return ns / 1e9
+    user, system = cpu_ticks(pid)
+    return (user + system) / CLK_TCK
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def fd_limit_problem(n: int) -> str | None:
+    """Raise the soft descriptor limit to the hard one; what is wrong if that is too low for N connections.
+
+    The soft limit goes all the way up, as on a server set up for many
+    connections: connlist derives its default connection budget from it.
+    """
+    need = n + FD_MARGIN
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < need:
+        return (
+            f"skipping N={n}: it needs {need} descriptors in the server and here, the hard limit "
+            f"(RLIMIT_NOFILE) is {hard}; raise it (ulimit -Hn as root, systemd's LimitNOFILE) "
+            f"or pass --counts at most {hard - FD_MARGIN}"
+        )
+    raise_fd_limit(hard if hard != resource.RLIM_INFINITY else need)
+    return None
+
+
+def pressure_note(n: int) -> str | None:
+    """Whether connlist's default budget, derived from the soft limit, would run pressed with N connections.
+
+    Pressed, it shortens the keep-alive (and wakes every ``PRESSURE_TICK``):
+    a measurement of its budget, not of the list.
+    """
+    from connlist.enforcer import PRESSURE_WATERMARK
+    from connlist.kinds import default_max_connections
+
+    budget = default_max_connections()
+    if budget and n > PRESSURE_WATERMARK * budget:
+        return (
+            f"note: N={n} is above {PRESSURE_WATERMARK:.0%} of connlist's default budget ({budget}, from "
+            f"the soft descriptor limit {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}): connlist runs "
+            "pressed there and shortens the keep-alive; raise the hard limit to measure the list alone"
+        )
+    return None
+
+
+# -- the load side -------------------------------------------------------------------
+
+
+async def _open_idle_one(port: int) -> socket.socket:
+    """One connection that sent ``GET /`` and read the whole answer: idle from now on."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, ("127.0.0.1", port))
+        await loop.sock_sendall(sock, REQUEST)
+        data = b""
+        while True:
+            chunk = await loop.sock_recv(sock, 65536)
+            if not chunk:
+                raise BenchError(f"a load connection was closed before its answer: {data[:80]!r}")
+            data += chunk
+            end = data.find(b"\r\n\r\n")
+            if end < 0:
+                continue
+            head = data[:end].split(b"\r\n")
+            if not head[0].startswith(b"HTTP/1.1 200 "):
+                raise BenchError(f"GET / answered {head[0]!r}")
+            length = next(
+                int(line.split(b":", 1)[1]) for line in head if line.lower().startswith(b"content-length:")
+            )
+            if len(data) >= end + 4 + length:
+                return sock
+    except BaseException:
+        sock.close()
+        raise
+
+
+async def _open_idle(port: int, n: int, timeout: float) -> list[tuple[socket.socket, float]]:
+    gate = asyncio.Semaphore(BATCH)
+
+    async def one() -> tuple[socket.socket, float]:
+        async with gate:
+            sock = await asyncio.wait_for(_open_idle_one(port), 10)
+            return sock, time.monotonic()
+
+    tasks = [asyncio.ensure_future(one()) for _ in range(n)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:
+            if not task.cancelled() and task.exception() is None:
+                task.result()[0].close()
+        raise
+    return [task.result() for task in tasks]
+
+
+def open_idle(port: int, n: int) -> list[tuple[socket.socket, float]]:
+    """N idle keep-alive connections, each with the time it went idle (bounded: 30 s + 1 ms each)."""
+    try:
+        return asyncio.run(_open_idle(port, n, 30 + n / 1000))
+    except (OSError, asyncio.TimeoutError) as error:
+        raise BenchError(f"opening {n} connections failed: {error!r}") from None
+
+
+class Closes:
+    """The load side's sockets, watched (epoll) for the server's close: an EOF or a reset."""
+
+    def __init__(self, socks: list[socket.socket]) -> None:
+        self.selector = selectors.DefaultSelector()
+        for sock in socks:
+            self.selector.register(sock, selectors.EVENT_READ)
+        self.left = len(socks)
+        self.times: list[float] = []
+
+    def wait(self, deadline: float) -> None:
+        """Record the closes until none is left or ``deadline`` (looks at least once)."""
+        while self.left:
+            remaining = deadline - time.monotonic()
+            for key, _ in self.selector.select(min(max(remaining, 0.0), 1.0)):
+                sock: socket.socket = key.fileobj  # type: ignore[assignment]
+                try:
+                    data = sock.recv(65536)
+                except BlockingIOError:
+                    continue
+                except OSError:  # a reset is a close too
+                    data = b""
+                if not data:
+                    self.selector.unregister(sock)
+                    self.times.append(time.monotonic())
+                    self.left -= 1
+            if remaining <= 0:
+                return
+
+    def close(self) -> None:
+        self.selector.close()
+
+
+def warm_up(server: Server, n: int) -> None:
+    """A few connections served and closed; return once the server has let go of their descriptors."""
+    before = open_fds(server.pid)
+    for sock, _ in open_idle(server.port, n):
+        sock.close()
+    deadline = time.monotonic() + 10
+    while open_fds(server.pid) > before:
+        if time.monotonic() > deadline:
+            raise BenchError("the server kept the warm-up's connections open for 10 s")
+        time.sleep(0.01)
+
+
+# -- the probe (a process of its own) ------------------------------------------------
+
+
+def probe(port: int) -> None:
+    """Wait for a line on stdin, then ``GET /`` every 10 ms until the next line (or EOF); print the latencies.
+
+    Requests go out on a fixed 10 ms schedule; after a stall the next goes
+    at once and the schedule restarts from there (no burst of catch-up).
+    """
+    stdin = sys.stdin.fileno()
+    if not os.read(stdin, 64):
+        return
+    latencies: list[float] = []
+    errors = 0
+    sock: socket.socket | None = None
+    started = next_at = time.monotonic()
+    try:
+        while time.monotonic() - started < PROBE_LIMIT:
+            ready, _, _ = select.select([stdin], [], [], max(0.0, next_at - time.monotonic()))
+            if ready:
+                break
+            next_at = max(next_at + PROBE_INTERVAL, time.monotonic())
+            try:
+                if sock is None:
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sent = time.perf_counter()
+                request_on(sock, "/")
+                latencies.append(time.perf_counter() - sent)
+            except OSError:
+                errors += 1
+                if sock is not None:
+                    sock.close()
+                sock = None
+    finally:
+        if sock is not None:
+            sock.close()
+    print(json.dumps({"latencies": latencies, "errors": errors}), flush=True)
+
+
+@contextlib.contextmanager
+def probe_process(port: int) -> Iterator[subprocess.Popen[str]]:
+    """The probe, started (Python's start-up out of the way) but not yet sending; always stopped."""
+    process = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--probe-port", str(port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=HERE,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
+
+
+# -- one measurement -----------------------------------------------------------------
+
+
+def measure(
+    setup_key: str, loop: str, n: int, *, keep_alive: int = 5, cpu: int = 0, round_no: int = 1
+) -> Result:
+    """One fresh server, N idle keep-alive connections, their mass close; the server stopped at the end."""
+    setup = SETUP_BY_KEY[setup_key]
+    extra = ("--timeout-keep-alive", str(keep_alive))
+    socks: list[socket.socket] = []
+    with Server(setup, loop=loop, cpu=cpu, extra=extra) as server:
+        try:
+            server.wait_ready()
+            warm_up(server, min(WARMUP, n))
+            rss_base = rss_kib(server.pid)
+            with probe_process(server.port) as prober:
+                opened = open_idle(server.port, n)
+                socks = [sock for sock, _ in opened]
+                rss_idle = rss_kib(server.pid)
+                first_idle = min(at for _, at in opened)
+                last_idle = max(at for _, at in opened)
+                closes = Closes(socks)
+                try:
+                    closes.wait(time.monotonic())
+                    if closes.times:
+                        raise BenchError(
+                            f"{len(closes.times)} of the {n} connections were closed before the last was "
+                            f"open (opening took {last_idle - first_idle:.1f} s): pass a longer --keep-alive"
+                        )
+                    cpu_before = cpu_seconds(server.pid)
+                    assert prober.stdin is not None
+                    prober.stdin.write("go\n")
+                    prober.stdin.flush()
+                    closes.wait(last_idle + keep_alive + max(10.0, 2.0 * keep_alive))
+                    cpu_after = cpu_seconds(server.pid)
+                finally:
+                    closes.close()
+                prober.stdin.write("stop\n")
+                prober.stdin.flush()
+                try:
+                    out, _ = prober.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    raise BenchError("the probe did not stop within 30 s") from None
+            if server.process.poll() is not None:
+                raise BenchError(f"{setup.key}: uvicorn died during the run:\n{server.output()}")
+        finally:
+            for sock in socks:
+                sock.close()
+    try:
+        report = json.loads(out)
+    except ValueError:
+        raise BenchError(f"the probe printed {out[:200]!r}") from None
+    latencies = sorted(report["latencies"])
+    ends = closes.times
+    if not latencies:
+        raise BenchError("the probe got no answer")
+    return Result(
+        round=round_no,
+        loop=loop,
+        setup=setup.key,
+        n=n,
+        kib_per_conn=(rss_idle - rss_base) / n,
+        rss_base_kib=rss_base,
+        rss_idle_kib=rss_idle,
+        cpu_s=cpu_after - cpu_before,
+        probe_requests=len(latencies),
+        probe_errors=report["errors"],
+        probe_median_ms=statistics.median(latencies) * 1000,
+        probe_p99_ms=_percentile(latencies, 0.99) * 1000,
+        probe_worst_ms=latencies[-1] * 1000,
+        open_s=last_idle - first_idle,
+        close_s=(ends[-1] - ends[0]) if ends else float("nan"),
+        late_ms=(ends[-1] - last_idle - keep_alive) * 1000 if ends else float("nan"),
+        closed=len(ends),
+    )
+
+
+# -- the rounds and the report -------------------------------------------------------
+
+
+def run_rounds(
+    rounds: int, loops: list[str], counts: list[int], keep_alive: int, cpu: int, quiet: bool = False
+) -> list[Result]:
+    results: list[Result] = []
+    order = list(COMPARED)
+    total = rounds * len(loops) * len(counts) * len(order)
+    started = time.monotonic()
+    for round_no in range(1, rounds + 1):
+        for loop in loops:
+            for n in counts:
+                for key in order:
+                    r = measure(key, loop, n, keep_alive=keep_alive, cpu=cpu, round_no=round_no)
+                    results.append(r)
+                    if not quiet:
+                        print(
+                            f"[{len(results):2d}/{total}] round {round_no} {loop:<7s} N={n:<6d} {key:<8s} "
+                            f"{r.kib_per_conn:5.2f} KiB/conn  CPU {r.cpu_s:5.2f} s  probe median "
+                            f"{r.probe_median_ms:5.2f} p99 {r.probe_p99_ms:6.2f} "
+                            f"worst {r.probe_worst_ms:6.2f} ms  "
+                            f"opened in {r.open_s:4.1f} s, closed {r.closed}/{n} in {r.close_s:4.1f} s "
+                            f"(late {r.late_ms:4.0f} ms)  [{time.monotonic() - started:.0f}s]",
+                            flush=True,
+                        )
+                # Interleave: the other setup goes first next time.
+                order.reverse()
+    return results
+
+
+FIELDS = ("kib_per_conn", "cpu_s", "probe_median_ms", "probe_p99_ms", "probe_worst_ms", "close_s", "late_ms")
+
+
+def summarize(results: list[Result]) -> dict[str, Any]:
+    table: list[dict[str, Any]] = []
+    targets: list[dict[str, Any]] = []
+    keys = sorted({(r.loop, r.n) for r in results}, key=lambda k: (LOOPS.index(k[0]), k[1]))
+    for loop, n in keys:
+        medians: dict[str, dict[str, float]] = {}
+        for setup in COMPARED:
+            rs = [r for r in results if (r.loop, r.n, r.setup) == (loop, n, setup)]
+            medians[setup] = {name: statistics.median(getattr(r, name) for r in rs) for name in FIELDS}
+            table.append(
+                {
+                    "loop": loop,
+                    "n": n,
+                    "setup": setup,
+                    "rounds": len(rs),
+                    "closed_all": all(r.closed == n for r in rs),
+                    "probe_errors": sum(r.probe_errors for r in rs),
+                    **medians[setup],
+                }
+            )
+        by_round = {(r.round, r.setup): r for r in results if (r.loop, r.n) == (loop, n)}
+        rounds = sorted({r for r, _ in by_round})
+        ratios = {
+            name: statistics.median(
+                getattr(by_round[r, "connlist"], name) / getattr(by_round[r, BASELINE], name) for r in rounds
+            )
+            for name in ("cpu_s", "probe_worst_ms")
+        }
+        table[-1]["cpu_ratio"] = ratios["cpu_s"]
+        table[-1]["worst_ratio"] = ratios["probe_worst_ms"]
+        if n >= TARGET_FROM:
+            memory = medians["connlist"]["kib_per_conn"] - medians[BASELINE]["kib_per_conn"]
+            for name, value, ceiling in (
+                ("CPU vs bare <= 1", ratios["cpu_s"], 1.0),
+                ("worst latency vs bare <= 1", ratios["probe_worst_ms"], 1.0),
+                (f"memory/conn - bare's <= {MEMORY_SLACK_KIB:g} KiB", memory, MEMORY_SLACK_KIB),
+            ):
+                targets.append(
+                    {"loop": loop, "n": n, "target": name, "value": value, "met": value <= ceiling}
+                )
+    return {"table": table, "targets": targets}
+
+
+def print_summary(summary: dict[str, Any], rounds: int, keep_alive: int) -> None:
+    print()
+    print(
+        f"Medians of {rounds} round(s); --timeout-keep-alive {keep_alive}; CPU: the server's, from all N "
+        "idle to the last closed; probe: GET / every 10 ms over that time; closed in: first close to last"
+    )
+    header = (
+        f"{'loop':<7s} {'N':>6s} {'setup':<9s} {'KiB/conn':>8s} {'CPU s':>6s} {'median':>7s} {'p99':>7s} "
+        f"{'worst':>7s} {'closed in':>9s} {'late':>7s}  {'vs bare: CPU, worst':<20s}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in summary["table"]:
+        ratio = f"{row['cpu_ratio']:.2f}x, {row['worst_ratio']:.2f}x" if "cpu_ratio" in row else ""
+        flags = "" if row["closed_all"] else "  NOT ALL CLOSED"
+        if row["probe_errors"]:
+            flags += f"  {row['probe_errors']} probe errors"
+        print(
+            f"{row['loop']:<7s} {row['n']:>6d} {row['setup']:<9s} {row['kib_per_conn']:>8.2f} "
+            f"{row['cpu_s']:>6.2f} {row['probe_median_ms']:>5.2f}ms {row['probe_p99_ms']:>5.2f}ms "
+            f"{row['probe_worst_ms']:>5.1f}ms {row['close_s']:>8.2f}s {row['late_ms']:>5.0f}ms  "
+            f"{ratio:<20s}{flags}"
+        )
+    print("(ratios: the median over rounds of connlist's figure over bare's in the same round)")
+    if summary["targets"]:
+        print()
+        print("Targets (issue #34):")
+        for t in summary["targets"]:
+            verdict = "met" if t["met"] else "MISSED"
+            print(f"  {t['loop']:<7s} N={t['n']:<6d} {t['target']:<34s} {t['value']:7.3f}  {verdict}")
+        if rounds < 3:
+            print(f"  (only {rounds} round(s): indicative)")
+
+
+# -- main ----------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--counts",
+        type=int,
+        nargs="+",
+        default=list(COUNTS),
+        help="idle connections (default 1000 5000 20000)",
+    )
+    parser.add_argument(
+        "--loops", nargs="+", choices=LOOPS, default=list(LOOPS), help="event loops (default both)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument(
+        "--keep-alive", type=int, default=5, help="uvicorn's --timeout-keep-alive, whole seconds (default 5)"
+    )
+    parser.add_argument("--server-cpu", type=int, default=0, help="CPU the server is pinned to (default 0)")
+    parser.add_argument(
+        "--client-cpu", type=int, default=1, help="CPU the load side and the probe are pinned to (default 1)"
+    )
+    parser.add_argument("--json", metavar="PATH", help="write every measurement and the summary here")
+    parser.add_argument("--probe-port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.counts = list(dict.fromkeys(args.counts))
+    args.loops = list(dict.fromkeys(args.loops))
+    if args.rounds < 1 or args.keep_alive < 1 or min(args.counts) < 1:
+        parser.error("--rounds, --keep-alive and every --counts must be >= 1")
+    return args
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # Unwind (SystemExit), so that the running server and probe are stopped too.
+    sys.exit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.probe_port is not None:
+        probe(args.probe_port)
+        return 0
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if shutil.which("taskset") is None:
+        print("taskset not found: install it with `apt-get install util-linux`", file=sys.stderr)
+        return 2
+    allowed = os.sched_getaffinity(0)
+    if args.server_cpu == args.client_cpu or not {args.server_cpu, args.client_cpu} <= allowed:
+        print(
+            f"needs two distinct CPUs for the server ({args.server_cpu}) and the load ({args.client_cpu}); "
+            f"this process may use {sorted(allowed)}",
+            file=sys.stderr,
+        )
+        return 2
+    if "uvloop" in args.loops and version("uvloop") is None:
+        print("uvloop is not installed: pip install uvloop, or pass --loops asyncio", file=sys.stderr)
+        return 2
+    counts = []
+    for n in args.counts:
+        problem = fd_limit_problem(n)
+        if problem is None:
+            counts.append(n)
+        else:
+            print(problem, file=sys.stderr)
+    for n in counts:
+        note = pressure_note(n)
+        if note is not None:
+            print(note, file=sys.stderr)
+    if not counts:
+        print("no count can run under this descriptor limit", file=sys.stderr)
+        return 2
+    os.sched_setaffinity(0, {args.client_cpu})
+    print(
+        f"Python {sys.version.split()[0]}, uvicorn {version('uvicorn')}, uvloop {version('uvloop')}; "
+        f"server on CPU {args.server_cpu}, load and probe on CPU {args.client_cpu}; "
+        f"descriptor limit {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}",
+        flush=True,
+    )
+    try:
+        results = run_rounds(args.rounds, args.loops, counts, args.keep_alive, args.server_cpu)
+    except BenchError as error:
+        print(f"benchmark failed: {error}", file=sys.stderr)
+        return 2
+    summary = summarize(results)
+    print_summary(summary, args.rounds, args.keep_alive)
+    if args.json:
+        report = {
+            "settings": {
+                "rounds": args.rounds,
+                "loops": args.loops,
+                "counts": counts,
+                "keep_alive": args.keep_alive,
+                "server_cpu": args.server_cpu,
+                "client_cpu": args.client_cpu,
+            },
+            "results": [asdict(r) for r in results],
+            **summary,
+        }
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if all(t["met"] for t in summary["targets"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
