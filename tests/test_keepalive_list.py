@@ -21,7 +21,7 @@ from connlist.budget import idle_expired, idle_oldest
 from connlist.connections import Connection, ConnectionsList
 from connlist.enforcer import PRESSURE_FLOOR, Enforcer
 from connlist.kinds import resolve
-from connlist.sweep import SLACK
+from connlist.sweep import KEEPALIVE_BATCH, SLACK
 from tests.fakes import FakeClock, MockLoop
 from tests.test_budget_policy import arrive
 
@@ -142,6 +142,31 @@ def test_connections_are_closed_in_the_order_their_idle_time_began(
         if len(closed) == 5:
             break
     assert closed == [4, 3, 2, 1, 0]
+
+
+def test_a_mass_close_goes_in_batches_never_early_and_at_most_a_batch_late(
+    enforcer: Enforcer, clock: FakeClock, loop: MockLoop
+) -> None:
+    # 200 connections gone idle 1 ms apart: 200 deadlines within 0.2 s.
+    conns = [arrive(enforcer) for _ in range(200)]
+    idle_at = {}
+    for conn, handle in conns:
+        first_request(enforcer, conn)
+        clock.advance(0.001)
+        responded(enforcer, conn)
+        idle_at[handle] = clock.now
+    closed_at = {}
+    sweeps = 0
+    while len(closed_at) < len(conns):
+        sweeps += loop.run_until(min(loop.armed))
+        closed_at.update({h: clock.now for _, h in conns if h.closed_keepalive and h not in closed_at})
+    first = min(idle_at.values())
+    late = [closed_at[h] - (idle_at[h] + KEEP_ALIVE) for _, h in conns]
+    assert min(late) >= 0  # never early
+    assert closed_at[conns[0][1]] == first + KEEP_ALIVE  # the first, exactly at its time
+    assert max(late) <= KEEPALIVE_BATCH + 1e-9
+    # About one sweep per batch, not one per connection.
+    assert sweeps <= 0.2 / KEEPALIVE_BATCH + 2, sweeps
 
 
 def test_a_timer_the_loop_runs_takes_the_time_it_was_armed_for(

@@ -220,6 +220,9 @@ class Enforcer:
         # connlist.sweep.rate_expired).
         self.rate_next: float | None = None
         self.grace_end: float | None = None
+        # The keep-alive step's, from the last sweep that closed an idle
+        # connection: when (see connlist.sweep.KEEPALIVE_BATCH).
+        self.keepalive_closed_at = -math.inf
         self._slow_callback_warned = False
         self._failure_logged = False
         # Above the watermark of the budget (see admit and pressure).

@@ -125,6 +125,12 @@ SLACK = 0.001
 # sooner than this: the cost of watching it stays bounded, the cut-off at most
 # this late.
 RATE_RESOLUTION = 0.1
+# When keep-alive connections reach their time one after the other (a mass
+# close: thousands went idle within seconds), the ones due within this of
+# the last close are closed together, up to this late, rather than one sweep
+# each (a sweep and the next arming cost about 25 us, a close about 5 us).
+# A close with none in the window before it is exact, as uvicorn's own.
+KEEPALIVE_BATCH = 0.02
 
 
 @dataclass(frozen=True)
@@ -173,7 +179,11 @@ def _run_keepalive(enforcer: Enforcer, now: float, stop: float) -> bool:
             if handle is not None:
                 enforcer.call(handle.connlist_close_keepalive)
 
-    return enforcer.drain(lambda n: idle_expired(connections, idle_time, now, n), close, stop)
+    closed = enforcer.totals.keepalive_timeouts
+    done = enforcer.drain(lambda n: idle_expired(connections, idle_time, now, n), close, stop)
+    if enforcer.totals.keepalive_timeouts != closed:
+        enforcer.keepalive_closed_at = now
+    return done
 
 
 def _due_keepalive(enforcer: Enforcer, now: float) -> float | None:
@@ -183,7 +193,8 @@ def _due_keepalive(enforcer: Enforcer, now: float) -> float | None:
     idle_time = enforcer.idle_time_now
     if since is None or idle_time == _INF:
         return None
-    return since + idle_time
+    # A mass close goes in batches (KEEPALIVE_BATCH).
+    return max(since + idle_time, enforcer.keepalive_closed_at + KEEPALIVE_BATCH)
 
 
 def _run_active(enforcer: Enforcer, now: float, stop: float) -> bool:
