@@ -5,7 +5,7 @@ headers timeout needs) on at the lifespan startup, no flag needed::
 
     pip install 'connlist[httptools,prometheus]' fastapi
     fastapi run examples/fastapi_app.py
-    # or: uvicorn examples.fastapi_app:app --lifespan on
+    # or: uvicorn examples.fastapi_app:app
     # several workers: gunicorn -c examples/gunicorn.conf.py examples.fastapi_app:app
 
 ``GET /``, ``POST /echo``, ``GET /_connections`` (debug endpoint, from

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 
 from tests.servers import EARLY, LATE, connect, is_408, read_response, read_until_closed
 from tests.subprocesses import EXAMPLES, PYTHON, ROOT, get, get_json, run_server, server_env
@@ -47,6 +48,17 @@ def readme_sample() -> dict[str, Any]:
     )
     sample: dict[str, Any] = json.loads(block)
     return sample
+
+
+def readme_start_line() -> str:
+    """The start line the README quotes (the block after "One line at start says so"), as a pattern.
+
+    The uvicorn version it names is the one installed here.
+    """
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("One line at start says so:", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    (line,) = block.splitlines()
+    return line.replace(re.search(r"uvicorn (\d+\.\d+\.\d+)", line)[1], uvicorn.__version__)  # type: ignore[index]
 
 
 def first_view(port: int) -> dict[str, Any]:
@@ -88,7 +100,9 @@ def test_slow_client_against_the_example_server(tmp_path: Path) -> None:
         log = server.log()
     output = result.stdout
     assert result.returncode == 0, (output, result.stderr, log)
-    assert "connlist example: app at" in log and "--http connlist.uvicorn:AutoProtocol" in log
+    assert "connlist example: app at" in log
+    # The README's first command prints the start line the README quotes.
+    assert readme_start_line() in log.splitlines(), log
 
     # The 408 came after the headers timeout, measured by the script from its first byte.
     arrived = re.search(r"^408 arrived after ([0-9.]+)s", output, re.MULTILINE)

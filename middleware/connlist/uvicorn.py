@@ -5,8 +5,8 @@ lifespan startup (``connlist.uvicorn_start``), so an app served as usual
 (``uvicorn app:app``, ``fastapi run``) runs them.  They can also be named
 outright as uvicorn's HTTP implementation::
 
-    uvicorn app:app --lifespan on --http connlist.uvicorn:HttpToolsProtocol
-    uvicorn.run(app, http=connlist.uvicorn.HttpToolsProtocol, lifespan="on")
+    uvicorn app:app --http connlist.uvicorn:HttpToolsProtocol
+    uvicorn.run(app, http=connlist.uvicorn.HttpToolsProtocol)
 
 They subclass uvicorn's own protocols and *observe* them: everything
 (parsing, keep-alive, pipelining, flow control, websockets) stays uvicorn's,
