@@ -38,7 +38,7 @@ from connlist.connections import ConnectionsList
 from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
 from connlist.enforcer import STATE_KEY, Enforcer, OnTimeout
 from connlist.kinds import OPTIONS, Options, Settings, nearest, option_parameters, resolve
-from connlist.logs import PREFIX, log, route_to_uvicorn
+from connlist.logs import PREFIX, log, route_to_server
 from connlist.workers import WorkerGroup, supervised_by
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def _refusal(exc: TypeError | ValueError) -> str:
 
 def _refused(exc: TypeError | ValueError) -> NoReturn:
     """Raise a bad option's error (the middleware built directly), said first in the server's log."""
-    route_to_uvicorn()
+    route_to_server()
     log.error("%s", _refusal(exc))
     raise exc
 
@@ -149,7 +149,7 @@ def _defer(middleware: ConnectionsMiddleware, exc: TypeError | ValueError) -> No
         elif not told:
             # The lifespan is off: nothing stopped the server, so say it once.
             told = True
-            route_to_uvicorn()
+            route_to_server()
             log.error("%s", _refusal(exc))
         raise exc.with_traceback(None)
 
@@ -373,7 +373,7 @@ class ConnectionsMiddleware:
         state = scope.get("state")
         if state is not None:
             state[STATE_KEY] = self._enforcer
-        route_to_uvicorn()
+        route_to_server()
         refusal = self._integration_at_start(receive, state)
         if refusal is not None:
             await self._refuse_start(refusal, receive, send)
@@ -476,7 +476,7 @@ class ConnectionsMiddleware:
             if enforcer.integration_off is None:
                 enforcer.integration_off = integration.NO_LIFESPAN
                 advice = integration.servers()[0].advice_without_lifespan()
-            route_to_uvicorn()  # (the lifespan, which does it otherwise, did not run)
+            route_to_server()  # (the lifespan, which does it otherwise, did not run)
             self._tell_asgi_only(advice)
 
     def _confirm(self) -> None:
