@@ -553,7 +553,7 @@ def test_a_server_that_does_not_say_is_told_from_the_checks(monkeypatch: pytest.
     start = uvicorn_start.turn_on(None, "auto")
     assert (start.mode, start.reason) == (None, uvicorn_start.NOT_UVICORN)
     assert start.advice is not None and start.advice.startswith(
-        "serve the app with uvicorn (`uvicorn app:app`"
+        "serve the app with uvicorn: `uvicorn app:app`"
     )
     # Only failures: the first one.
     monkeypatch.setitem(integration._failures, h11_impl.H11Protocol, "uvicorn 9: H11Protocol: it moved")
