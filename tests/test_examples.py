@@ -50,15 +50,13 @@ def readme_sample() -> dict[str, Any]:
     return sample
 
 
-def readme_start_line() -> str:
-    """The start line the README quotes (the block after "One line at start says so"), as a pattern.
-
-    The uvicorn version it names is the one installed here.
-    """
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("One line at start says so:", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
-    (line,) = block.splitlines()
-    return line.replace(re.search(r"uvicorn (\d+\.\d+\.\d+)", line)[1], uvicorn.__version__)  # type: ignore[index]
+def quoted_lines(page: Path, after: str) -> list[str]:
+    """The lines of the first ``text`` block after ``after`` in ``page``, for the uvicorn installed here."""
+    block = page.read_text().split(after, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    return [
+        re.sub(r"uvicorn \d+\.\d+\.\d+", f"uvicorn {uvicorn.__version__}", line)
+        for line in block.splitlines()
+    ]
 
 
 def first_view(port: int) -> dict[str, Any]:
@@ -101,8 +99,13 @@ def test_slow_client_against_the_example_server(tmp_path: Path) -> None:
     output = result.stdout
     assert result.returncode == 0, (output, result.stderr, log)
     assert "connlist example: app at" in log
-    # The README's first command prints the start line the README quotes.
-    assert readme_start_line() in log.splitlines(), log
+    # The README's first command prints the start line the README and the quickstart quote.
+    (start,) = quoted_lines(ROOT / "README.md", "One line at start says so")
+    lines = log.splitlines()
+    assert start in lines, log
+    quickstart = quoted_lines(ROOT / "docs" / "quickstart.md", "The start says so:")
+    at = lines.index(quickstart[0])
+    assert lines[at : at + len(quickstart)] == quickstart, log
 
     # The 408 came after the headers timeout, measured by the script from its first byte.
     arrived = re.search(r"^408 arrived after ([0-9.]+)s", output, re.MULTILINE)

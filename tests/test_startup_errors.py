@@ -121,6 +121,22 @@ def test_a_bad_setting_stops_every_launcher_at_start(mistake: str, launcher: str
     assert "Uvicorn running on" not in log and "Application startup complete" not in log, log
 
 
+def test_the_lines_the_readme_quotes_are_uvicorns() -> None:
+    # The README's bad setting, under the README's `uvicorn app:app`: the very lines it quotes.
+    readme = (ROOT / "README.md").read_text()
+    block = (
+        readme.split("stops every one of these commands at start", 1)[1]
+        .split("```text\n", 1)[1]
+        .split("```", 1)[0]
+    )
+    code, log = exits_at_start(LAUNCHERS["uvicorn app:app"][0](free_port()), MISTAKES["misspelled"][0])
+    assert code == 3
+    lines = log.splitlines()
+    quoted = block.splitlines()
+    at = lines.index(quoted[0])
+    assert lines[at : at + len(quoted)] == quoted, log
+
+
 def test_the_example_server_stops_at_start() -> None:
     # examples/serve.py, the README's first command, with the example app's own settings.
     command = [PYTHON, str(EXAMPLES / "serve.py"), "--port", str(free_port())]
