@@ -5,7 +5,7 @@ headers timeout needs) on at the lifespan startup, and logs
 ``connlist: server integration on (uvicorn ..., httptools)``::
 
     python3 examples/serve.py
-    # or: uvicorn examples.app:app --lifespan on
+    # or: uvicorn examples.app:app
 
 Try it: ``curl localhost:8000/``, ``curl -X POST -d hello localhost:8000/echo``,
 ``curl localhost:8000/_connections``; a client that connects and sends

@@ -3,9 +3,9 @@
 Serve it as usual: the middleware turns the server integration (which the
 headers timeout needs) on at the lifespan startup, no flag needed::
 
-    pip install 'connlist[httptools,prometheus]' fastapi
+    pip install -e '.[httptools,prometheus]' fastapi   # from a clone of connlist
     fastapi run examples/fastapi_app.py
-    # or: uvicorn examples.fastapi_app:app --lifespan on
+    # or: uvicorn examples.fastapi_app:app
     # several workers: gunicorn -c examples/gunicorn.conf.py examples.fastapi_app:app
 
 ``GET /``, ``POST /echo``, ``GET /_connections`` (debug endpoint, from

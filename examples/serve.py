@@ -1,11 +1,12 @@
-"""Serve the example app with connlist's server integration and say where to look.
+"""Serve the example app as users serve theirs, and say where to look.
 
-python3 examples/serve.py [--host 127.0.0.1] [--port 8000] [--http h11|httptools]
+python3 examples/serve.py [--host 127.0.0.1] [--port 8000] [--http auto|httptools|h11]
 
-It names connlist's protocol outright (``--http connlist.uvicorn:...``) and
-configures connlist's logger and the example's; ``uvicorn examples.app:app``
-gets the same integration with no flag (the middleware turns it on at the
-lifespan startup).
+It runs ``uvicorn.run`` with uvicorn's own protocol and lifespan settings,
+as ``uvicorn examples.app:app`` does: the middleware turns the server
+integration on at the lifespan startup, and a bad setting stops the server
+there.  It also gives the example's logger (``on_timeout``'s lines) uvicorn's
+handler.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def log_config() -> dict[str, object]:
-    """uvicorn's logging, plus connlist's logger and the example's, at INFO on uvicorn's handler.
+    """uvicorn's logging, plus the example's logger, at INFO on uvicorn's handler.
 
     Without it the example's on_timeout message (INFO, logger "example")
-    would go nowhere: uvicorn configures only its own loggers.
+    would go nowhere: uvicorn configures only its own loggers.  (connlist's
+    own lines go through uvicorn's logger by themselves.)
     """
     config = copy.deepcopy(LOGGING_CONFIG)
-    for name in ("connlist", "example"):
-        config["loggers"][name] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    config["loggers"]["example"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
     return config
 
 
@@ -41,17 +42,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--http", choices=["auto", "httptools", "h11"], default="auto")
     args = parser.parse_args()
-    http = {
-        "auto": "connlist.uvicorn:AutoProtocol",
-        "httptools": "connlist.uvicorn:HttpToolsProtocol",
-        "h11": "connlist.uvicorn:H11Protocol",
-    }[args.http]
     base = f"http://{args.host}:{args.port}"
     print(f"connlist example: app at {base}/ , debug endpoint at {base}/_connections", flush=True)
-    print(f"  integration on: --http {http}", flush=True)
-    # lifespan "on": the middleware hands its list to the protocol in the
-    # lifespan state, and a bad setting then fails the start-up loudly.
-    uvicorn.run("app:app", host=args.host, port=args.port, http=http, lifespan="on", log_config=log_config())
+    uvicorn.run("app:app", host=args.host, port=args.port, http=args.http, log_config=log_config())
 
 
 if __name__ == "__main__":

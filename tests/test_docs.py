@@ -4,7 +4,10 @@ mkdocs runs in a subprocess (imported in-process it may emit warnings, which
 pytest turns into errors here).  The quickstart's Python examples that define
 an ``app`` must compile and build that app, and every option of
 ``ConnectionsMiddleware`` must be documented in docs/settings.md with its
-default.
+default.  The README's links lead to files of the repository; no page links
+to a host the project does not have (no site is published yet); and every
+page explains the glossary's terms, or links to them, where it first uses
+them.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from connlist import ConnectionsMiddleware
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
+README = ROOT / "README.md"
 
 # ```python ... ``` fences, at any indentation (admonitions indent theirs).
 _FENCE = re.compile(
@@ -135,26 +139,169 @@ def test_the_diagram_is_drawn_without_the_network(
     assert '<div class="mermaid">' in markup, markup[:2000]
 
 
-def test_readme_links_are_absolute_and_lead_to_the_site(
+# -- links ---------------------------------------------------------------------------
+
+# A Markdown link, [text](target), and an autolink, <https://...>.
+_LINK = re.compile(r"\[(?P<text>(?:[^\[\]]|\[[^\]]*\])*)\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)", re.S)
+_AUTOLINK = re.compile(r"<(?P<target>https?://[^>\s]+)>")
+_FENCE_LINE = re.compile(r"^[ \t]*(```|~~~)")
+
+# The hosts the pages may link to: real public sites, checked by hand when one is added.  The
+# project's own addresses (a docs site, a repository page, a package index page) are not among
+# them until they are published: until then a link goes to the file in the repository.
+PUBLIC_HOSTS = {
+    "nodejs.org",
+    "nginx.org",
+    "httpd.apache.org",
+    "pkg.go.dev",
+    "pyperf.readthedocs.io",
+    "hypercorn.readthedocs.io",
+    "grafana.com",
+    "github.com",  # other projects' repositories only (below)
+}
+# Addresses of the project that do not exist yet.
+UNPUBLISHED = re.compile(
+    r"^https?://(connlist\.github\.io|github\.com/connlist|pypi\.org/project/connlist)\b", re.I
+)
+
+
+def _blank(text: str) -> str:
+    return re.sub(r"[^\n]", " ", text)
+
+
+def without_code(text: str) -> str:
+    """``text`` with fenced blocks and inline code blanked out (same length, same lines)."""
+    lines, fenced = [], False
+    for line in text.splitlines(keepends=True):
+        if _FENCE_LINE.match(line):
+            fenced = not fenced
+            lines.append(_blank(line))
+        else:
+            lines.append(_blank(line) if fenced else line)
+    return re.sub(r"`[^`\n]*`", lambda m: _blank(m[0]), "".join(lines))
+
+
+def links(path: Path) -> list[str]:
+    """Every link target of a page's prose (not of its code)."""
+    text = without_code(path.read_text(encoding="utf-8"))
+    return [m["target"] for m in _LINK.finditer(text)] + [m["target"] for m in _AUTOLINK.finditer(text)]
+
+
+def pages() -> list[Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def leads_nowhere(target: str) -> bool:
+    """Whether an external link goes to an unpublished address of the project, or to an unchecked host."""
+    if not re.match(r"^[a-z]+://", target):
+        return False  # a file of the repository (the README's test and mkdocs --strict check those)
+    host = re.sub(r"^[a-z]+://([^/:]+).*", r"\1", target).lower()
+    if host in ("127.0.0.1", "localhost"):
+        return False  # the examples' own servers
+    return bool(UNPUBLISHED.match(target)) or host not in PUBLIC_HOSTS
+
+
+def test_no_link_to_a_host_the_project_does_not_have() -> None:
+    assert leads_nowhere("https://connlist.github.io/connlist/#why")
+    assert leads_nowhere("https://github.com/connlist/connlist/blob/main/LICENSE")
+    assert leads_nowhere("https://example.invalid/x")
+    assert not leads_nowhere("https://github.com/nodejs/node/pull/45778")
+    assert not leads_nowhere("settings.md#the-server-integration")
+    bad = [
+        f"{page.relative_to(ROOT)}: {target}"
+        for page in pages()
+        for target in links(page)
+        if leads_nowhere(target)
+    ]
+    assert bad == [], "links to hosts the project does not have, or not checked yet:\n" + "\n".join(bad)
+
+
+def test_readme_links_lead_to_files_of_the_repository(
     built_site: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
-    # PyPI shows the README without the repository: a relative link breaks there.
+    # Until a site is published the README links to the repository's files, relative to it (as
+    # GitHub and a clone show them); a link to a docs page's anchor must find it in the built site.
     site, _ = built_site
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    targets = re.findall(r"\]\(([^)]+)\)", readme)
+    targets = links(README)
     assert targets, "no links in the README"
-    relative = [target for target in targets if not target.startswith("https://")]
-    assert relative == [], relative
-    docs = "https://connlist.github.io/connlist/"
-    assert f"site_url: {docs}" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     for target in targets:
-        if not target.startswith(docs):
+        if re.match(r"^[a-z]+://", target):
             continue
-        page, _, anchor = target.removeprefix(docs).partition("#")
-        built = site / page / "index.html"
-        assert built.is_file(), f"README links to {target}, which the site does not have"
+        path, _, anchor = target.partition("#")
+        assert (ROOT / path).exists(), f"README links to {target}: no {path} in the repository"
         if anchor:
-            assert f'id="{anchor}"' in built.read_text(encoding="utf-8"), f"no #{anchor} in {page}"
+            assert path.startswith("docs/") and path.endswith(".md"), target
+            page = Path(path).relative_to("docs").with_suffix("")
+            built = site / ("" if page.name == "index" else page) / "index.html"
+            assert f'id="{anchor}"' in built.read_text(encoding="utf-8"), f"no #{anchor} in {path}"
+
+
+# -- terms before their explanation -------------------------------------------------------
+
+# The glossary's terms (docs/glossary.md, by anchor): on every page, the first use of each in
+# prose (not in code, not in a heading) is a link (to the glossary's entry, or to the page
+# that explains it), or is in bold, where the page explains it.
+TERMS = {
+    "lifespan": r"(?:ASGI\s+)?lifespan",
+    "server-integration": r"server\s+integration",
+    "asgi-only-mode": r"ASGI-only\s+mode",
+    "connection-budget": r"(?:connection\s+)?budget",
+    "minimum-body-rate": r"(?:minimum\s+)?body\s+rate",
+    "send-timeout": r"send\s+timeout",
+}
+# Pages that need not: the glossary itself, and the changelog (history, in the words of its day).
+NOT_CHECKED = {"glossary.md", "changelog.md"}
+
+
+def first_uses(text: str) -> dict[str, tuple[int, bool]]:
+    """Each glossary term a page uses: where it first does, in prose, and whether it is explained there."""
+    code_free = without_code(text)
+    # Headings (and admonitions' titles), link targets and autolinks are not prose either.
+    prose = re.sub(r"^[ \t]*(#|!!!|\?\?\?).*$", lambda m: _blank(m[0]), code_free, flags=re.M)
+    prose = re.sub(r"(?<=\])\([^)\s]*\)", lambda m: _blank(m[0]), prose)
+    prose = _AUTOLINK.sub(lambda m: _blank(m[0]), prose)
+    explained = [(m.start("text"), m.end("text")) for m in _LINK.finditer(code_free)]
+    explained += [m.span() for m in re.finditer(r"\*\*[^*]+?\*\*", code_free, re.S)]
+    found = {}
+    for anchor, pattern in TERMS.items():
+        match = re.search(rf"(?<![\w-]){pattern}(?![\w-])", prose, re.I)
+        if match:
+            at = match.start()
+            found[anchor] = (at, any(start <= at < end for start, end in explained))
+    return found
+
+
+def test_every_term_is_explained_or_linked_where_a_page_first_uses_it() -> None:
+    glossary = (DOCS / "glossary.md").read_text(encoding="utf-8")
+    headings = {
+        re.sub(r"[^\w\- ]", "", heading).strip().lower().replace(" ", "-")
+        for heading in re.findall(r"^## (.*)$", glossary, re.M)
+    }
+    assert set(TERMS) <= headings, f"docs/glossary.md has no entry for {set(TERMS) - headings}"
+    unexplained = []
+    for page in pages():
+        if page.name in NOT_CHECKED:
+            continue
+        text = page.read_text(encoding="utf-8")
+        for anchor, (at, explained) in first_uses(text).items():
+            if not explained:
+                line = text.count("\n", 0, at) + 1
+                unexplained.append(f"{page.relative_to(ROOT)}:{line}: {anchor}")
+    assert unexplained == [], "a term used before it is explained or linked:\n" + "\n".join(unexplained)
+
+
+def test_the_term_check_catches_a_term_used_first_and_explained_later() -> None:
+    later = (
+        "The server integration is on.\n\nThe [server integration](glossary.md#server-integration) is...\n"
+    )
+    assert first_uses(later) == {"server-integration": (4, False)}
+    linked = "A [server integration](how-it-works.md#the-server-integration), then the server integration.\n"
+    assert first_uses(linked)["server-integration"][1] is True
+    bold = "The **send timeout** bounds a response; the send timeout is 60 s.\n"
+    assert first_uses(bold)["send-timeout"][1] is True
+    # Code, headings and link targets are not prose.
+    code = "## The lifespan\n\n`--lifespan on` and [x](settings.md#the-lifespan)\n```\nlifespan\n```\n"
+    assert first_uses(code) == {}
 
 
 def test_quickstart_apps_compile_and_build() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 
 from tests.servers import EARLY, LATE, connect, is_408, read_response, read_until_closed
 from tests.subprocesses import EXAMPLES, PYTHON, ROOT, get, get_json, run_server, server_env
@@ -47,6 +48,15 @@ def readme_sample() -> dict[str, Any]:
     )
     sample: dict[str, Any] = json.loads(block)
     return sample
+
+
+def quoted_lines(page: Path, after: str) -> list[str]:
+    """The lines of the first ``text`` block after ``after`` in ``page``, for the uvicorn installed here."""
+    block = page.read_text().split(after, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    return [
+        re.sub(r"uvicorn \d+\.\d+\.\d+", f"uvicorn {uvicorn.__version__}", line)
+        for line in block.splitlines()
+    ]
 
 
 def first_view(port: int) -> dict[str, Any]:
@@ -88,7 +98,14 @@ def test_slow_client_against_the_example_server(tmp_path: Path) -> None:
         log = server.log()
     output = result.stdout
     assert result.returncode == 0, (output, result.stderr, log)
-    assert "connlist example: app at" in log and "--http connlist.uvicorn:AutoProtocol" in log
+    assert "connlist example: app at" in log
+    # The README's first command prints the start line the README and the quickstart quote.
+    (start,) = quoted_lines(ROOT / "README.md", "One line at start says so")
+    lines = log.splitlines()
+    assert start in lines, log
+    quickstart = quoted_lines(ROOT / "docs" / "quickstart.md", "The start says so:")
+    at = lines.index(quickstart[0])
+    assert lines[at : at + len(quickstart)] == quickstart, log
 
     # The 408 came after the headers timeout, measured by the script from its first byte.
     arrived = re.search(r"^408 arrived after ([0-9.]+)s", output, re.MULTILINE)

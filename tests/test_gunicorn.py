@@ -116,3 +116,53 @@ def test_a_uvicorn_worker_without_config_kwargs_falls_back(
         gunicorn._worker("W", Bare, gunicorn.AUTO_PROTOCOL, "doc")
     old = type("Old", (), {"CONFIG_KWARGS": {"loop": "auto"}})
     assert gunicorn._base_kwargs(old, "p") == {"loop": "auto", "http": "p", "lifespan": "on"}
+
+
+# -- connlist's lines in gunicorn's log ------------------------------------------------
+
+
+def gunicorn_line(level: str, text: str) -> str:
+    """A line of gunicorn's error log, "[2026-01-02 03:04:05 +0000] [pid] [LEVEL] message", as a pattern."""
+    return rf"^\[\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{{4}}\] \[\d+\] \[{level}\] connlist: {text}"
+
+
+@pytest.mark.parametrize(
+    ("worker_class", "level", "text"),
+    [
+        # uvicorn-worker's: uvicorn's logger, which that worker gives gunicorn's handlers.
+        ("uvicorn_worker.UvicornWorker", "INFO", r"server integration on \(uvicorn "),
+        # gunicorn's own ASGI worker: ASGI-only mode, said through gunicorn's logger, and what to do.
+        (
+            "asgi",
+            "WARNING",
+            r"ASGI-only mode: .* To turn it on: serve with gunicorn -k uvicorn_worker\.UvicornWorker "
+            r"\(or -k connlist\.gunicorn\.UvicornWorker\), which run uvicorn, in place of this worker class$",
+        ),
+    ],
+)
+def test_connlists_lines_are_in_gunicorns_format_and_level(
+    worker_class: str, level: str, text: str, tmp_path: Path
+) -> None:
+    if worker_class == "asgi":
+        pytest.importorskip("gunicorn.workers.gasgi")
+    import re
+
+    def command(log_level: str) -> Any:
+        return lambda port: gunicorn_command(
+            port, "examples.app:app", "-k", worker_class, "--log-level", log_level, workers=1
+        )
+
+    with run_server(command("info"), tmp_path / "info.log", env=server_env()) as server:
+        get_json(server.port, "/_connections")
+        log = server.log()
+    lines = [line for line in log.splitlines() if "connlist:" in line]
+    assert lines, log
+    # Every connlist line carries gunicorn's time, pid and level, and the one expected is there.
+    assert all(re.match(gunicorn_line("[A-Z]+", ""), line) for line in lines), lines
+    assert any(re.match(gunicorn_line(level, text), line) for line in lines), lines
+    # gunicorn's --log-level is connlist's: one level above the line's, the line is gone.
+    above = {"INFO": "warning", "WARNING": "error"}[level]
+    with run_server(command(above), tmp_path / "above.log", env=server_env()) as server:
+        get_json(server.port, "/_connections")
+        log = server.log()
+    assert not re.search(gunicorn_line(level, text), log, re.M), log

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from connlist.logs import SUMMARY_INTERVAL, Summary, format_address, logger, route_to_uvicorn
+from connlist.logs import SUMMARY_INTERVAL, Summary, format_address, logger, route_to_server
 
 
 @pytest.mark.parametrize(
@@ -78,13 +78,13 @@ def no_root_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
     logging.getLogger().manager._clear_cache()  # levels are cached per logger
 
 
-def test_route_to_uvicorn_hands_records_to_uvicorns_logger_at_its_level(
+def test_route_to_server_hands_records_to_uvicorns_logger_at_its_level(
     plain_logging: logging.Logger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     no_root_handlers(monkeypatch)
     handled: list[str] = []
     monkeypatch.setattr(plain_logging, "handle", lambda record: handled.append(record.getMessage()))
-    route_to_uvicorn()
+    route_to_server()
     assert logger.level == logging.INFO and logger.propagate is False
     logger.warning("to uvicorn")
     logger.debug("dropped at uvicorn's level")
@@ -94,28 +94,28 @@ def test_route_to_uvicorn_hands_records_to_uvicorns_logger_at_its_level(
     assert handled == ["to uvicorn"]
 
 
-def test_route_to_uvicorn_keeps_a_level_set_for_connlist(
+def test_route_to_server_keeps_a_level_set_for_connlist(
     plain_logging: logging.Logger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     no_root_handlers(monkeypatch)
     logger.setLevel(logging.WARNING)
-    route_to_uvicorn()
+    route_to_server()
     assert logger.level == logging.WARNING and len(logger.handlers) == 1
 
 
-def test_route_to_uvicorn_leaves_configured_logging_alone(
+def test_route_to_server_leaves_configured_logging_alone(
     plain_logging: logging.Logger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     no_root_handlers(monkeypatch)
     logging.getLogger().addHandler(logging.NullHandler())  # the app configured logging
-    route_to_uvicorn()
+    route_to_server()
     assert logger.handlers == [] and logger.propagate is True
     logging.getLogger().handlers[:] = []
     # Not under uvicorn: no handler on its logger or above (uvicorn's servers
     # in this process may have configured the "uvicorn" logger).
     plain_logging.handlers[:] = []
     monkeypatch.setattr(plain_logging, "propagate", False)
-    route_to_uvicorn()
+    route_to_server()
     assert logger.handlers == []
 
 
@@ -126,7 +126,7 @@ def test_connlist_follows_uvicorns_logger_when_it_is_renamed(
 
     no_root_handlers(monkeypatch)
     monkeypatch.setattr(logs, "_uvicorn_logger_name", "uvicorn.error")
-    route_to_uvicorn()
+    route_to_server()
     assert logger.level == logging.INFO
     # uvicorn's protocols write to another logger (connlist.uvicorn's self-check tells):
     renamed = logging.getLogger("uvicorn.renamed.error")
@@ -156,7 +156,7 @@ def test_a_level_set_for_connlist_is_kept_when_uvicorns_logger_is_renamed(
     no_root_handlers(monkeypatch)
     monkeypatch.setattr(logs, "_uvicorn_logger_name", "uvicorn.error")
     logger.setLevel(logging.WARNING)  # the operator's, not uvicorn's
-    route_to_uvicorn()
+    route_to_server()
     renamed = logging.getLogger("uvicorn.renamed.error")
     saved = renamed.level
     try:

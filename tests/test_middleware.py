@@ -407,6 +407,53 @@ def test_a_misspelled_option_names_the_nearest_and_the_signature_stays_explicit(
         Mine(echo_app, request_timout=9)
 
 
+def _lifespan_startup(app: Any) -> tuple[list[Message], BaseException | None]:
+    """Run ``app``'s lifespan startup as a server does: what it sent, and what it raised."""
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "lifespan.startup"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def run() -> BaseException | None:
+        try:
+            await app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
+        except Exception as exc:
+            return exc
+        return None
+
+    return sent, asyncio.run(run())
+
+
+def test_a_bad_option_fails_the_lifespan_startup_where_starlette_builds_the_middleware(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+
+    class Mine(ConnectionsMiddleware):
+        def __init__(self, app: Any, **options: Any) -> None:
+            super().__init__(app, **options)
+
+    expected = (
+        "connlist: ConnectionsMiddleware cannot be built, so the app cannot run: ValueError: "
+        "headers_timeout (100) must not be greater than request_timeout (30) when both are enabled"
+    )
+    caplog.set_level(logging.ERROR, logger="connlist")
+    for cls in (ConnectionsMiddleware, Mine):
+        # Starlette builds it at the lifespan: the startup fails with the error, which is then raised.
+        app = Starlette(middleware=[Middleware(cls, headers_timeout=100, request_timeout=30)])
+        sent, raised = _lifespan_startup(app)
+        assert sent == [{"type": "lifespan.startup.failed", "message": expected}], sent
+        assert isinstance(raised, ValueError), raised
+        # Built directly, it raises where it is built, after the same line in the log.
+        with pytest.raises(ValueError, match=r"^headers_timeout \(100\) must not be greater"):
+            cls(echo_app, headers_timeout=100, request_timeout=30)
+    assert [r.getMessage() for r in caplog.records] == [expected, expected]
+
+
 def test_with_the_integration_a_request_is_the_apps_own_coroutine_until_the_next_lifespan() -> None:
     # No frame of ours per request once the integration feeds the list: the
     # middleware returns the coroutine the app made; the endpoint, the

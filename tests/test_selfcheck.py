@@ -554,11 +554,19 @@ def test_a_config_uvicorn_cannot_load_is_a_failure(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.usefixtures("fresh")
 def test_a_server_that_does_not_say_is_told_from_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Nothing checked: ASGI-only mode from the start.
+    # Nothing checked: ASGI-only mode from the start.  The advice depends on what started the
+    # process (gunicorn is imported by other tests of this one): each launcher's.
+    monkeypatch.setattr(uvicorn_start, "launcher", lambda: "uvicorn")
     start = uvicorn_start.turn_on(None, "auto")
     assert (start.mode, start.reason) == (None, uvicorn_start.NOT_UVICORN)
-    assert start.advice is not None and start.advice.startswith(
-        "serve the app with uvicorn (`uvicorn app:app`"
+    assert start.advice == (
+        "serve the app with uvicorn: `uvicorn app:app`, `fastapi run`, or gunicorn "
+        "-k uvicorn_worker.UvicornWorker (or -k connlist.gunicorn.UvicornWorker)"
+    )
+    monkeypatch.setattr(uvicorn_start, "launcher", lambda: "gunicorn")
+    assert uvicorn_start.turn_on(None, "auto").advice == (
+        "serve with gunicorn -k uvicorn_worker.UvicornWorker (or -k connlist.gunicorn.UvicornWorker), "
+        "which run uvicorn, in place of this worker class"
     )
     # Only failures: the first one.
     monkeypatch.setitem(integration._failures, h11_impl.H11Protocol, "uvicorn 9: H11Protocol: it moved")

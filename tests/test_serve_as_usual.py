@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,6 @@ import uvicorn
 from tests.servers import EARLY, LATE, connect, is_408, read_until_closed
 from tests.subprocesses import (
     PYTHON,
-    ROOT,
     START_LIMIT,
     Process,
     exits_at_start,
@@ -36,7 +34,6 @@ from tests.subprocesses import (
     gunicorn_command,
     run_server,
     server_env,
-    stop,
 )
 from tests.usual_app import HEADERS_TIMEOUT
 
@@ -212,28 +209,3 @@ def test_the_environment_wins_over_required(tmp_path: Path) -> None:
     ) as server:
         view = get_json(server.port, "/_connections")
     assert view["mode"] == "asgi" and view["server_integration"] == "auto"
-
-
-def test_a_bad_option_is_an_error_at_start_under_lifespan_auto(tmp_path: Path) -> None:
-    # uvicorn's default lifespan (fastapi run's too) takes the error for an app without a lifespan
-    # and serves on: connlist's ERROR line at start names the option.
-    env = server_env(CONNLIST_TEST_OPTIONS=json.dumps({"headers_timout": 5}))
-    log_path = tmp_path / "server.log"
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(
-            _uvicorn()(free_port()), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + START_LIMIT
-        while "Application startup complete." not in log_path.read_text(errors="replace"):
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text(errors="replace")
-            time.sleep(0.05)
-    finally:
-        stop(proc)
-    errors = [line for line in log_path.read_text(errors="replace").splitlines() if "connlist:" in line]
-    assert errors == [
-        "ERROR:    connlist: ConnectionsMiddleware cannot be built, so the app cannot run: TypeError: "
-        "ConnectionsMiddleware() got an unexpected keyword argument 'headers_timout'; "
-        "did you mean 'headers_timeout'?"
-    ], errors

@@ -1,13 +1,16 @@
-"""A new user's three mistakes stop the server at start, under every serving command the docs give.
+"""A new user's three mistakes stop the server at start, under every serving command, with no flag.
 
 A misspelled option, a value of the wrong type, and a headers timeout longer
-than the request timeout: each raises while Starlette builds its middleware,
-at the first lifespan call.  ``uvicorn --lifespan on`` (the README's and the
-quickstart's command), examples/serve.py and gunicorn with connlist's workers
-(lifespan ``on`` by default) must exit non-zero at start with the error,
-naming the option, in their log.  Where the lifespan is still uvicorn's
-``auto``, the server integration's first connection logs the ERROR that says
-what happened and how to see it.
+than the request timeout: each is found while Starlette builds its
+middleware, at the first lifespan call, and the middleware answers the
+lifespan startup with ``lifespan.startup.failed`` (connlist.middleware,
+``_defer``).  So ``uvicorn app:app`` (the lifespan ``auto``), ``fastapi
+run``, gunicorn with uvicorn-worker's, gunicorn's own (``-k asgi``) and
+connlist's workers, ``--lifespan on`` and examples/serve.py must all exit at
+start, with one ERROR line that names the option and the rule.  Where the
+lifespan failed for another reason (another middleware that cannot be
+built) under uvicorn's ``auto``, the server integration's first connection
+logs the ERROR that says what happened and how to see it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import logging
 import re
 import subprocess
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -45,43 +49,92 @@ MISTAKES: dict[str, tuple[dict[str, Any], str]] = {
     ),
 }
 
+STARLETTE_APP = "tests.settings_app:app"
+HOST = ["--host", "127.0.0.1", "--port"]
+
+
+def _uvicorn(*extra: str) -> Callable[[int], list[str]]:
+    return lambda port: [PYTHON, "-m", "uvicorn", STARLETTE_APP, *HOST, str(port), *extra]
+
+
+def _fastapi_run(port: int) -> list[str]:
+    # tests/usual_app.py: a FastAPI app (add_middleware), the options from the same variable.
+    return [PYTHON, "-m", "fastapi", "run", "tests/usual_app.py", *HOST, str(port)]
+
+
+def _gunicorn(worker: str) -> Callable[[int], list[str]]:
+    return lambda port: gunicorn_command(port, STARLETTE_APP, "-k", worker, workers=1)
+
+
+# How users serve the app -> (the command, what must import for it, the server's line at a failed start).
+UVICORN_FAILED = "Application startup failed. Exiting."
+GUNICORN_FAILED = "Reason: Worker failed to boot."
+LAUNCHERS: dict[str, tuple[Callable[[int], list[str]], str, str]] = {
+    "uvicorn app:app": (_uvicorn(), "uvicorn", UVICORN_FAILED),
+    "uvicorn app:app --http h11": (_uvicorn("--http", "h11"), "uvicorn", UVICORN_FAILED),
+    "uvicorn app:app --lifespan on": (_uvicorn("--lifespan", "on"), "uvicorn", UVICORN_FAILED),
+    "fastapi run": (_fastapi_run, "fastapi_cli", UVICORN_FAILED),
+    "gunicorn -k uvicorn_worker.UvicornWorker": (
+        _gunicorn("uvicorn_worker.UvicornWorker"),
+        "uvicorn_worker",
+        GUNICORN_FAILED,
+    ),
+    "gunicorn -k asgi": (_gunicorn("asgi"), "gunicorn.workers.gasgi", GUNICORN_FAILED),
+    "gunicorn -k connlist.gunicorn.UvicornH11Worker": (
+        _gunicorn("connlist.gunicorn.UvicornH11Worker"),
+        "uvicorn_worker",
+        GUNICORN_FAILED,
+    ),
+}
+
+# Every mistake under uvicorn's default; one each (in turn) under the others: the path is the same.
+CASES = [(mistake, "uvicorn app:app") for mistake in MISTAKES] + [
+    (list(MISTAKES)[i % len(MISTAKES)], launcher)
+    for i, launcher in enumerate(name for name in LAUNCHERS if name != "uvicorn app:app")
+]
+
 
 def exits_at_start(command: list[str], options: dict[str, Any]) -> tuple[int, str]:
     """Run a server given ``options`` that must fail to start; its exit code and output."""
     return subprocesses.exits_at_start(command, server_env(CONNLIST_TEST_OPTIONS=json.dumps(options)))
 
 
-@pytest.mark.parametrize("parser", list(INTEGRATED))
-@pytest.mark.parametrize("mistake", list(MISTAKES))
-def test_uvicorn_lifespan_on_stops_at_start(mistake: str, parser: str) -> None:
-    options, message = MISTAKES[mistake]
-    command = [PYTHON, "-m", "uvicorn", "tests.settings_app:app", "--lifespan", "on"]
-    command += ["--http", INTEGRATED[parser], "--host", "127.0.0.1", "--port", str(free_port())]
-    code, log = exits_at_start(command, options)
-    assert code == 3, log  # uvicorn's exit code for a failed startup
-    assert message in log, log
-    assert "Application startup failed. Exiting." in log
-    assert "Uvicorn running on" not in log
+def error_lines(log: str) -> list[str]:
+    """The log's ERROR lines (uvicorn's ``ERROR:`` and gunicorn's ``[ERROR]``) that are connlist's."""
+    return [line for line in log.splitlines() if "ERROR" in line and "connlist:" in line]
 
 
-@pytest.mark.parametrize(
-    ("mistake", "worker"),
-    [
-        ("misspelled", "connlist.gunicorn.UvicornWorker"),
-        ("wrong-type", "connlist.gunicorn.UvicornH11Worker"),
-        ("headers-over-request", "connlist.gunicorn.UvicornWorker"),
-    ],
-)
-def test_gunicorn_with_connlists_worker_stops_at_start(mistake: str, worker: str) -> None:
-    pytest.importorskip("gunicorn")
-    pytest.importorskip("uvicorn_worker")
+@pytest.mark.parametrize(("mistake", "launcher"), CASES)
+def test_a_bad_setting_stops_every_launcher_at_start(mistake: str, launcher: str) -> None:
+    command, needs, failed = LAUNCHERS[launcher]
+    pytest.importorskip(needs)
     options, message = MISTAKES[mistake]
-    # No -k on the command line would do too: the example config names the worker; be explicit.
-    command = gunicorn_command(free_port(), "tests.settings_app:app", "-k", worker, workers=1)
-    code, log = exits_at_start(command, options)
-    assert code != 0, log
-    assert message in log, log
-    assert "Worker failed to boot." in log
+    code, log = exits_at_start(command(free_port()), options)
+    # uvicorn's exit code for a failed startup, gunicorn's for a worker that cannot boot.
+    assert code == 3, log
+    errors = error_lines(log)
+    assert len(errors) == 1, log
+    assert f"connlist: ConnectionsMiddleware cannot be built, so the app cannot run: {message}" in errors[0]
+    assert failed in log, log
+    # No traceback, and never served.
+    assert "Traceback" not in log, log
+    assert "Uvicorn running on" not in log and "Application startup complete" not in log, log
+
+
+def test_the_lines_the_readme_quotes_are_uvicorns() -> None:
+    # The README's bad setting, under the README's `uvicorn app:app`: the very lines it quotes.
+    readme = (ROOT / "README.md").read_text()
+    block = (
+        readme.split("stops every one of these commands at start", 1)[1]
+        .split("```text\n", 1)[1]
+        .split("```", 1)[0]
+    )
+    code, log = exits_at_start(LAUNCHERS["uvicorn app:app"][0](free_port()), MISTAKES["misspelled"][0])
+    assert code == 3
+    lines = log.splitlines()
+    quoted = block.splitlines()
+    at = lines.index(quoted[0])
+    assert lines[at : at + len(quoted)] == quoted, log
 
 
 def test_the_example_server_stops_at_start() -> None:
@@ -91,7 +144,25 @@ def test_the_example_server_stops_at_start() -> None:
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, timeout=START_LIMIT)
     log = (done.stdout + done.stderr).decode(errors="replace")
     assert done.returncode == 3, log
-    assert MISTAKES["headers-over-request"][1] in log, log
+    errors = error_lines(log)
+    assert len(errors) == 1 and MISTAKES["headers-over-request"][1] in errors[0], log
+
+
+def test_with_the_lifespan_off_the_first_request_says_it_once(
+    parser: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Nothing can stop the server: every request fails with the error, and one ERROR line names it.
+    caplog.set_level(logging.WARNING, logger="connlist")
+    app = Starlette(middleware=[Middleware(ConnectionsMiddleware, headers_timout=10)])
+    with serve(app, INTEGRATED[parser], lifespan="off") as running:
+        for _ in range(2):
+            sock = connect(running.port)
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_response(sock).startswith(b"HTTP/1.1 500 "), parser
+    errors = [r.getMessage() for r in caplog.records if r.name == "connlist" and r.levelno == logging.ERROR]
+    assert errors == [
+        f"connlist: ConnectionsMiddleware cannot be built, so the app cannot run: {MISTAKES['misspelled'][1]}"
+    ], errors
 
 
 # -- where the lifespan is still uvicorn's auto: the first connection says so -----
@@ -110,7 +181,12 @@ def first_connection_log(app: Any, parser: str, lifespan: str, caplog: pytest.Lo
 def test_auto_lifespan_that_failed_is_an_error_at_the_first_connection(
     parser: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = Starlette(middleware=[Middleware(ConnectionsMiddleware, headers_timout=10)])
+    # Another middleware that cannot be built (connlist's own bad settings stop the server instead).
+    class Broken:
+        def __init__(self, app: Any) -> None:
+            raise RuntimeError("not today")
+
+    app = Starlette(middleware=[Middleware(ConnectionsMiddleware), Middleware(Broken)])
     lines = first_connection_log(app, parser, "auto", caplog)
     errors = [line for line in lines if line.startswith("ERROR connlist: the app's ASGI lifespan failed")]
     assert len(errors) == 1, lines

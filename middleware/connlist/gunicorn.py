@@ -8,9 +8,12 @@
 (gunicorn's ``-k`` takes a dotted path: ``module.Class``, not ``module:Class``.)
 
 ``uvicorn_worker.UvicornWorker`` itself gets the same protection (the
-middleware turns the integration on at the lifespan startup); these add the
-lifespan ``on``, which makes a bad setting stop gunicorn at start instead of
-failing every request.
+middleware turns the integration on at the lifespan startup), and a bad
+connlist setting stops gunicorn at start under either (the middleware fails
+the lifespan startup).  These name connlist's protocol outright, and run the
+lifespan ``on``: then any exception at the startup stops gunicorn, also one
+raised while Starlette builds another middleware, which uvicorn's ``auto``
+takes for an app without a lifespan.
 
 They are the ``uvicorn-worker`` package's workers (uvicorn's own
 ``uvicorn.workers`` is deprecated) with the ``http`` option set to
@@ -18,11 +21,7 @@ They are the ``uvicorn-worker`` package's workers (uvicorn's own
 ``connlist.uvicorn:H11Protocol``.  ``uvicorn_worker.UvicornWorker`` builds
 its ``uvicorn.Config`` from gunicorn's settings and then applies the class
 attribute ``CONFIG_KWARGS`` over them, so that attribute is the one place to
-choose the protocol, and the lifespan: ``on``, not uvicorn's ``auto``, which
-takes any exception raised while Starlette builds its middleware (a bad
-connlist option among them) for an app without a lifespan and serves on,
-with a 500 for every request.  With ``on`` the worker fails to boot, with the
-option named in its log, and gunicorn's master stops.  Everything else
+choose the protocol, and the lifespan.  Everything else
 (keep-alive from gunicorn's ``--keep-alive``, ``--forwarded-allow-ips``,
 signals) is ``uvicorn-worker``'s.
 

@@ -9,11 +9,13 @@ calls ``Summary.flush`` from its one timer, so nothing else is scheduled.
 
 The ``connlist`` logger is the public name.  Nothing configures it in a
 plain ``uvicorn app:app``, where its records would reach Python's last-resort
-handler (no level, no time).  ``route_to_uvicorn`` sends them through
-uvicorn's own ``uvicorn.error`` logger instead when the application has
-configured no logging of its own, so they share the format, the handlers and
-the level of uvicorn's lines, also under gunicorn (whose uvicorn worker hands
-``uvicorn.error`` gunicorn's error log).  The name is the one uvicorn's
+handler (no level, no time).  ``route_to_server`` sends them through the
+server's own error log instead when the application has configured no
+logging of its own, so they share the format, the handlers and the level of
+the server's lines: uvicorn's ``uvicorn.error`` (also under gunicorn's
+uvicorn workers, which hand it gunicorn's error log's handlers and level),
+else gunicorn's ``gunicorn.error`` (gunicorn's own ASGI worker, ``-k asgi``,
+where uvicorn's logger has no handlers).  uvicorn's name is the one its
 protocols write to: ``connlist.uvicorn``'s self-check reads it from the
 protocol it builds (``follow_uvicorn_logger``), so a uvicorn that renames its
 logger keeps connlist's lines beside its own.
@@ -33,9 +35,12 @@ __all__ = [
     "format_address",
     "log",
     "logger",
-    "route_to_uvicorn",
+    "route_to_server",
     "uvicorn_logger",
 ]
+
+# gunicorn's error log (its ``glogging.Logger`` gives it gunicorn's handlers, format and level).
+GUNICORN_LOGGER = "gunicorn.error"
 
 logger = logging.getLogger("connlist")
 
@@ -76,7 +81,7 @@ def follow_uvicorn_logger(name: str) -> None:
         return
     _uvicorn_logger_name = name
     for handler in logger.handlers:
-        if isinstance(handler, _ToUvicorn) and logger.level == handler.level_taken:
+        if isinstance(handler, _ToServer) and not handler.gunicorn and logger.level == handler.level_taken:
             # The level taken from the old name; take the new one's.
             level = uvicorn_logger().getEffectiveLevel()
             logger.setLevel(level)
@@ -98,36 +103,47 @@ def format_address(address: object) -> str | None:
     return None if address is None else str(address)
 
 
-class _ToUvicorn(logging.Handler):
-    """Hands connlist's records to uvicorn's error logger, whose handlers and format apply."""
+class _ToServer(logging.Handler):
+    """Hands connlist's records to the server's error logger, whose handlers and format apply."""
 
-    # The level route_to_uvicorn gave the connlist logger (from uvicorn's), if it did.
+    # The level route_to_server gave the connlist logger (from the server's), if it did.
     level_taken: int | None = None
 
+    def __init__(self, *, gunicorn: bool) -> None:
+        super().__init__()
+        # gunicorn's own logger, or uvicorn's (under whatever name its protocols use).
+        self.gunicorn = gunicorn
+
     def emit(self, record: logging.LogRecord) -> None:
-        target = uvicorn_logger()
+        target = logging.getLogger(GUNICORN_LOGGER) if self.gunicorn else uvicorn_logger()
         if target.isEnabledFor(record.levelno):
             target.handle(record)
 
 
-def route_to_uvicorn() -> None:
-    """Send the ``connlist`` logger's records through ``uvicorn.error``, unless logging is configured.
+def route_to_server() -> None:
+    """Send the ``connlist`` logger's records through the server's error log, unless logging is configured.
 
     Called when a server starts.  Leaves everything alone if the
-    ``connlist`` logger has handlers, if the root logger has handlers (the
-    application configured logging: its records reach them already), or if
-    uvicorn's logger has none anywhere up its chain (not under uvicorn).
+    ``connlist`` logger has handlers, or if the root logger has handlers
+    (the application configured logging: its records reach them already).
+    The server's log is uvicorn's if its logger has handlers anywhere up its
+    chain, else gunicorn's if its has; else (neither server) nothing changes.
     """
     if logger.handlers or logging.getLogger().handlers:
         return
-    if not uvicorn_logger().hasHandlers():
+    if uvicorn_logger().hasHandlers():
+        handler = _ToServer(gunicorn=False)
+    elif logging.getLogger(GUNICORN_LOGGER).hasHandlers():
+        handler = _ToServer(gunicorn=True)
+    else:
         return
-    handler = _ToUvicorn()
     logger.addHandler(handler)
-    # uvicorn's --log-level applies; taking it over here means a DEBUG line
-    # that uvicorn would drop is never built (a mass timeout makes thousands).
+    # The server's level (uvicorn's --log-level, gunicorn's --log-level)
+    # applies; taking it over here means a DEBUG line that the server would
+    # drop is never built (a mass timeout makes thousands).
     if logger.level == logging.NOTSET:
-        logger.setLevel(uvicorn_logger().getEffectiveLevel())
+        target = logging.getLogger(GUNICORN_LOGGER) if handler.gunicorn else uvicorn_logger()
+        logger.setLevel(target.getEffectiveLevel())
         handler.level_taken = logger.level
     logger.propagate = False
 

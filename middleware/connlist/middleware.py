@@ -27,7 +27,7 @@ import functools
 import inspect
 import sys
 from collections.abc import Awaitable, Callable
-from types import MemberDescriptorType
+from types import FrameType, MemberDescriptorType
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, cast
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -38,7 +38,7 @@ from connlist.connections import ConnectionsList
 from connlist.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
 from connlist.enforcer import STATE_KEY, Enforcer, OnTimeout
 from connlist.kinds import OPTIONS, Options, Settings, nearest, option_parameters, resolve
-from connlist.logs import PREFIX, log, route_to_uvicorn
+from connlist.logs import PREFIX, log, route_to_server
 from connlist.workers import WorkerGroup, supervised_by
 
 if TYPE_CHECKING:
@@ -70,39 +70,90 @@ def _named_options(init: Callable[_P, None]) -> Callable[_P, None]:
 
     @functools.wraps(init)
     def checked(*args: _P.args, **kwargs: _P.kwargs) -> None:
-        for name in kwargs:
-            if name not in options and name != "app":
-                owner = type(args[0]).__name__ if args else "ConnectionsMiddleware"
-                _refused(
-                    TypeError(
+        try:
+            for name in kwargs:
+                if name not in options and name != "app":
+                    owner = type(args[0]).__name__ if args else "ConnectionsMiddleware"
+                    raise TypeError(
                         f"{owner}() got an unexpected keyword argument {name!r}; {nearest(name, options)}"
                     )
-                )
-        try:
             init(*args, **kwargs)
         except (TypeError, ValueError) as exc:
+            middleware = args[0] if args else None
+            if isinstance(middleware, ConnectionsMiddleware) and _built_lazily(sys._getframe(1), middleware):
+                _defer(middleware, exc)
+                return
             _refused(exc)
 
     checked.__signature__ = signature.replace(parameters=shown)  # type: ignore[attr-defined]
     return checked
 
 
-def _refused(exc: TypeError | ValueError) -> NoReturn:
-    """Raise a bad option's error, said first in the server's log.
+# Where a bad option goes.  Built directly (``ConnectionsMiddleware(app,
+# ...)``, at import), the middleware raises its ValueError or TypeError,
+# which stops any server that imports the app.  Starlette and FastAPI build
+# their declared middleware lazily, inside the app's first call, which is
+# the lifespan: an exception raised there reaches the server, whose default
+# lifespan (uvicorn's and gunicorn's ``auto``, which ``uvicorn app:app``,
+# ``fastapi run`` and gunicorn's workers run) takes it for an app without a
+# lifespan and serves on, every request a 500.  So there the error is kept
+# (``_defer``) and told to the server in the words of the lifespan protocol:
+# the startup answers ``lifespan.startup.failed`` with the error, and every
+# server stops at start, whatever its lifespan setting, with the message in
+# its log as one ERROR line.  With the lifespan off, the first request logs
+# that line and every request raises the error.
 
-    Starlette builds the middleware at the first lifespan call (and again at
-    each request while that fails).  uvicorn's default ``--lifespan auto``,
-    which ``fastapi run`` and gunicorn's uvicorn workers run, takes the
-    exception for an app without a lifespan and serves on: every request
-    then fails, and nothing at start would say why.
+
+def _built_lazily(frame: FrameType | None, middleware: object) -> bool:
+    """Whether the middleware is being built by an app's ``build_middleware_stack`` (Starlette's, FastAPI's).
+
+    ``frame`` is the caller of ``__init__``; a subclass's ``__init__`` calling
+    ``super().__init__`` is looked through.  Another builder (a Starlette
+    that renamed the method, say) gets the error raised, as a direct call does.
     """
-    route_to_uvicorn()
-    log.error(
-        "ConnectionsMiddleware cannot be built, so the app cannot run: %s: %s",
-        type(exc).__name__,
-        exc,
-    )
+    while frame is not None and frame.f_code.co_name == "__init__":
+        if frame.f_locals.get("self") is not middleware:
+            break
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_name == "build_middleware_stack"
+
+
+def _refusal(exc: TypeError | ValueError) -> str:
+    """The bad option's error, as the server's log and the lifespan startup's failure give it."""
+    return f"ConnectionsMiddleware cannot be built, so the app cannot run: {type(exc).__name__}: {exc}"
+
+
+def _refused(exc: TypeError | ValueError) -> NoReturn:
+    """Raise a bad option's error (the middleware built directly), said first in the server's log."""
+    route_to_server()
+    log.error("%s", _refusal(exc))
     raise exc
+
+
+def _defer(middleware: ConnectionsMiddleware, exc: TypeError | ValueError) -> None:
+    """The middleware, built by Starlette's stack, becomes one that fails the lifespan startup with ``exc``.
+
+    Its route is the refusal (the rest of ``__init__`` did not run).
+    """
+    told = False
+
+    async def refuse(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal told
+        if scope["type"] == "lifespan":
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                # The server logs the message (uvicorn, gunicorn's workers) and stops.  Then the
+                # error is raised, as Starlette's router does after a failed startup: a server
+                # that answered the failure ignores it, and Starlette's TestClient raises it.
+                await send({"type": "lifespan.startup.failed", "message": f"{PREFIX}{_refusal(exc)}"})
+        elif not told:
+            # The lifespan is off: nothing stopped the server, so say it once.
+            told = True
+            route_to_server()
+            log.error("%s", _refusal(exc))
+        raise exc.with_traceback(None)
+
+    _route(middleware, refuse)
 
 
 class ConnectionsMiddleware:
@@ -322,7 +373,7 @@ class ConnectionsMiddleware:
         state = scope.get("state")
         if state is not None:
             state[STATE_KEY] = self._enforcer
-        route_to_uvicorn()
+        route_to_server()
         refusal = self._integration_at_start(receive, state)
         if refusal is not None:
             await self._refuse_start(refusal, receive, send)
@@ -426,7 +477,7 @@ class ConnectionsMiddleware:
             if enforcer.integration_off is None:
                 enforcer.integration_off = integration.NO_LIFESPAN
                 advice = integration.servers()[0].advice_without_lifespan()
-            route_to_uvicorn()  # (the lifespan, which does it otherwise, did not run)
+            route_to_server()  # (the lifespan, which does it otherwise, did not run)
             self._tell_asgi_only(advice)
 
     def _confirm(self) -> None:

@@ -105,8 +105,9 @@ def fallback_enforcer(state: MutableMapping[str, Any], lifespan: object, app: ob
     fail; one without ConnectionsMiddleware declared simply has none.  A
     lifespan that failed is an ``ERROR``: uvicorn's default ``--lifespan
     auto`` takes any exception raised while Starlette builds its middleware
-    (a bad connlist option) for an app without a lifespan, and serves on,
-    and every request will fail the same way.
+    (another middleware that cannot be built; a bad connlist option fails
+    the startup instead) for an app without a lifespan, and serves on, and
+    every request will fail the same way.
     """
     enforcer = Enforcer()
     state[STATE_KEY] = enforcer
@@ -119,7 +120,7 @@ def fallback_enforcer(state: MutableMapping[str, Any], lifespan: object, app: ob
         # The middleware adopts the fallback at its first request (and says so).
         log.warning(
             "the ASGI lifespan is off, so no ConnectionsMiddleware handed over its settings; "
-            "%s until the first request. Serve with --lifespan on.",
+            "%s until the first request. Leave the lifespan on (uvicorn's default, auto, runs it).",
             defaults,
         )
     elif declared is False or lifespan == "on":
@@ -133,17 +134,17 @@ def fallback_enforcer(state: MutableMapping[str, Any], lifespan: object, app: ob
     elif declared:
         log.error(
             "the app's ASGI lifespan failed, so its ConnectionsMiddleware never started "
-            "(uvicorn's --lifespan auto takes an exception at startup, such as a bad connlist option, "
-            "for a lifespan the app does not support); %s and every request may fail with that "
+            "(uvicorn's --lifespan auto takes an exception at startup, such as a middleware that cannot "
+            "be built, for a lifespan the app does not support); %s and every request may fail with that "
             "exception. Serve with --lifespan on to see it and stop at start.",
             defaults,
         )
     else:
         log.error(
             "no ConnectionsMiddleware in the ASGI lifespan state: the app has none, or its "
-            "lifespan failed (uvicorn's --lifespan auto takes an exception at startup, such as a bad "
-            "connlist option, for a lifespan the app does not support); %s. Serve with --lifespan on "
-            "to see the exception and stop at start.",
+            "lifespan failed (uvicorn's --lifespan auto takes an exception at startup, such as a "
+            "middleware that cannot be built, for a lifespan the app does not support); %s. Serve "
+            "with --lifespan on to see the exception and stop at start.",
             defaults,
         )
     return enforcer

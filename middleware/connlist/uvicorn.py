@@ -5,8 +5,8 @@ lifespan startup (``connlist.uvicorn_start``), so an app served as usual
 (``uvicorn app:app``, ``fastapi run``) runs them.  They can also be named
 outright as uvicorn's HTTP implementation::
 
-    uvicorn app:app --lifespan on --http connlist.uvicorn:HttpToolsProtocol
-    uvicorn.run(app, http=connlist.uvicorn.HttpToolsProtocol, lifespan="on")
+    uvicorn app:app --http connlist.uvicorn:HttpToolsProtocol
+    uvicorn.run(app, http=connlist.uvicorn.HttpToolsProtocol)
 
 They subclass uvicorn's own protocols and *observe* them: everything
 (parsing, keep-alive, pipelining, flow control, websockets) stays uvicorn's,
@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from connlist import integration, uvicorn_selfcheck
-from connlist.logs import follow_uvicorn_logger, log, logger, route_to_uvicorn
+from connlist.logs import follow_uvicorn_logger, log, logger, route_to_server
 from connlist.server import SLOTS
 from connlist.uvicorn_cycle import HOOKS
 from connlist.uvicorn_h11 import H11Tracking
@@ -227,7 +227,7 @@ def _warn_if_newer() -> None:
     if _newer_warned or _version(uvicorn.__version__) <= _version(TESTED_UVICORN[1]):
         return
     _newer_warned = True
-    route_to_uvicorn()
+    route_to_server()
     logger.warning(
         "connlist %s is tested with uvicorn %s; this is %s; the self-check passed",
         _connlist_version(),
@@ -240,7 +240,7 @@ def _warn_keepalive(cls: type[Any], parser: str) -> None:
     """One WARNING where uvicorn keeps its timer per response: its method is not a form connlist knows."""
     if getattr(cls, "connlist_keepalive", False):
         return
-    route_to_uvicorn()
+    route_to_server()
     logger.warning(
         "uvicorn %s's %s.on_response_complete: %s, so uvicorn times its keep-alive itself "
         "(a timer per response, as without connlist); connlist's other protections are on. "
@@ -276,7 +276,7 @@ def _fall_back(parser: str, base: type | None, failure: str) -> type[Any]:
     if integration.require_integration():
         # One line, the server's own exit status for a failed start, no traceback.
         what, advice = _failure_text(parser, failure)
-        route_to_uvicorn()
+        route_to_server()
         log.error(
             "refusing to start (%s=1): the server integration would be off: %s. %s",
             integration.REQUIRE_ENV,
@@ -304,7 +304,7 @@ def _reason(parser: str, failure: str) -> str:
 def _say_off(parser: str, failure: str, verb: str, refuse: str) -> None:
     """The one ERROR line of a failed check: what failed, what is lost, what to do, how to stop instead."""
     what, advice = _failure_text(parser, failure)
-    route_to_uvicorn()
+    route_to_server()
     log.error(
         "the server integration is off: %s. The server %s uvicorn's own %s protocol and connlist runs in "
         "ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but the "

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from connlist.connections import Connection
-from connlist.logs import route_to_uvicorn
+from connlist.logs import route_to_server
 from connlist.server import BODY, AfterCut
 
 __all__ = [
@@ -54,7 +54,7 @@ def close_keepalive(self: Any) -> None:
 
 def without_middleware(self: Any) -> tuple[object, object]:
     """No enforcer in the lifespan state: uvicorn's lifespan setting and loaded app, once per worker."""
-    route_to_uvicorn()
+    route_to_server()
     config = getattr(self, "config", None)
     return getattr(config, "lifespan", None), getattr(config, "loaded_app", None)
 

@@ -178,14 +178,13 @@ def launcher() -> str:
     return "uvicorn"
 
 
-_GUNICORN_WORKERS = "-k uvicorn_worker.UvicornWorker (or connlist.gunicorn.UvicornWorker)"
+_GUNICORN_WORKERS = "-k uvicorn_worker.UvicornWorker (or -k connlist.gunicorn.UvicornWorker)"
 
 
 def _advice_not_uvicorn() -> str:
-    return (
-        "serve the app with uvicorn (`uvicorn app:app`, `fastapi run`, or gunicorn "
-        f"{_GUNICORN_WORKERS}) to have them"
-    )
+    if launcher() == "gunicorn":
+        return f"serve with gunicorn {_GUNICORN_WORKERS}, which run uvicorn, in place of this worker class"
+    return f"serve the app with uvicorn: `uvicorn app:app`, `fastapi run`, or gunicorn {_GUNICORN_WORKERS}"
 
 
 def _advice_foreign() -> str:
