@@ -696,8 +696,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    # Unwind (SystemExit), so that the running server and wrk are stopped too.
+def exit_on_sigterm(signum: int, frame: object) -> None:
+    """A SIGTERM handler that unwinds (SystemExit): the running servers and clients are stopped too."""
     sys.exit(128 + signum)
 
 
@@ -707,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         import per_request
 
         return per_request.main(["--loops", args.loop])
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     wrk = shutil.which("wrk")
     if wrk is None:
         print(WRK_MISSING, file=sys.stderr)

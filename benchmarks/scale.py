@@ -87,7 +87,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e import CLK_TCK, BenchError, Server, cpu_ns, cpu_ticks, version
+from e2e import CLK_TCK, BenchError, Server, cpu_ns, cpu_ticks, exit_on_sigterm, version
 from mass_timeout import _raise_fd_limit as raise_fd_limit
 from mass_timeout import _request as request_on
 from setups import BASELINE, SETUP_BY_KEY
@@ -590,17 +590,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    # Unwind (SystemExit), so that the running server and probe are stopped too.
-    sys.exit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.probe_port is not None:
         probe(args.probe_port)
         return 0
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     if shutil.which("taskset") is None:
         print("taskset not found: install it with `apt-get install util-linux`", file=sys.stderr)
         return 2
