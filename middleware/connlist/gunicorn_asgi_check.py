@@ -132,6 +132,7 @@ class _Script:
         from gunicorn.config import Config  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
         self.cls = cls
+        self.parser = parser
         self.now = 1000.0
         self.enforcer = Enforcer(
             resolve(headers_timeout=HEADERS_TIMEOUT, request_timeout=REQUEST_TIMEOUT, body_min_rate=1.0),
@@ -193,6 +194,8 @@ class _Script:
         protocol, transport = self.connect()
         record = self.record(protocol)
         self.expect("a connection", record, "new", 0)
+        if enforcer.mode != f"gunicorn-{self.parser}":
+            raise CheckFailed(f"gunicorn's {self.parser} parser was taken for {enforcer.mode!r}")
         if enforcer.keep_alive != KEEP_ALIVE or not enforcer.keep_alive_timed:
             raise CheckFailed("the list did not take gunicorn's keep-alive time (`_keepalive`) over")
         # A request split over two reads.
