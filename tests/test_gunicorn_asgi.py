@@ -305,3 +305,121 @@ def test_required_refuses_to_start_with_a_gunicorn_it_does_not_know(tmp_path: Pa
     assert code != 0, output
     assert "the server integration is off and it is required" in output, output
     assert "_arm_keepalive_timer" in output, output
+
+
+# -- the minimum body rate, the send timeout and the budget, on one worker -----
+
+GRACE = 1.0
+SEND_TIMEOUT = 1.0
+BUDGET = 4
+
+
+@pytest.fixture(scope="module", params=PARSERS)
+def hardened(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    log = tmp_path_factory.mktemp("gunicorn-asgi-hardened") / "gunicorn.log"
+    options = {
+        "headers_timeout": 5,
+        "request_timeout": 30,
+        "body_min_rate": 500,
+        "body_grace": GRACE,
+        "send_timeout": SEND_TIMEOUT,
+        "max_connections": BUDGET,
+    }
+    with run_server(
+        command("tests.gunicorn_asgi_app:app", parser=request.param), log, env=env(**options)
+    ) as server:
+        yield server
+
+
+def totals(port: int) -> dict[str, int]:
+    view: dict[str, Any] = get_json(port, "/_connections")
+    assert view["mode"].startswith("gunicorn-"), view
+    result: dict[str, int] = view["totals"]
+    return result
+
+
+def test_trickled_body_is_cut_by_the_minimum_rate(hardened: Process) -> None:
+    before = totals(hardened.port)["rate_timeouts"]
+    sock = connect(hardened.port)
+    sock.sendall(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+    started = time.monotonic()
+    sock.settimeout(0.2)
+    data = b""
+    while time.monotonic() - started < 3:
+        try:
+            sock.sendall(b"abc")  # 15 bytes/s, for a rate of 500
+            data += sock.recv(1000)
+            if data:
+                break
+        except TimeoutError:
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            break
+    rest, closed = read_until_closed(sock)
+    assert is_408(data + rest), data + rest
+    assert GRACE - EARLY <= closed - started <= GRACE + LATE, closed - started
+    assert totals(hardened.port)["rate_timeouts"] == before + 1
+
+
+def test_reader_that_stops_is_cut_by_the_send_timeout_and_reset(hardened: Process) -> None:
+    from tests.gunicorn_asgi_app import BIG
+
+    before = totals(hardened.port)["send_timeouts"]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", hardened.port))
+    try:
+        sock.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        # The client reads nothing: the send timeout cuts it (within its allowance and a sample).
+        deadline = time.monotonic() + 12
+        while totals(hardened.port)["send_timeouts"] == before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert totals(hardened.port)["send_timeouts"] == before + 1
+        # Aborted: what the client reads ends in a reset, never the whole response.
+        received = 0
+        with pytest.raises(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                received += len(chunk)
+        assert received < BIG
+    finally:
+        sock.close()
+
+
+def settled(port: int) -> dict[str, int]:
+    """The totals, once no connection but the one asking is left in the list."""
+    deadline = time.monotonic() + 5
+    while True:
+        view: dict[str, Any] = get_json(port, "/_connections")
+        if len(view["all"]) <= 1 or time.monotonic() > deadline:
+            result: dict[str, int] = view["totals"]
+            return result
+        time.sleep(0.1)
+
+
+def test_budget_refuses_with_503_when_every_connection_is_served(hardened: Process) -> None:
+    before = settled(hardened.port)
+    served = [connect(hardened.port) for _ in range(BUDGET)]
+    for sock in served:
+        sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+    time.sleep(0.3)  # every one of them is being served
+    extra = connect(hardened.port)
+    data, _ = read_until_closed(extra)
+    assert data.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), data
+    for sock in served:
+        assert read_response(sock).endswith(b"slow")
+        sock.close()
+    after = settled(hardened.port)
+    assert after["refused"] == before["refused"] + 1, after
+
+
+def test_budget_lets_the_oldest_silent_connection_go(hardened: Process) -> None:
+    settled(hardened.port)
+    silent = [connect(hardened.port) for _ in range(BUDGET)]
+    time.sleep(0.1)
+    newcomer = connect(hardened.port)
+    # The oldest silent one makes room: 408, then closed; the newcomer is served.
+    data, _ = read_until_closed(silent[0])
+    assert is_408(data), data
+    newcomer.sendall(GET)
+    assert read_response(newcomer).endswith(b"ok")

@@ -73,7 +73,7 @@ except ImportError:  # gunicorn is not installed, or has no ASGI worker
     gunicorn_protocol = None
     PythonProtocol = None
 
-__all__ = ["EXTRA_SLOTS", "HOOKS", "ASGITracking", "mode_of_parser"]
+__all__ = ["EXTRA_SLOTS", "HOOKS", "STATELESS", "ASGITracking", "build", "mode_of_parser"]
 
 # The methods of gunicorn's protocol that connlist's class overrides or calls
 # (the self-check looks for each before it builds a class on them).
@@ -97,6 +97,10 @@ HOOKS = (
 EXTRA_SLOTS = ("_connlist_started", "_connlist_last")
 
 _CRLF = b"\r\n"
+
+# The lifespan state of the workers that have none (gunicorn's always has one): where their
+# fallback enforcer is kept, once per process.
+STATELESS: dict[str, Any] = {}
 
 
 def mode_of_parser(python: bool) -> str:
@@ -172,10 +176,12 @@ class ASGITracking(Tracking, _Base):
         self._connlist_last = None
         state = getattr(worker, "state", None)
         if not isinstance(state, dict):
-            # A worker without gunicorn's lifespan state (an embedder's): the worker's own, made here.
-            state = {}
-            worker.state = state
-        Tracking._connlist_setup(self, state, getattr(worker, "loop", None), self._keepalive)
+            # A worker without gunicorn's lifespan state (an embedder's): the process's, left out of its scopes.
+            state = STATELESS
+        keepalive = self._keepalive
+        if isinstance(keepalive, bool) or not isinstance(keepalive, (int, float)):
+            keepalive = None  # not a setting connlist can read: gunicorn times its keep-alive itself
+        Tracking._connlist_setup(self, state, getattr(worker, "loop", None), keepalive)
 
     @property
     def client(self) -> tuple[str, int] | None:  # type: ignore[override]
