@@ -423,3 +423,30 @@ def test_budget_lets_the_oldest_silent_connection_go(hardened: Process) -> None:
     assert is_408(data), data
     newcomer.sendall(GET)
     assert read_response(newcomer).endswith(b"ok")
+
+
+# -- a gunicorn that changed: gunicorn's own class, ASGI-only mode, one ERROR line ---
+
+
+@pytest.mark.parametrize(
+    ("drift", "failure"),
+    [
+        ("renamed", "has no `_arm_keepalive_timer`"),
+        ("bypassed", "the connection is handling, where it must be idle"),
+    ],
+)
+def test_a_drifted_gunicorn_serves_on_with_its_own_protocol(drift: str, failure: str, tmp_path: Path) -> None:
+    environment = {**env(), "CONNLIST_TEST_DRIFT": drift}
+    with run_server(command("tests.gunicorn_drift:app"), tmp_path / "drift.log", env=environment) as server:
+        view = get_json(server.port, "/_connections")
+        assert view["mode"] == "asgi", view
+        assert failure in view["integration_off"], view
+        sock = connect(server.port)
+        sock.sendall(GET)
+        assert read_response(sock).endswith(b"ok")
+        log = server.log()
+    errors = [line for line in log.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1, log
+    assert "connlist: the server integration is off" in errors[0] and failure in errors[0], errors
+    assert "gunicorn's ASGI worker keeps its own protocol" in errors[0]
+    assert "server integration on" not in log
