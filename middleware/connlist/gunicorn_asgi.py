@@ -63,7 +63,7 @@ from starlette.requests import ClientDisconnect
 
 from connlist.connections import Connection
 from connlist.logs import route_to_uvicorn
-from connlist.server import BETWEEN, BODY, HEADERS, SLOTS, UPGRADED, Tracking, headers_received
+from connlist.server import BETWEEN, BODY, HEADERS, SLOTS, UPGRADED, Tracking, enforcer_in, headers_received
 
 # gunicorn ships no type hints: its names are Any to mypy.
 try:
@@ -176,12 +176,17 @@ class ASGITracking(Tracking, _Base):
         self._connlist_last = None
         state = getattr(worker, "state", None)
         if not isinstance(state, dict):
-            # A worker without gunicorn's lifespan state (an embedder's): the process's, left out of its scopes.
+            # A worker without gunicorn's lifespan state (an embedder's): the process's, kept out of scopes.
             state = STATELESS
         keepalive = self._keepalive
         if isinstance(keepalive, bool) or not isinstance(keepalive, (int, float)):
             keepalive = None  # not a setting connlist can read: gunicorn times its keep-alive itself
-        Tracking._connlist_setup(self, state, getattr(worker, "loop", None), keepalive)
+        loop = getattr(worker, "loop", None)
+        enforcer = enforcer_in(state)
+        if enforcer is not None and enforcer.attached_loop not in (None, loop):
+            # A timer armed on another loop (this process's earlier server) never fires on this one.
+            enforcer.cancel()
+        Tracking._connlist_setup(self, state, loop, keepalive)
 
     @property
     def client(self) -> tuple[str, int] | None:  # type: ignore[override]
