@@ -90,6 +90,7 @@ HOOKS = (
     "_handle_websocket",
     "_handle_h2c_upgrade",
     "_handle_connection",
+    "_check_h1c_protocol_available",
 )
 
 # The attributes connlist's class adds to gunicorn's protocol, beyond ``connlist.server.SLOTS``:
@@ -399,7 +400,15 @@ class ASGITracking(Tracking, _Base):
 
 
 def build(base: type) -> type[Any]:
-    """connlist's class on gunicorn's ``base``: the mixin's methods, with connlist's slots."""
+    """connlist's class on gunicorn's ``base``: the mixin's methods, with connlist's slots.
+
+    gunicorn caches whether gunicorn_h1c is there on the class it is
+    called on, and reads the cache on its own class (by name): called first
+    on a subclass, the cache would be the subclass's, and gunicorn's
+    ``--http-parser auto`` would take the python parser.  So gunicorn's own
+    class fills its cache first.
+    """
+    base._check_h1c_protocol_available()  # type: ignore[attr-defined]
     namespace = {
         "__slots__": SLOTS + EXTRA_SLOTS,
         "__module__": "connlist.gunicorn",
