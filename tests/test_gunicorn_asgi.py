@@ -95,6 +95,15 @@ def test_every_worker_runs_connlist_protocol_with_no_flag(served: Process) -> No
         # gunicorn's own --keep-alive, not uvicorn's default.
         assert view["keep_alive"] == KEEP_ALIVE, view
         assert view["headers_timeout"] == HEADERS_TIMEOUT
+    # Every worker in one answer: each found it is one of gunicorn's master's at its lifespan startup.
+    deadline = time.monotonic() + 10
+    while True:
+        every = get_json(served.port, "/_connections?workers=all")["workers"]
+        if len(every) >= WORKERS or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert sorted(view["pid"] for view in every) == sorted(answers), every
+    assert {view["mode"] for view in every} == {f"gunicorn-{parser}"}
     log = served.log()
     line = f"connlist: server integration on (gunicorn 27.0.1, asgi worker, {parser} parser)"
     assert log.count(line) == WORKERS, log
