@@ -260,3 +260,39 @@ def test_a_worker_without_a_lifespan_state_keeps_its_enforcer_to_itself(
     assert protocol.connlist_request() == (None, None)
     assert protocol.connlist_reading_paused() is False
     assert protocol._connlist_responding() is False
+
+
+def test_closes_decided_by_connlist_end_gunicorns_connection_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        worker = gunicorn_asgi_check._Worker(Config(), app, {STATE_KEY: Enforcer()}, loop)
+        # Refused at the budget: 503, and the loop waiting for a first request ends.
+        refused = cls(worker)
+        refused_transport = gunicorn_asgi_check._Transport()
+        refused.connection_made(refused_transport)
+        refused.connlist_refuse()
+        # Let go while idle: closed, and the loop waiting for the next request ends.
+        idle = cls(worker)
+        idle_transport = gunicorn_asgi_check._Transport()
+        idle.connection_made(idle_transport)
+        idle.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert idle.connlist_close_idle() is True
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert bytes(refused_transport.written).startswith(b"HTTP/1.1 503 ")
+        assert bytes(idle_transport.written).startswith(b"HTTP/1.1 200 ") and idle_transport.closing
+        assert refused._task.done() and idle._task.done()
+        for protocol in (refused, idle):
+            protocol.connection_lost(None)
+        worker.state[STATE_KEY].cancel()
+
+    asyncio.run(main())

@@ -63,7 +63,17 @@ from starlette.requests import ClientDisconnect
 
 from connlist.connections import Connection
 from connlist.logs import route_to_uvicorn
-from connlist.server import BETWEEN, BODY, HEADERS, SLOTS, UPGRADED, Tracking, enforcer_in, headers_received
+from connlist.server import (
+    BETWEEN,
+    BODY,
+    HEADERS,
+    SLOTS,
+    UPGRADED,
+    Tracking,
+    TransportHandle,
+    enforcer_in,
+    headers_received,
+)
 
 # gunicorn ships no type hints: its names are Any to mypy.
 try:
@@ -343,6 +353,32 @@ class ASGITracking(Tracking, _Base):
 
     def connlist_close_keepalive(self) -> None:
         self._keepalive_timeout()
+
+    # The closes connlist decides outside a timeout wake gunicorn's connection
+    # loop, as its own close does: else it waits for the next request until
+    # gunicorn's grace period after the loss cancels it.
+
+    def connlist_close_idle(self) -> bool:
+        closed = TransportHandle.connlist_close_idle(self)
+        if closed:
+            self._connlist_wake()
+        return closed
+
+    def connlist_close(self) -> None:
+        TransportHandle.connlist_close(self)
+        self._connlist_wake()
+
+    def connlist_refuse(self) -> None:
+        TransportHandle.connlist_refuse(self)
+        self._connlist_wake()
+
+    def _connlist_wake(self) -> None:
+        transport = self.transport
+        if transport is not None and transport.is_closing():
+            self._closed = True
+            ready = self._request_ready
+            if ready is not None:
+                ready.set()
 
     # -- upgrades --------------------------------------------------------------
 
