@@ -362,3 +362,21 @@ def test_flood_keep_alive_client_holds_its_connections_and_stops_by_itself() -> 
     stats = asyncio.run(run())
     assert stats["answered"] == stats["connects"] == 20, stats
     assert stats["failed"] == 0
+
+
+@pytest.mark.parametrize("per_connection", [False, True])
+@pytest.mark.parametrize("setup", ["bare", "connlist"])
+def test_gunicorns_setups_serve_in_process(setup: str, per_connection: bool) -> None:
+    pytest.importorskip("gunicorn.asgi.protocol")
+    import per_request_gunicorn
+
+    importlib.reload(e2e_apps)
+    state: dict[str, object] = {}
+    asyncio.run(per_request_gunicorn.drive(setup, 5, per_connection, state))
+    assert state["responses"] == 5
+    enforcer = state["enforcer"]
+    if setup == "bare":
+        assert enforcer is None
+    else:
+        assert enforcer is not None and enforcer.mode == "gunicorn-python"  # type: ignore[attr-defined]
+        assert enforcer.totals.requests == 5  # type: ignore[attr-defined]
