@@ -301,7 +301,7 @@ class ASGITracking(Tracking, _Base):
         holds them: the app's task has not run yet).  A client that asked for
         ``100 Continue`` sends its body once gunicorn says so, at the app's
         first ``receive()``: its body is timed from its first bytes (a later
-        read, ``_connlist_read_body``), the request timeout alone until then.
+        read, ``_connlist_settle``), the request timeout alone until then.
         """
         enforcer = self._connlist
         if not enforcer.settings.body_min_rate:
