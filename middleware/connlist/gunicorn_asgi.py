@@ -39,8 +39,11 @@ has returned.  connlist's class writes the response's end there instead
 now) and lets the list time the keep-alive (``--keep-alive``), closing the
 connection with gunicorn's own handler (``_keepalive_timeout``).
 
-A response under way is noted in ``_send_response_start``: a request cut
-while its body arrives gets no ``408`` after its response began.  A cut
+Whether a response began is read only when a request is cut while its body
+arrives (rare): from the request's task, which gunicorn's connection loop
+awaits (``_serve_http_request``'s ``task``, running ``_handle_http_request``,
+whose ``response_started`` says); a response under way gets no ``408``.
+Nothing of it runs per request.  A cut
 marks the connection closed as gunicorn's own close does (``_closed``: the
 app's sends are dropped), tells the request's body receiver it is
 disconnected, wakes the connection loop and lets a send blocked on flow
@@ -94,7 +97,8 @@ HOOKS = (
     "pause_writing",
     "resume_writing",
     "_feed_callback_parser",
-    "_send_response_start",
+    "_serve_http_request",
+    "_handle_http_request",
     "_arm_keepalive_timer",
     "_keepalive_timeout",
     "_handle_websocket",
@@ -103,11 +107,14 @@ HOOKS = (
     "_check_h1c_protocol_available",
 )
 
-# The attributes connlist's class adds to gunicorn's protocol, beyond ``connlist.server.SLOTS``:
-# whether a response began for the current request, and the last request whose headers came in.
-EXTRA_SLOTS = ("_connlist_started", "_connlist_last")
+# The attribute connlist's class adds to gunicorn's protocol, beyond ``connlist.server.SLOTS``:
+# the last request whose headers came in (its method and path, for the view).
+EXTRA_SLOTS = ("_connlist_last",)
+# How deep the connection loop's awaits are followed to the request's task.
+_AWAIT_DEPTH = 8
 
 _CRLF = b"\r\n"
+_BLANK = (13, 10)  # CR, LF
 
 # The lifespan state of the workers that have none (gunicorn's always has one): where their
 # fallback enforcer is kept, once per process.
@@ -167,6 +174,7 @@ else:
 # gunicorn's class: its methods on the read path are called as ``_G.method(self)``,
 # not through ``super()`` (as uvicorn's are: docs/benchmarks.md).
 _G: Any = None if gunicorn_protocol is None else gunicorn_protocol.ASGIProtocol
+_SERVE_CODE = getattr(getattr(_G, "_serve_http_request", None), "__code__", None)
 
 
 class ASGITracking(Tracking, _Base):
@@ -178,12 +186,10 @@ class ASGITracking(Tracking, _Base):
     connlist_keepalive = True
     connlist_keepalive_not = ""
 
-    _connlist_started: bool
     _connlist_last: Any
 
     def __init__(self, worker: Any) -> None:
         _G.__init__(self, worker)
-        self._connlist_started = False
         self._connlist_last = None
         state = getattr(worker, "state", None)
         if not isinstance(state, dict):
@@ -241,35 +247,34 @@ class ASGITracking(Tracking, _Base):
         phase = self._connlist_phase
         record = self._connlist_record
         if record is None or phase == UPGRADED:
-            return bool(_G._feed_callback_parser(self, data))
+            return _G._feed_callback_parser(self, data)  # type: ignore[no-any-return]
         parser = self._callback_parser
         if phase == BETWEEN:
-            if parser.is_complete or (data[:1] in b"\r\n" and not data.strip(_CRLF)):
+            if parser.is_complete or not data or (data[0] in _BLANK and not data.strip(_CRLF)):
                 # Held behind a response (a pipelined request: fed again
                 # once it is done), or blank lines: no message begins.
-                return bool(_G._feed_callback_parser(self, data))
+                return _G._feed_callback_parser(self, data)  # type: ignore[no-any-return]
             request = self._current_request
             fed = _G._feed_callback_parser(self, data)
             new = self._current_request
             parser = self._callback_parser
             if new is not request and parser is not None and parser.is_complete:
                 self._connlist_last = new
-                self._connlist_started = False
                 if record.last_message_start == 0.0 and self._h2c_upgrade_settings is None:
                     # ConnectionsList.message on an idle record: the feeder's own writes.
                     record.requests += 1
                     record.responding = True
                     self._connlist.totals.requests += 1
-                    return bool(fed)
+                    return fed  # type: ignore[no-any-return]
             self._connlist.connections.message_begin(record)
             self._connlist_events(record, HEADERS, request, fed)
-            return bool(fed)
+            return fed  # type: ignore[no-any-return]
         if phase == BODY:
             self._connlist_body_bytes(record, len(data))
         request = self._current_request
         fed = _G._feed_callback_parser(self, data)
         self._connlist_events(record, phase, request, fed)
-        return bool(fed)
+        return fed  # type: ignore[no-any-return]
 
     def _connlist_events(self, record: Connection, phase: int, request: Any, fed: object) -> None:
         """The events of the feed that just ended: the open message (at ``phase``) got its headers, ended."""
@@ -281,7 +286,6 @@ class ASGITracking(Tracking, _Base):
         got_headers = phase == HEADERS and new is not request
         if got_headers:
             self._connlist_last = new
-            self._connlist_started = False
             headers_received(record, enforcer)
             phase = BODY
         parser = self._callback_parser
@@ -331,10 +335,6 @@ class ASGITracking(Tracking, _Base):
         Tracking._connlist_settle(self, record, phase, body_begins)
 
     # -- the response, and the keep-alive the list times -----------------------
-
-    def _send_response_start(self, *args: Any, **kwargs: Any) -> None:
-        self._connlist_started = True
-        _G._send_response_start(self, *args, **kwargs)
 
     def _arm_keepalive_timer(self) -> None:
         # The connection is idle from now (gunicorn's own moment): the list
@@ -399,7 +399,31 @@ class ASGITracking(Tracking, _Base):
     def _connlist_response_written(self, record: Connection) -> bool:
         # gunicorn reads a request only once the previous response is done:
         # while headers arrive, nothing of a response is under way.
-        return record.headers_completed and self._connlist_started
+        return record.headers_completed and self._connlist_response_started() is not False
+
+    def _connlist_response_started(self) -> object:
+        """Whether the response to the request being served began: True, False, or None (no loop).
+
+        The connection loop (``_task``) awaits ``_serve_http_request``, whose
+        ``task`` runs ``_handle_http_request``, whose local
+        ``response_started`` says; a finished request's locals are gone: its
+        response was complete.  A loop awaiting anything else serves no
+        request.  Read only at a cut.
+        """
+        task = self._task
+        awaited = None if task is None else task.get_coro()
+        for _ in range(_AWAIT_DEPTH):
+            frame = getattr(awaited, "cr_frame", None)
+            if frame is None:
+                return None
+            if frame.f_code is _SERVE_CODE:
+                request_task = frame.f_locals.get("task")
+                if request_task is None:
+                    return False  # not started yet
+                frame = getattr(request_task.get_coro(), "cr_frame", None)
+                return True if frame is None else frame.f_locals.get("response_started")
+            awaited = getattr(awaited, "cr_await", None)
+        return False
 
     def _connlist_responding(self) -> bool:
         record = self._connlist_record

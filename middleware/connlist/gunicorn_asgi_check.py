@@ -2,14 +2,15 @@
 
 ``connlist.gunicorn_asgi`` leans on parts of gunicorn's protocol that are
 not public API: its methods ``_feed_callback_parser``,
-``_send_response_start``, ``_arm_keepalive_timer``, ``_keepalive_timeout``
-and ``_handle_websocket``, and its state (``_callback_parser`` and its
-``is_complete``, ``_current_request``, ``_body_receiver``, ``_closed``,
-``_request_ready``, ``_keepalive_handle``, ``_keepalive``).  A gunicorn
+``_arm_keepalive_timer``, ``_keepalive_timeout``, ``_handle_websocket``; the
+locals of ``_serve_http_request`` and ``_handle_http_request``; and its state
+(``_callback_parser`` and its ``is_complete``, ``_current_request``,
+``_body_receiver``, ``_closed``, ``_request_ready``, ``_keepalive_handle``,
+``_keepalive``).  A gunicorn
 release may change any of them without failing loudly, so before connlist's
 class is put in gunicorn's worker, this module checks it, once per process:
 
-1. The methods connlist hooks are there.
+1. The methods connlist hooks are there, and the locals it reads at a cut.
 2. A conversation with no socket: the protocol built as gunicorn's worker
    builds it (a stand-in worker with gunicorn's own ``Config``, the lifespan
    state holding a private ``Enforcer`` on a clock of its own), on a
@@ -117,12 +118,16 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 def check_static(base: type, hooks: tuple[str, ...]) -> None:
-    """What can be checked without running the protocol: the hooked methods are there."""
+    """What can be checked without running the protocol: the hooked methods, the locals read at a cut."""
     missing = [name for name in hooks if not callable(getattr(base, name, None))]
     if missing:
         raise CheckFailed(
             f"{base.__module__}.{base.__qualname__} has no {', '.join(f'`{name}`' for name in missing)}"
         )
+    for method, local in (("_serve_http_request", "task"), ("_handle_http_request", "response_started")):
+        code = getattr(getattr(base, method), "__code__", None)
+        if code is None or local not in code.co_varnames + code.co_cellvars:
+            raise CheckFailed(f"gunicorn's `ASGIProtocol.{method}` has no local `{local}`")
 
 
 class _Script:
@@ -218,6 +223,8 @@ class _Script:
         self.expect("a request whose body is incomplete", record, "reading_body", 2)
         if not record.receiving_body or record.body_received != 4:
             raise CheckFailed("a body that arrives over two reads was not timed by the minimum rate")
+        if protocol._connlist_response_written(record):
+            raise CheckFailed("a request whose app waits for its body was taken for one being answered")
         await self.feed(protocol, b"456789", self.idle(protocol, record, transport, 3))
         self.expect("the rest of the body", record, "idle", 3)
         # Two pipelined requests in one read.
@@ -243,7 +250,10 @@ class _Script:
         await self.feed(protocol, EARLY + b"01", lambda: self.responses(transport) == 1)
         self.expect("a response before the request's body", record, "reading_body", 0)
         if not protocol._connlist_response_written(record):
-            raise CheckFailed("a response written before the body was not seen (`_send_response_start`)")
+            raise CheckFailed(
+                "a response written before the body was not seen "
+                "(`_handle_http_request`'s `response_started`)"
+            )
         protocol.connection_lost(None)
 
     async def upgrade(self) -> None:
