@@ -293,9 +293,15 @@ class ASGITracking(Tracking, _Base):
             # An upgrade to HTTP/2 (h2c): served on, untimed.
             self._connlist_untimed(record)
             return
-        if phase == BODY and parser.is_complete:
-            connections.message_complete(record)
-            phase = BETWEEN
+        if phase == BODY:
+            if parser.is_complete:
+                connections.message_complete(record)
+                phase = BETWEEN
+            elif not got_headers and not record.receiving_body and enforcer.settings.body_min_rate:
+                receiver = self._body_receiver
+                if receiver is not None and not receiver.expect_continue:
+                    # The body after 100 Continue: its clock starts with its first bytes.
+                    connections.body_begin(record, record.body_received)
         self._connlist_settle(record, phase, got_headers and phase == BODY)
 
     def _connlist_body_begin(self, record: Connection) -> None:
@@ -305,7 +311,7 @@ class ASGITracking(Tracking, _Base):
         holds them: the app's task has not run yet).  A client that asked for
         ``100 Continue`` sends its body once gunicorn says so, at the app's
         first ``receive()``: its body is timed from its first bytes (a later
-        read, ``_connlist_settle``), the request timeout alone until then.
+        read, ``_connlist_events``), the request timeout alone until then.
         """
         enforcer = self._connlist
         if not enforcer.settings.body_min_rate:
@@ -320,19 +326,6 @@ class ASGITracking(Tracking, _Base):
     @staticmethod
     def _connlist_body_bytes(record: Connection, n: int) -> None:
         record.body_received += n
-
-    def _connlist_settle(self, record: Connection, phase: int, body_begins: bool) -> None:
-        if (
-            phase == BODY
-            and not body_begins
-            and not record.receiving_body
-            and self._connlist.settings.body_min_rate
-        ):
-            receiver = self._body_receiver
-            if receiver is not None and not receiver.expect_continue:
-                # The body after 100 Continue: its clock starts with its first bytes.
-                self._connlist.connections.body_begin(record, record.body_received)
-        Tracking._connlist_settle(self, record, phase, body_begins)
 
     # -- the response, and the keep-alive the list times -----------------------
 
