@@ -463,3 +463,13 @@ def test_a_drifted_gunicorn_serves_on_with_its_own_protocol(drift: str, failure:
     assert "connlist: the server integration is off" in errors[0] and failure in errors[0], errors
     assert "gunicorn's ASGI worker keeps its own protocol" in errors[0]
     assert "server integration on" not in log
+
+
+def test_connlist_worker_class_stops_gunicorn_on_a_bad_setting(tmp_path: Path) -> None:
+    # Its lifespan is on (gunicorn's default, auto, would serve on with a 500 for every request).
+    code, output = exits_at_start(
+        gunicorn_command(0, "tests.gunicorn_asgi_app:app", "-k", "connlist.gunicorn.ASGIWorker", workers=1),
+        env(headers_timeout=-1),
+    )
+    assert code != 0, output
+    assert "headers_timeout" in output, output

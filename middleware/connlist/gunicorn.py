@@ -11,7 +11,7 @@
 ``gunicorn -k asgi`` itself gets connlist's protocol at the lifespan
 startup (``connlist.gunicorn_asgi_start``); ``ASGIWorker`` puts it in place
 before the worker serves, so that it is there with ``--asgi-lifespan off``
-too.  ``ASGIProtocol`` is that class: gunicorn's
+too, and runs gunicorn's default lifespan, ``auto``, ``on``.  ``ASGIProtocol`` is that class: gunicorn's
 ``gunicorn.asgi.protocol.ASGIProtocol`` feeding the worker's list
 (``connlist.gunicorn_asgi``), checked when first looked up; where the check
 fails, the name is gunicorn's own class, with one ERROR line
@@ -145,6 +145,10 @@ if gasgi is not None:
             from connlist import gunicorn_asgi_start
 
             setattr(gasgi, gunicorn_asgi_start.NAME, gunicorn_asgi_start.resolve())
+            if getattr(self.cfg, "asgi_lifespan", None) == "auto":
+                # The lifespan on, as connlist's uvicorn workers run it: a bad
+                # setting fails the worker's boot instead of every request.
+                self.cfg.set("asgi_lifespan", "on")
             super().init_process()
 
 
