@@ -296,3 +296,32 @@ def test_closes_decided_by_connlist_end_gunicorns_connection_loop(monkeypatch: p
         worker.state[STATE_KEY].cancel()
 
     asyncio.run(main())
+
+
+def test_connlist_adds_nothing_to_gunicorns_instance_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+    # connlist's attributes are slots: gunicorn's own attribute accesses stay as they were.
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def attributes(protocol_class: type[Any]) -> set[str]:
+        loop = asyncio.get_running_loop()
+        worker = gunicorn_asgi_check._Worker(Config(), app, {STATE_KEY: Enforcer()}, loop)
+        protocol = protocol_class(worker)
+        protocol.connection_made(gunicorn_asgi_check._Transport())
+        protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(50):
+            await asyncio.sleep(0)
+        names = set(vars(protocol))
+        protocol.connection_lost(None)
+        worker.state[STATE_KEY].cancel()
+        return names
+
+    async def main() -> tuple[set[str], set[str]]:
+        return await attributes(GUNICORNS), await attributes(cls)
+
+    theirs, ours = asyncio.run(main())
+    assert ours == theirs
