@@ -43,18 +43,19 @@ Whether a response began is read only when a request is cut while its body
 arrives (rare): from the request's task, which gunicorn's connection loop
 awaits (``_serve_http_request``'s ``task``, running ``_handle_http_request``,
 whose ``response_started`` says); a response under way gets no ``408``.
-Nothing of it runs per request.  A cut
-marks the connection closed as gunicorn's own close does (``_closed``: the
-app's sends are dropped), tells the request's body receiver it is
+Nothing of it runs per request.
+
+A cut marks the connection closed as gunicorn's own close does (``_closed``:
+the app's sends are dropped), tells the request's body receiver it is
 disconnected, wakes the connection loop and lets a send blocked on flow
 control go; the app's ``ClientDisconnect`` that follows is connlist's doing,
 and left out of gunicorn's log.
 
-What is not HTTP/1 (HTTP/2 over TLS or h2c, uWSGI, a websocket) is counted
-in the list and the budget as a connection being served, and gunicorn's own
-rules time it: the headers, request, body-rate and keep-alive timeouts of
-connlist are HTTP/1's.  A websocket leaves the list at its upgrade, as on
-uvicorn.
+HTTP/2 (over TLS, or h2c) and uWSGI connections are counted in the list and
+the budget as connections being served, and gunicorn's own rules time them:
+the headers, request, body-rate and keep-alive timeouts of connlist are
+HTTP/1's (the send timeout applies to all).  A websocket leaves the list at
+its upgrade, as on uvicorn.
 """
 
 from __future__ import annotations
