@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from gunicorn.asgi import protocol as gunicorn_protocol
 from gunicorn.workers import gasgi
 from starlette.requests import ClientDisconnect
 
-from connlist import gunicorn_asgi, gunicorn_asgi_check, gunicorn_asgi_start, integration
+from connlist import gunicorn_asgi, gunicorn_asgi_check, gunicorn_asgi_start, integration, logs
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.uvicorn_selfcheck import CheckFailed, Result
 
@@ -28,12 +29,21 @@ GUNICORNS = gunicorn_protocol.ASGIProtocol
 
 
 @pytest.fixture(autouse=True)
-def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test with gunicorn's own class in the worker module, and the process's records untouched."""
+def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test with gunicorn's own class in the worker module, and the process's records untouched.
+
+    The start routes connlist's lines to gunicorn's error log (``logs.follow_uvicorn_logger``):
+    the logger it follows, and the ``connlist`` logger's handlers and level, are restored after.
+    """
     monkeypatch.setattr(gasgi, "ASGIProtocol", GUNICORNS)
     monkeypatch.setattr(integration, "_failures", {})
     monkeypatch.setattr(integration, "_passed", set())
     monkeypatch.delenv(integration.REQUIRE_ENV, raising=False)
+    monkeypatch.setattr(logs, "_uvicorn_logger_name", logs._uvicorn_logger_name)
+    saved = (list(logs.logger.handlers), logs.logger.propagate, logs.logger.level)
+    yield
+    logs.logger.handlers, logs.logger.propagate, level = saved
+    logs.logger.setLevel(level)  # (setLevel also clears the loggers' cached levels)
 
 
 def failing(monkeypatch: pytest.MonkeyPatch, failure: str = "the check's made-up failure") -> None:
