@@ -335,3 +335,253 @@ def test_connlist_adds_nothing_to_gunicorns_instance_dict(monkeypatch: pytest.Mo
 
     theirs, ours = asyncio.run(main())
     assert ours == theirs
+
+
+# -- the protocol's paths that real clients reach rarely, in memory -------------------
+
+
+async def _body_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    body = b""
+    more = scope["type"] == "http"
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _turns(n: int = 50) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def _connected(cls: type[Any], cfg: Any, app: Any = _body_app, **options: Any) -> tuple[Any, Any, Enforcer]:
+    from connlist.kinds import resolve
+
+    enforcer = Enforcer(resolve(**options)) if options else Enforcer()
+    worker = gunicorn_asgi_check._Worker(cfg, app, {STATE_KEY: enforcer}, asyncio.get_running_loop())
+    protocol = cls(worker)
+    transport = gunicorn_asgi_check._Transport()
+    transport.protocol = protocol
+    protocol.connection_made(transport)
+    return protocol, transport, enforcer
+
+
+def _close(protocol: Any, enforcer: Enforcer) -> None:
+    protocol.connection_lost(None)
+    task = protocol._task
+    if task is not None and not task.done():
+        task.cancel()
+    enforcer.cancel()
+
+
+def test_what_is_not_http1_is_counted_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    async def main() -> None:
+        # uWSGI: gunicorn reads it with a stream reader, not the HTTP/1 parser.
+        cfg = Config()
+        cfg.set("protocol", "uwsgi")
+        protocol, _transport, enforcer = _connected(cls, cfg)
+        record = protocol._connlist_record
+        assert record.tracked and record.responding and not record.is_active
+        assert enforcer.connections.counts()["writing"] == 1
+        _close(protocol, enforcer)
+        # h2c with prior knowledge: gunicorn sniffs for the preface before it knows the protocol.
+        cfg = Config()
+        cfg.set("http_protocols", "h1,h2")
+        cfg.set("http2_cleartext", "prior-knowledge")
+        protocol, _transport, enforcer = _connected(cls, cfg)
+        assert protocol._callback_parser is None and protocol._connlist_record.responding
+        _close(protocol, enforcer)
+
+    asyncio.run(main())
+
+
+def test_an_h2c_upgrade_is_served_on_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    upgraded: list[Any] = []
+
+    async def h2c(self: Any, request: Any) -> None:
+        # gunicorn's own would speak HTTP/2 from here on.
+        upgraded.append(request)
+
+    monkeypatch.setattr(GUNICORNS, "_handle_h2c_upgrade", h2c)
+
+    async def main() -> None:
+        cfg = Config()
+        cfg.set("http_protocols", "h1,h2")
+        cfg.set("http2_cleartext", "upgrade")
+        protocol, _transport, enforcer = _connected(cls, cfg)
+        record = protocol._connlist_record
+        protocol.data_received(
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+            b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"
+        )
+        await _turns()
+        assert upgraded and record.tracked and record.responding and not record.is_active
+        assert protocol._connlist_phase == gunicorn_asgi.UPGRADED
+        _close(protocol, enforcer)
+
+    asyncio.run(main())
+
+
+def test_a_body_after_100_continue_is_timed_from_its_first_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    async def main() -> None:
+        protocol, transport, enforcer = _connected(cls, Config(), body_min_rate=100)
+        record = protocol._connlist_record
+        protocol.data_received(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n"
+        )
+        await _turns()
+        # gunicorn said 100 Continue at the app's first receive(); the body is not timed yet.
+        assert bytes(transport.written) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        assert not record.receiving_body
+        assert protocol._connlist_response_written(record) is False
+        protocol.data_received(b"01234")
+        assert record.receiving_body and record.body_received == 5
+        protocol.data_received(b"56789")
+        await _turns()
+        assert bytes(transport.written).endswith(b"0123456789") and not record.receiving_body
+        _close(protocol, enforcer)
+        # Without a minimum rate, no body is timed.
+        protocol, transport, enforcer = _connected(cls, Config(), body_min_rate=0)
+        protocol.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n01")
+        await _turns()
+        assert not protocol._connlist_record.receiving_body
+        _close(protocol, enforcer)
+
+    asyncio.run(main())
+
+
+def test_a_malformed_request_is_gunicorns_to_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    async def main() -> None:
+        protocol, transport, enforcer = _connected(cls, Config())
+        protocol.data_received(b"GET / HTTP/1.1\r\nHost x\r\n\r\n")
+        await _turns()
+        assert bytes(transport.written).startswith(b"HTTP/1.1 400 ") and transport.closing
+        _close(protocol, enforcer)
+        assert not protocol._connlist_record.tracked
+
+    asyncio.run(main())
+
+
+def test_a_cut_marks_every_request_of_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    async def main() -> None:
+        protocol, transport, enforcer = _connected(cls, Config())
+        record = protocol._connlist_record
+        protocol.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n01")
+        await _turns()
+        receiver = protocol._body_receiver
+        finishing = type("Receiver", (), {"signal_disconnect": lambda self: disconnected.append(self)})()
+        disconnected: list[Any] = []
+        protocol._finishing_calls = {"task": finishing, "other": None}
+        protocol._flow_control.pause_writing()
+        protocol.connlist_close_expired()
+        assert bytes(transport.written).startswith(b"HTTP/1.1 408 ") and transport.closing
+        assert protocol._closed and receiver._closed and disconnected == [finishing]
+        assert not protocol._flow_control.write_paused  # a send waiting to drain goes on (and is dropped)
+        assert isinstance(protocol.log, gunicorn_asgi._AfterCutLog)
+        protocol._connlist_mark_cut()  # twice: nothing more
+        protocol._finishing_calls = {}
+        _close(protocol, enforcer)
+        assert not record.tracked
+
+    asyncio.run(main())
+
+
+def test_the_keep_alive_falls_back_to_gunicorns_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    async def main() -> None:
+        protocol, _transport, enforcer = _connected(cls, Config())
+        enforcer.keep_alive_timed = False  # (a keep-alive setting connlist cannot read)
+        protocol._arm_keepalive_timer()
+        assert protocol._keepalive_handle is not None
+        protocol._cancel_keepalive_timer()
+        _close(protocol, enforcer)
+        # A worker's keep-alive that is not a number: gunicorn's timer, not the list.
+        cfg = Config()
+        worker = gunicorn_asgi_check._Worker(
+            cfg, _body_app, {STATE_KEY: Enforcer()}, asyncio.get_running_loop()
+        )
+        worker.cfg = type(
+            "Cfg", (), {"keepalive": "2", "__getattr__": lambda self, name: getattr(cfg, name)}
+        )()
+        protocol = cls(worker)
+        assert protocol._connlist.keep_alive_timed is False
+        protocol._connlist.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_reused_enforcer_forgets_a_timer_of_another_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    enforcer = Enforcer()
+
+    async def serve() -> None:
+        worker = gunicorn_asgi_check._Worker(
+            Config(), _body_app, {STATE_KEY: enforcer}, asyncio.get_running_loop()
+        )
+        protocol = cls(worker)
+        protocol.connection_made(gunicorn_asgi_check._Transport())
+        assert enforcer.timer_at < float("inf")  # the new connection's headers clock
+
+    asyncio.run(serve())  # its loop ends with the timer armed
+    asyncio.run(serve())  # a new loop: the old timer is forgotten, a new one armed
+    enforcer.cancel()
+
+
+def test_closes_of_a_connection_being_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    async def main() -> None:
+        protocol, transport, enforcer = _connected(cls, Config())
+        protocol.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n01")
+        await _turns()
+        assert protocol.connlist_close_idle() is False and not transport.closing  # being served
+        protocol.connlist_close()
+        # Closed as gunicorn closes it: the app's sends are dropped from now on.
+        assert transport.closing and protocol._closed
+        _close(protocol, enforcer)
+        # Closed already: nothing to do.
+        protocol.connlist_close()
+
+    asyncio.run(main())
+
+
+def test_whether_a_response_began_at_each_point_of_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    async def main() -> None:
+        protocol, _transport, enforcer = _connected(cls, Config())
+        # Waiting for a first request: none is served.
+        await _turns()
+        assert protocol._connlist_response_started() is False
+        # The loop gone: nothing to tell (no 408 then).
+        protocol._task.cancel()
+        await _turns(5)
+        assert protocol._connlist_response_started() is None
+        _close(protocol, enforcer)
+
+    asyncio.run(main())

@@ -406,16 +406,15 @@ class ASGITracking(Tracking, _Base):
         """
         task = self._task
         awaited = None if task is None else task.get_coro()
+        if getattr(awaited, "cr_frame", None) is None:
+            return None
         for _ in range(_AWAIT_DEPTH):
             frame = getattr(awaited, "cr_frame", None)
-            if frame is None:
-                return None
-            if frame.f_code is _SERVE_CODE:
+            if frame is not None and frame.f_code is _SERVE_CODE:
                 request_task = frame.f_locals.get("task")
-                if request_task is None:
-                    return False  # not started yet
-                frame = getattr(request_task.get_coro(), "cr_frame", None)
-                return True if frame is None else frame.f_locals.get("response_started")
+                request = None if request_task is None else request_task.get_coro()
+                frame = getattr(request, "cr_frame", None)
+                return request is not None and (frame is None or frame.f_locals.get("response_started"))
             awaited = getattr(awaited, "cr_await", None)
         return False
 
