@@ -358,13 +358,18 @@ async def _turns(n: int = 50) -> None:
         await asyncio.sleep(0)
 
 
+class _Transport(gunicorn_asgi_check._Transport):
+    def abort(self) -> None:
+        self.closing = True
+
+
 def _connected(cls: type[Any], cfg: Any, app: Any = _body_app, **options: Any) -> tuple[Any, Any, Enforcer]:
     from connlist.kinds import resolve
 
     enforcer = Enforcer(resolve(**options)) if options else Enforcer()
     worker = gunicorn_asgi_check._Worker(cfg, app, {STATE_KEY: enforcer}, asyncio.get_running_loop())
     protocol = cls(worker)
-    transport = gunicorn_asgi_check._Transport()
+    transport = _Transport()
     transport.protocol = protocol
     protocol.connection_made(transport)
     return protocol, transport, enforcer
@@ -585,3 +590,143 @@ def test_whether_a_response_began_at_each_point_of_the_loop(monkeypatch: pytest.
         _close(protocol, enforcer)
 
     asyncio.run(main())
+
+
+def test_more_of_what_is_not_http1(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    async def h2c(self: Any, request: Any) -> None:
+        pass
+
+    monkeypatch.setattr(GUNICORNS, "_handle_h2c_upgrade", h2c)
+
+    async def main() -> None:
+        # Sniffing for h2c's preface, gunicorn finds HTTP/1 after all: served by gunicorn, untimed
+        # (but for the keep-alive, which gunicorn's loop arms, and the list times).
+        cfg = Config()
+        cfg.set("http_protocols", "h1,h2")
+        cfg.set("http2_cleartext", "both")
+        protocol, transport, enforcer = _connected(cls, cfg)
+        protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await _turns()
+        assert bytes(transport.written).startswith(b"HTTP/1.1 200 ")
+        assert protocol._connlist_phase == gunicorn_asgi.UPGRADED and not protocol._connlist_record.is_active
+        _close(protocol, enforcer)
+        # An h2c upgrade request whose body comes in two reads: untimed from its headers on.
+        cfg.set("http2_cleartext", "upgrade")
+        protocol, transport, enforcer = _connected(cls, cfg)
+        record = protocol._connlist_record
+        protocol.data_received(
+            b"POST / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+            b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nContent-Length: 4\r\n\r\nab"
+        )
+        assert protocol._connlist_phase == gunicorn_asgi.UPGRADED and not record.is_active
+        _close(protocol, enforcer)
+        # An idle connection that leaves HTTP/1: no request more is counted.
+        protocol, transport, enforcer = _connected(cls, Config())
+        record = protocol._connlist_record
+        protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await _turns()
+        assert record.requests == 1 and not record.responding
+        protocol._connlist_untimed(record)
+        assert record.requests == 1 and record.responding
+        _close(protocol, enforcer)
+        # A uWSGI connection cut (the send timeout applies to every protocol): no loop to wake.
+        cfg = Config()
+        cfg.set("protocol", "uwsgi")
+        protocol, transport, enforcer = _connected(cls, cfg)
+        protocol._flow_control = None  # (as on HTTP/2 over TLS)
+        protocol.connlist_abort()
+        assert protocol._closed and transport.closing
+        protocol.connlist_close()
+        _close(protocol, enforcer)
+
+    asyncio.run(main())
+
+
+def test_addresses_as_asgi_has_them() -> None:
+    class Transport:
+        def __init__(self, address: Any) -> None:
+            self.address = address
+
+        def get_extra_info(self, name: str) -> Any:
+            return self.address
+
+    assert gunicorn_asgi._address(Transport(("::1", 8000, 0, 0)), "sockname") == ("::1", 8000)
+    assert gunicorn_asgi._address(Transport("/run/app.sock"), "sockname") == "/run/app.sock"
+    assert gunicorn_asgi._address(Transport(None), "peername") is None
+    assert gunicorn_asgi._address(None, "peername") is None
+
+
+def test_the_check_reports_what_stopped_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = gunicorn_asgi.build(GUNICORNS)
+
+    class Broken(cls):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: Any) -> None:
+            raise RuntimeError("a gunicorn that changed")
+
+    assert gunicorn_asgi_check.run_in_thread(Broken, "python").failure == (
+        "the scripted conversation raised RuntimeError: a gunicorn that changed"
+    )
+    failure = gunicorn_asgi_check.run_in_thread(cls, "nonsense").failure
+    assert failure is not None and failure.startswith("the scripted conversation raised ")
+    monkeypatch.setattr(gunicorn_asgi_check, "LIMIT", 0.0)
+    failure = gunicorn_asgi_check.run_in_thread(cls, "python").failure
+    assert failure is not None and failure.startswith("the scripted conversation did not finish")
+
+
+def test_the_start_where_gunicorn_is_not_as_expected(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The parser gunicorn takes, where gunicorn cannot be asked: the python one.
+    monkeypatch.setattr(gunicorn_asgi_start, "PROTOCOL_MODULE", "gunicorn.asgi.nowhere")
+    assert gunicorn_asgi_start.parser_name(type("Cfg", (), {"http_parser": "auto"})()) == "python"
+    monkeypatch.undo()
+    monkeypatch.setattr(integration, "_failures", {})
+
+    # A class that cannot be built on gunicorn's.
+    def unbuildable(base: type) -> type:
+        raise TypeError("multiple bases have instance lay-out conflict")
+
+    monkeypatch.setattr(gunicorn_asgi, "build", unbuildable)
+    cls, base, result = gunicorn_asgi_start._build()
+    assert cls is None and base is GUNICORNS
+    assert result.failure == (
+        "connlist's class cannot be built on gunicorn's ASGIProtocol: "
+        "multiple bases have instance lay-out conflict"
+    )
+    # No gunicorn class to fall back on: the name cannot be given at all.
+    monkeypatch.setattr(gunicorn_asgi_start, "_built", (None, None, Result("gone")))
+    with pytest.raises(ImportError, match=r"gunicorn has no gunicorn\.asgi\.protocol\.ASGIProtocol: gone"):
+        gunicorn_asgi_start.resolve()
+    assert gunicorn_asgi_start.for_server(required=False) == (None, "gunicorn 27.0.1: ASGIProtocol: gone")
+    # The worker cannot be found: no worker module, no worker class, no running loop.
+    lifespan = type("Lifespan", (), {"state": {}})()
+    monkeypatch.setitem(sys.modules, "gunicorn.workers.gasgi", None)
+    assert gunicorn_asgi_start.server_config(object(), {}) is None
+    monkeypatch.setitem(sys.modules, "gunicorn.workers.gasgi", type("Module", (), {"ASGIWorker": None})())
+    assert gunicorn_asgi_start.server_config(object(), {}) is None
+    monkeypatch.setitem(sys.modules, "gunicorn.workers.gasgi", gasgi)
+    assert gunicorn_asgi_start.server_config(object(), lifespan.state) is None  # no running loop
+
+
+def test_connlists_worker_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gunicorn.config import Config
+
+    import connlist.gunicorn
+
+    ours = passing(monkeypatch)
+    booted: list[str] = []
+    monkeypatch.setattr(gasgi.ASGIWorker, "init_process", lambda self: booted.append(self.cfg.asgi_lifespan))
+    monkeypatch.setattr(connlist.gunicorn.workers, "supervised_by", lambda ppid: None)
+    for lifespan, runs in (("auto", "on"), ("off", "off"), ("on", "on")):
+        worker = object.__new__(connlist.gunicorn.ASGIWorker)
+        worker.cfg = Config()
+        worker.cfg.set("asgi_lifespan", lifespan)
+        worker.ppid = 1
+        worker.init_process()
+        assert gasgi.ASGIProtocol is ours and booted[-1] == runs
+    # A package that is not installed: what to install, when the name is used.
+    with pytest.raises(ImportError, match="needs gunicorn and uvicorn-worker"):
+        connlist.gunicorn.__getattr__("UvicornWorker")
+    with pytest.raises(ImportError, match="needs gunicorn 24 or newer"):
+        connlist.gunicorn.__getattr__("ASGIWorker")

@@ -83,7 +83,7 @@ from connlist.server import (
 try:
     from gunicorn.asgi import protocol as gunicorn_protocol  # type: ignore[import-untyped, import-not-found, unused-ignore]
     from gunicorn.asgi.parser import PythonProtocol  # type: ignore[import-untyped, import-not-found, unused-ignore]
-except ImportError:  # gunicorn is not installed, or has no ASGI worker
+except ImportError:  # pragma: no cover - gunicorn is not installed, or has no ASGI worker
     gunicorn_protocol = None
     PythonProtocol = None
 
@@ -298,11 +298,14 @@ class ASGITracking(Tracking, _Base):
             if parser.is_complete:
                 connections.message_complete(record)
                 phase = BETWEEN
-            elif not got_headers and not record.receiving_body and enforcer.settings.body_min_rate:
-                receiver = self._body_receiver
-                if receiver is not None and not receiver.expect_continue:
-                    # The body after 100 Continue: its clock starts with its first bytes.
-                    connections.body_begin(record, record.body_received)
+            elif (
+                not got_headers
+                and not record.receiving_body
+                and enforcer.settings.body_min_rate
+                and not self._body_receiver.expect_continue
+            ):
+                # The body after 100 Continue: its clock starts with its first bytes.
+                connections.body_begin(record, record.body_received)
         self._connlist_settle(record, phase, got_headers and phase == BODY)
 
     def _connlist_body_begin(self, record: Connection) -> None:
@@ -318,8 +321,6 @@ class ASGITracking(Tracking, _Base):
         if not enforcer.settings.body_min_rate:
             return
         receiver = self._body_receiver
-        if receiver is None:
-            return
         record.body_received = receiver.buffered
         if not receiver.expect_continue:
             enforcer.connections.body_begin(record, record.body_received)
@@ -333,17 +334,17 @@ class ASGITracking(Tracking, _Base):
     def _arm_keepalive_timer(self) -> None:
         # The connection is idle from now (gunicorn's own moment): the list
         # times its keep-alive, with gunicorn's --keep-alive and its handler.
-        record = self._connlist_record
+        # (Set by connection_made: a connection is idle only after a request.)
+        record: Connection = self._connlist_record  # type: ignore[assignment]
         enforcer = self._connlist
-        if record is not None:
-            record.responding = False
-            record.idle_at = idle_at = enforcer.clock()
-            if enforcer.keep_alive_timed:
-                due = idle_at + self._keepalive
-                if due < enforcer.timer_at:
-                    enforcer.wake_by(due)
-                return
-        _G._arm_keepalive_timer(self)
+        record.responding = False
+        record.idle_at = idle_at = enforcer.clock()
+        if not enforcer.keep_alive_timed:
+            _G._arm_keepalive_timer(self)
+            return
+        due = idle_at + self._keepalive
+        if due < enforcer.timer_at:
+            enforcer.wake_by(due)
 
     def connlist_close_keepalive(self) -> None:
         self._keepalive_timeout()
@@ -367,12 +368,10 @@ class ASGITracking(Tracking, _Base):
         self._connlist_wake()
 
     def _connlist_wake(self) -> None:
-        transport = self.transport
-        if transport is not None and transport.is_closing():
-            self._closed = True
-            ready = self._request_ready
-            if ready is not None:
-                ready.set()
+        self._closed = True
+        ready = self._request_ready
+        if ready is not None:  # (None: not HTTP/1, no loop waits for a request)
+            ready.set()
 
     # -- upgrades --------------------------------------------------------------
 
@@ -383,9 +382,7 @@ class ASGITracking(Tracking, _Base):
         await _G._handle_websocket(self, request, sockname, peername)
 
     async def _handle_h2c_upgrade(self, request: Any) -> None:
-        record = self._connlist_record
-        if record is not None:
-            self._connlist_untimed(record)
+        self._connlist_untimed(self._connlist_record)  # type: ignore[arg-type]  # set by connection_made
         await _G._handle_h2c_upgrade(self, request)
 
     # -- what the enforcer's handle reads of gunicorn's state ------------------
@@ -427,8 +424,7 @@ class ASGITracking(Tracking, _Base):
         if self._closed:
             return
         self._closed = True
-        if not isinstance(self.log, _AfterCutLog):
-            self.log = _AfterCutLog(self.log)
+        self.log = _AfterCutLog(self.log)
         receiver = self._body_receiver
         if receiver is not None:
             receiver.signal_disconnect()

@@ -102,11 +102,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     if scope["path"] != "/early":
         more = True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            more = message.get("more_body", False)
+        while more:  # (a disconnect has no more_body)
+            more = (await receive()).get("more_body", False)
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
 
