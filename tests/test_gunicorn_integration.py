@@ -671,9 +671,25 @@ def test_the_check_reports_what_stopped_it(monkeypatch: pytest.MonkeyPatch) -> N
     )
     failure = gunicorn_asgi_check.run_in_thread(cls, "nonsense").failure
     assert failure is not None and failure.startswith("the scripted conversation raised ")
-    monkeypatch.setattr(gunicorn_asgi_check, "LIMIT", 0.0)
+
+    # A conversation that does not end in time: stopped, and what it left on its loop cancelled.
+    async def endless(self: Any) -> None:
+        asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(gunicorn_asgi_check._Script, "run", endless)
+    monkeypatch.setattr(gunicorn_asgi_check, "LIMIT", 0.05)
     failure = gunicorn_asgi_check.run_in_thread(cls, "python").failure
     assert failure is not None and failure.startswith("the scripted conversation did not finish")
+
+    # One that cannot even begin.
+    def unconfigurable(self: Any, cls: type, parser: str) -> None:
+        raise ValueError("no such setting")
+
+    monkeypatch.setattr(gunicorn_asgi_check._Script, "__init__", unconfigurable)
+    assert gunicorn_asgi_check.run_in_thread(cls, "python").failure == (
+        "the scripted conversation raised ValueError: no such setting"
+    )
 
 
 def test_the_start_where_gunicorn_is_not_as_expected(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -119,7 +119,7 @@ class _Sibling:
         super().init_process()  # type: ignore[misc]
 
 
-if uvicorn_worker is not None:
+if uvicorn_worker is not None:  # pragma: no branch - without uvicorn-worker: see __getattr__
     UvicornWorker = _worker(
         "UvicornWorker",
         uvicorn_worker.UvicornWorker,
@@ -134,7 +134,7 @@ if uvicorn_worker is not None:
         "``connlist.uvicorn:H11Protocol``.",
     )
 
-if gasgi is not None:
+if gasgi is not None:  # pragma: no branch - a gunicorn without its ASGI worker: see __getattr__
 
     class ASGIWorker(_Sibling, gasgi.ASGIWorker):  # type: ignore[misc]
         """``gunicorn -k asgi``'s worker, with ``connlist.gunicorn.ASGIProtocol`` from its start."""

@@ -316,17 +316,18 @@ class _Script:
 
 async def check_protocol(cls: type, parser: str) -> Result:
     started = time.perf_counter()
-    script: _Script | None = None
     try:
         script = _Script(cls, parser)
+    except Exception as exc:
+        return Result(f"the scripted conversation raised {type(exc).__name__}: {exc}")
+    try:
         await script.run()
     except CheckFailed as failed:
         return Result(str(failed), seconds=time.perf_counter() - started)
     except Exception as exc:
         return Result(f"the scripted conversation raised {type(exc).__name__}: {exc}")
     finally:
-        if script is not None:
-            await script.close()
+        await script.close()
     return Result(None, seconds=time.perf_counter() - started, steps=script.steps)
 
 
