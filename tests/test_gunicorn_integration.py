@@ -694,10 +694,10 @@ def test_the_check_reports_what_stopped_it(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_the_start_where_gunicorn_is_not_as_expected(monkeypatch: pytest.MonkeyPatch) -> None:
     # The parser gunicorn takes, where gunicorn cannot be asked: the python one.
+    module = gunicorn_asgi_start.PROTOCOL_MODULE
     monkeypatch.setattr(gunicorn_asgi_start, "PROTOCOL_MODULE", "gunicorn.asgi.nowhere")
     assert gunicorn_asgi_start.parser_name(type("Cfg", (), {"http_parser": "auto"})()) == "python"
-    monkeypatch.undo()
-    monkeypatch.setattr(integration, "_failures", {})
+    monkeypatch.setattr(gunicorn_asgi_start, "PROTOCOL_MODULE", module)
 
     # A class that cannot be built on gunicorn's.
     def unbuildable(base: type) -> type:
