@@ -746,3 +746,19 @@ def test_connlists_worker_class(monkeypatch: pytest.MonkeyPatch) -> None:
         connlist.gunicorn.__getattr__("UvicornWorker")
     with pytest.raises(ImportError, match="needs gunicorn 24 or newer"):
         connlist.gunicorn.__getattr__("ASGIWorker")
+
+
+def test_one_warning_where_gunicorn_serves_http2_or_uwsgi(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    passing(monkeypatch)
+    caplog.set_level(logging.WARNING, logger="connlist")
+    worker = Worker()
+    assert gunicorn_asgi_start.turn_on(worker, "auto").mode == "gunicorn-python"
+    assert not caplog.records  # HTTP/1 only: nothing to say
+    worker.cfg.http_protocols = ["h1", "h2"]
+    worker.cfg.protocol = "uwsgi"
+    assert gunicorn_asgi_start.turn_on(worker, "auto").mode == "gunicorn-python"
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("connlist: gunicorn serves HTTP/2 and uWSGI connections too: connlist counts them")
+    assert "the headers, request, body-rate and keep-alive timeouts are HTTP/1's" in line

@@ -266,6 +266,7 @@ def turn_on(config: Any, policy: str) -> Start:
             _gunicorn_version(),
             parser,
         )
+        _warn_untimed(cfg)
         return Start(f"gunicorn-{parser}")
     failure = integration.failure(current if isinstance(current, type) else None)
     if failure is not None:
@@ -286,7 +287,24 @@ def turn_on(config: Any, policy: str) -> Start:
         return off(policy, failure, FELL_BACK)
     setattr(gasgi, NAME, ours)
     log.info("server integration on (gunicorn %s, asgi worker, %s parser)", _gunicorn_version(), parser)
+    _warn_untimed(cfg)
     return Start(f"gunicorn-{parser}")
+
+
+def _warn_untimed(cfg: Any) -> None:
+    """One WARNING where gunicorn serves HTTP/2 or uWSGI too: what connlist does not time there."""
+    others = []
+    if "h2" in (getattr(cfg, "http_protocols", None) or ()):
+        others.append("HTTP/2")
+    if getattr(cfg, "protocol", "http") == "uwsgi":
+        others.append("uWSGI")
+    if others:
+        log.warning(
+            "gunicorn serves %s connections too: connlist counts them in the list and the connection budget "
+            "(which never lets them go) and applies the send timeout, but the headers, request, body-rate "
+            "and keep-alive timeouts are HTTP/1's; gunicorn's own limits apply to them",
+            " and ".join(others),
+        )
 
 
 def advice_without_lifespan() -> str:
