@@ -474,3 +474,20 @@ def test_scale_says_where_connlists_default_budget_would_be_pressed() -> None:
     assert scale.pressure_note(1) is None
     note = scale.pressure_note(budget)
     assert note is not None and f"connlist's default budget ({budget}" in note
+
+@pytest.mark.parametrize("per_connection", [False, True])
+@pytest.mark.parametrize("setup", ["bare", "connlist"])
+def test_gunicorns_setups_serve_in_process(setup: str, per_connection: bool) -> None:
+    pytest.importorskip("gunicorn.asgi.protocol")
+    import per_request_gunicorn
+
+    importlib.reload(e2e_apps)
+    state: dict[str, object] = {}
+    asyncio.run(per_request_gunicorn.drive(setup, 5, per_connection, state))
+    assert state["responses"] == 5
+    enforcer = state["enforcer"]
+    if setup == "bare":
+        assert enforcer is None
+    else:
+        assert enforcer is not None and enforcer.mode == "gunicorn-python"  # type: ignore[attr-defined]
+        assert enforcer.totals.requests == 5  # type: ignore[attr-defined]

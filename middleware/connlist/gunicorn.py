@@ -1,11 +1,21 @@
-"""gunicorn worker classes that run uvicorn with connlist's protocols.
+"""gunicorn worker classes that run connlist's protocols: gunicorn's own ASGI worker's, or uvicorn's.
 
 ::
 
+    gunicorn -k connlist.gunicorn.ASGIWorker -w 4 app:app          # gunicorn's own ASGI worker
     gunicorn -k connlist.gunicorn.UvicornWorker -w 4 app:app
     gunicorn -k connlist.gunicorn.UvicornH11Worker -w 4 app:app   # pure-Python h11 parser
 
 (gunicorn's ``-k`` takes a dotted path: ``module.Class``, not ``module:Class``.)
+
+``gunicorn -k asgi`` itself gets connlist's protocol at the lifespan
+startup (``connlist.gunicorn_asgi_start``); ``ASGIWorker`` puts it in place
+before the worker serves, so that it is there with ``--asgi-lifespan off``
+too, and runs gunicorn's default lifespan, ``auto``, ``on``.  ``ASGIProtocol`` is that class: gunicorn's
+``gunicorn.asgi.protocol.ASGIProtocol`` feeding the worker's list
+(``connlist.gunicorn_asgi``), checked when first looked up; where the check
+fails, the name is gunicorn's own class, with one ERROR line
+(``CONNLIST_REQUIRE_INTEGRATION=1``: the worker refuses to start instead).
 
 ``uvicorn_worker.UvicornWorker`` itself gets the same protection (the
 middleware turns the integration on at the lifespan startup), and a bad
@@ -43,19 +53,21 @@ that the process is a worker of gunicorn's master (``init_process``).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connlist import integration, workers
 from connlist.logs import PREFIX, logger
 
 try:
     import uvicorn_worker  # type: ignore[import-untyped, import-not-found, unused-ignore]
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
-        "connlist.gunicorn needs gunicorn and uvicorn-worker: pip install 'connlist[gunicorn]'"
-    ) from exc
+except ImportError:  # pragma: no cover - depends on the installed extras
+    uvicorn_worker = None
+try:
+    from gunicorn.workers import gasgi  # type: ignore[import-untyped, import-not-found, unused-ignore]
+except ImportError:  # pragma: no cover - a gunicorn without its ASGI worker (before 24.0), or none
+    gasgi = None
 
-__all__ = ["UvicornH11Worker", "UvicornWorker"]
+__all__ = ["ASGIProtocol", "ASGIWorker", "UvicornH11Worker", "UvicornWorker"]
 
 AUTO_PROTOCOL = "connlist.uvicorn:AutoProtocol"
 H11_PROTOCOL = "connlist.uvicorn:H11Protocol"
@@ -106,15 +118,54 @@ class _Sibling:
         super().init_process()  # type: ignore[misc]
 
 
-UvicornWorker = _worker(
-    "UvicornWorker",
-    uvicorn_worker.UvicornWorker,
-    AUTO_PROTOCOL,
-    "``uvicorn_worker.UvicornWorker`` serving through ``connlist.uvicorn:AutoProtocol``.",
-)
-UvicornH11Worker = _worker(
-    "UvicornH11Worker",
-    uvicorn_worker.UvicornH11Worker,
-    H11_PROTOCOL,
-    "``uvicorn_worker.UvicornH11Worker`` (asyncio, h11) serving through ``connlist.uvicorn:H11Protocol``.",
-)
+if uvicorn_worker is not None:  # pragma: no branch - without uvicorn-worker: see __getattr__
+    UvicornWorker = _worker(
+        "UvicornWorker",
+        uvicorn_worker.UvicornWorker,
+        AUTO_PROTOCOL,
+        "``uvicorn_worker.UvicornWorker`` serving through ``connlist.uvicorn:AutoProtocol``.",
+    )
+    UvicornH11Worker = _worker(
+        "UvicornH11Worker",
+        uvicorn_worker.UvicornH11Worker,
+        H11_PROTOCOL,
+        "``uvicorn_worker.UvicornH11Worker`` (asyncio, h11) serving through "
+        "``connlist.uvicorn:H11Protocol``.",
+    )
+
+if gasgi is not None:  # pragma: no branch - a gunicorn without its ASGI worker: see __getattr__
+
+    class ASGIWorker(_Sibling, gasgi.ASGIWorker):  # type: ignore[misc]
+        """``gunicorn -k asgi``'s worker, with ``connlist.gunicorn.ASGIProtocol`` from its start."""
+
+        def init_process(self) -> None:
+            # In the worker, before it serves: the module global its _serve
+            # reads for each connection (connlist.gunicorn_asgi_start).
+            from connlist import gunicorn_asgi_start
+
+            setattr(gasgi, gunicorn_asgi_start.NAME, gunicorn_asgi_start.resolve())
+            if getattr(self.cfg, "asgi_lifespan", None) == "auto":
+                # The lifespan on, as connlist's uvicorn workers run it: a bad
+                # setting fails the worker's boot instead of every request.
+                self.cfg.set("asgi_lifespan", "on")
+            super().init_process()
+
+
+if TYPE_CHECKING:
+    ASGIProtocol: type[Any]
+else:
+
+    def __getattr__(name: str) -> Any:
+        """``ASGIProtocol``: checked when first looked up; a worker whose package is missing: why."""
+        if name == "ASGIProtocol":
+            from connlist import gunicorn_asgi_start
+
+            return gunicorn_asgi_start.resolve()
+        if name in ("UvicornWorker", "UvicornH11Worker"):
+            raise ImportError(
+                f"connlist.gunicorn.{name} needs gunicorn and uvicorn-worker: "
+                "pip install 'connlist[gunicorn]'"
+            )
+        if name == "ASGIWorker":
+            raise ImportError("connlist.gunicorn.ASGIWorker needs gunicorn 24 or newer (its ASGI worker)")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

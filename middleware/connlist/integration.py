@@ -48,7 +48,7 @@ POLICIES = ("auto", "required", "off")
 
 # The modules of connlist's server integrations' start-up side (each a ``Server``),
 # asked in this order; the first is the default, whose advice a server that tells nothing gets.
-SERVERS = ["connlist.uvicorn_start"]
+SERVERS = ["connlist.uvicorn_start", "connlist.gunicorn_asgi_start"]
 
 # What failed, by the class the server was given instead (its own).
 _failures: dict[type, str] = {}

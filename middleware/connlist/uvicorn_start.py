@@ -55,7 +55,9 @@ __all__ = [
 TESTED_UVICORN = ("0.36.0", "0.55.0")
 TESTED_RANGE = f"{TESTED_UVICORN[0]} to {TESTED_UVICORN[1]}"
 
-NOT_UVICORN = "the server is not uvicorn (or does not tell which HTTP protocol it runs)"
+NOT_UVICORN = (
+    "the server is neither uvicorn nor gunicorn's ASGI worker (or does not tell which HTTP protocol it runs)"
+)
 
 
 def server_config(receive: Any, state: object = None) -> Any:
@@ -178,7 +180,10 @@ def launcher() -> str:
     return "uvicorn"
 
 
-_GUNICORN_WORKERS = "-k uvicorn_worker.UvicornWorker (or -k connlist.gunicorn.UvicornWorker)"
+_GUNICORN_WORKERS = (
+    "-k uvicorn_worker.UvicornWorker (or -k connlist.gunicorn.UvicornWorker), or with gunicorn's own "
+    "-k asgi (or -k connlist.gunicorn.ASGIWorker)"
+)
 
 
 def _advice_not_uvicorn() -> str:
