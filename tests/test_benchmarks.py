@@ -475,6 +475,7 @@ def test_scale_says_where_connlists_default_budget_would_be_pressed() -> None:
     note = scale.pressure_note(budget)
     assert note is not None and f"connlist's default budget ({budget}" in note
 
+
 @pytest.mark.parametrize("per_connection", [False, True])
 @pytest.mark.parametrize("setup", ["bare", "connlist"])
 def test_gunicorns_setups_serve_in_process(setup: str, per_connection: bool) -> None:

@@ -561,12 +561,14 @@ def test_a_server_that_does_not_say_is_told_from_the_checks(monkeypatch: pytest.
     assert (start.mode, start.reason) == (None, uvicorn_start.NOT_UVICORN)
     assert start.advice == (
         "serve the app with uvicorn: `uvicorn app:app`, `fastapi run`, or gunicorn "
-        "-k uvicorn_worker.UvicornWorker (or -k connlist.gunicorn.UvicornWorker)"
+        "-k uvicorn_worker.UvicornWorker (or -k connlist.gunicorn.UvicornWorker); "
+        "or with gunicorn's own -k asgi (or -k connlist.gunicorn.ASGIWorker)"
     )
     monkeypatch.setattr(uvicorn_start, "launcher", lambda: "gunicorn")
     assert uvicorn_start.turn_on(None, "auto").advice == (
         "serve with gunicorn -k uvicorn_worker.UvicornWorker (or -k connlist.gunicorn.UvicornWorker), "
-        "which run uvicorn, in place of this worker class"
+        "which run uvicorn, or with gunicorn's own -k asgi (or -k connlist.gunicorn.ASGIWorker), "
+        "in place of this worker class"
     )
     # Only failures: the first one.
     monkeypatch.setitem(integration._failures, h11_impl.H11Protocol, "uvicorn 9: H11Protocol: it moved")

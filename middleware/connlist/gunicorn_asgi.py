@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import ClientDisconnect
 
 from connlist.connections import Connection
-from connlist.logs import route_to_uvicorn
+from connlist.logs import route_to_server
 from connlist.server import (
     BETWEEN,
     BODY,
@@ -218,14 +218,14 @@ class ASGITracking(Tracking, _Base):
 
     def _connlist_without_middleware(self) -> tuple[object, object]:
         """No enforcer in the lifespan state: gunicorn's lifespan setting and the app it loaded."""
-        route_to_uvicorn()
+        route_to_server()
         return getattr(self.cfg, "asgi_lifespan", None), self.app
 
     # -- the connection: joins the list; what is not HTTP/1 is served untimed --
 
     def connection_made(self, transport: Any) -> None:
         _G.connection_made(self, transport)
-        record = self._connlist_connect()
+        record = self._connlist_record = self._connlist.join(self.client, self.server, self)
         parser = self._callback_parser
         if parser is None:
             # HTTP/2 (ALPN, or h2c with prior knowledge) or uWSGI: counted, not timed.
@@ -240,7 +240,6 @@ class ASGITracking(Tracking, _Base):
             connections.message(record)  # out of ``active``, responding
         record.responding = True
         self._connlist_phase = UPGRADED
-        self._connlist.unwatch()
 
     # -- the list's events, around gunicorn's feed of its callback parser ------
 
@@ -337,12 +336,12 @@ class ASGITracking(Tracking, _Base):
         # (Set by connection_made: a connection is idle only after a request.)
         record: Connection = self._connlist_record  # type: ignore[assignment]
         enforcer = self._connlist
-        record.responding = False
-        record.idle_at = idle_at = enforcer.clock()
+        # ConnectionsList.response_complete: idle from now, in the idle queue.
+        enforcer.connections.response_complete(record)
         if not enforcer.keep_alive_timed:
             _G._arm_keepalive_timer(self)
             return
-        due = idle_at + self._keepalive
+        due = record.idle_at + self._keepalive
         if due < enforcer.timer_at:
             enforcer.wake_by(due)
 

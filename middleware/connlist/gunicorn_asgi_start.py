@@ -32,7 +32,7 @@ from typing import Any
 
 from connlist import integration
 from connlist.integration import FELL_BACK, OFF, Start, off
-from connlist.logs import follow_uvicorn_logger, log, route_to_uvicorn
+from connlist.logs import follow_uvicorn_logger, log, route_to_server
 
 __all__ = [
     "TESTED_GUNICORN",
@@ -208,7 +208,7 @@ def resolve() -> type[Any]:
 def _route() -> None:
     """connlist's lines go where gunicorn's worker writes its own (its error log)."""
     follow_uvicorn_logger("gunicorn.error")
-    route_to_uvicorn()
+    route_to_server()
 
 
 # -- the Server of connlist.integration ----------------------------------------

@@ -180,21 +180,25 @@ def launcher() -> str:
     return "uvicorn"
 
 
-_GUNICORN_WORKERS = (
-    "-k uvicorn_worker.UvicornWorker (or -k connlist.gunicorn.UvicornWorker), or with gunicorn's own "
-    "-k asgi (or -k connlist.gunicorn.ASGIWorker)"
-)
+_UVICORN_WORKERS = "-k uvicorn_worker.UvicornWorker (or -k connlist.gunicorn.UvicornWorker)"
+_ASGI_WORKER = "gunicorn's own -k asgi (or -k connlist.gunicorn.ASGIWorker)"
 
 
 def _advice_not_uvicorn() -> str:
     if launcher() == "gunicorn":
-        return f"serve with gunicorn {_GUNICORN_WORKERS}, which run uvicorn, in place of this worker class"
-    return f"serve the app with uvicorn: `uvicorn app:app`, `fastapi run`, or gunicorn {_GUNICORN_WORKERS}"
+        return (
+            f"serve with gunicorn {_UVICORN_WORKERS}, which run uvicorn, or with {_ASGI_WORKER}, "
+            "in place of this worker class"
+        )
+    return (
+        f"serve the app with uvicorn: `uvicorn app:app`, `fastapi run`, or gunicorn {_UVICORN_WORKERS}; "
+        f"or with {_ASGI_WORKER}"
+    )
 
 
 def _advice_foreign() -> str:
     if launcher() == "gunicorn":
-        return f"serve with gunicorn {_GUNICORN_WORKERS}"
+        return f"serve with gunicorn {_UVICORN_WORKERS}, or with {_ASGI_WORKER}"
     return (
         "serve with uvicorn's own protocol (--http auto, httptools or h11), or base your protocol "
         "on connlist.uvicorn's HttpToolsProtocol or H11Protocol"
@@ -206,7 +210,10 @@ def advice_without_lifespan() -> str:
     where = "add ConnectionsMiddleware to the app the server serves, not to a mounted one"
     launched = launcher()
     if launched == "gunicorn":
-        return f"{where}, and serve with gunicorn {_GUNICORN_WORKERS}, which run the lifespan"
+        return (
+            f"{where}, and serve with gunicorn {_UVICORN_WORKERS}, or with {_ASGI_WORKER}, "
+            "which run the lifespan"
+        )
     if launched == "fastapi":
         return f"{where} (`app.add_middleware(ConnectionsMiddleware, ...)` on the app `fastapi run` serves)"
     return f"{where}, and keep the lifespan on (uvicorn's --lifespan on or auto, not off)"
