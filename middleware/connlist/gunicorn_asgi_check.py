@@ -35,14 +35,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import threading
 import time
 from typing import Any, cast
 
 from connlist.connections import Connection, connection_state
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.kinds import resolve
-from connlist.uvicorn_selfcheck import CheckFailed, MemoryTransport, Result
+from connlist.uvicorn_selfcheck import CheckFailed, MemoryTransport, Result, run_on_own_loop
 
 __all__ = ["check_static", "run_in_thread"]
 
@@ -333,32 +332,4 @@ async def check_protocol(cls: type, parser: str) -> Result:
 
 def run_in_thread(cls: type, parser: str) -> Result:
     """``check_protocol`` on a new event loop in a short-lived thread (the caller's loop may be running)."""
-    results: list[Result] = []
-    started = time.perf_counter()
-
-    def run() -> None:
-        loop = asyncio.new_event_loop()
-        try:
-            results.append(loop.run_until_complete(asyncio.wait_for(check_protocol(cls, parser), LIMIT)))
-        except BaseException as exc:
-            results.append(Result(f"the scripted conversation did not finish: {type(exc).__name__} {exc}"))
-        finally:
-            try:
-                tasks = asyncio.all_tasks(loop)
-                for task in tasks:
-                    task.cancel()
-                if tasks:
-                    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            finally:
-                loop.close()
-
-    thread = threading.Thread(target=run, name="connlist-gunicorn-selfcheck", daemon=True)
-    thread.start()
-    thread.join(LIMIT + 5)
-    if not results:  # pragma: no cover - the loop's own timeout ends it first
-        return Result(
-            "the scripted conversation did not finish in time", seconds=time.perf_counter() - started
-        )
-    result = results[0]
-    result.seconds = time.perf_counter() - started
-    return result
+    return run_on_own_loop(lambda: check_protocol(cls, parser), LIMIT, "connlist-gunicorn-selfcheck")

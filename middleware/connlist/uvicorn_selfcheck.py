@@ -48,6 +48,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -538,20 +539,27 @@ async def check_protocol(cls: type, base: type, parser: str, config: Any) -> Res
 
 def run_in_thread(cls: type, base: type, parser: str) -> Result:
     """``check_protocol`` on a new event loop in a short-lived thread (the caller's loop may be running)."""
-    results: list[Result] = []
-    started = time.perf_counter()
     try:
         config = make_config(cls)
     except Exception as exc:
         return Result(f"uvicorn's Config could not be loaded for the check: {type(exc).__name__}: {exc}")
+    return run_on_own_loop(lambda: check_protocol(cls, base, parser, config), LIMIT, "connlist-selfcheck")
+
+
+def run_on_own_loop(check: Callable[[], Awaitable[Result]], limit: float, name: str) -> Result:
+    """A server's check (``check()``) on a new event loop in a short-lived thread named ``name``.
+
+    Within ``limit`` seconds, or its result says it did not finish; what
+    it leaves running is cancelled, and the loop closed.  Its ``seconds``
+    are the whole run's.
+    """
+    results: list[Result] = []
+    started = time.perf_counter()
 
     def run() -> None:
         loop = asyncio.new_event_loop()
         try:
-            checked = loop.run_until_complete(
-                asyncio.wait_for(check_protocol(cls, base, parser, config), LIMIT)
-            )
-            results.append(checked)
+            results.append(loop.run_until_complete(asyncio.wait_for(check(), limit)))
         except BaseException as exc:  # a timeout, or worse: the check failed
             results.append(Result(f"the scripted conversation did not finish: {type(exc).__name__} {exc}"))
         finally:
@@ -564,9 +572,9 @@ def run_in_thread(cls: type, base: type, parser: str) -> Result:
             finally:
                 loop.close()
 
-    thread = threading.Thread(target=run, name="connlist-selfcheck", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
-    thread.join(LIMIT + 5)
+    thread.join(limit + 5)
     if not results:  # pragma: no cover - the loop's own timeout ends it first
         return Result(
             "the scripted conversation did not finish in time", seconds=time.perf_counter() - started
