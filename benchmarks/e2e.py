@@ -696,6 +696,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def cpus_problem(server_cpu: int, client_cpu: int, client: str) -> str | None:
+    """Why the server and its ``client`` cannot be pinned to CPUs of their own, or None."""
+    if shutil.which("taskset") is None:
+        return "taskset not found: install it with `apt-get install util-linux`"
+    allowed = os.sched_getaffinity(0)
+    if server_cpu == client_cpu or not {server_cpu, client_cpu} <= allowed:
+        return (
+            f"needs two distinct CPUs for the server ({server_cpu}) and {client} ({client_cpu}); "
+            f"this process may use {sorted(allowed)}"
+        )
+    return None
+
+
 def exit_on_sigterm(signum: int, frame: object) -> None:
     """A SIGTERM handler that unwinds (SystemExit): the running servers and clients are stopped too."""
     sys.exit(128 + signum)
@@ -712,16 +725,9 @@ def main(argv: list[str] | None = None) -> int:
     if wrk is None:
         print(WRK_MISSING, file=sys.stderr)
         return 2
-    if shutil.which("taskset") is None:
-        print("taskset not found: install it with `apt-get install util-linux`", file=sys.stderr)
-        return 2
-    allowed = os.sched_getaffinity(0)
-    if args.server_cpu == args.client_cpu or not {args.server_cpu, args.client_cpu} <= allowed:
-        print(
-            f"needs two distinct CPUs for the server ({args.server_cpu}) and wrk ({args.client_cpu}); "
-            f"this process may use {sorted(allowed)}",
-            file=sys.stderr,
-        )
+    problem = cpus_problem(args.server_cpu, args.client_cpu, "wrk")
+    if problem is not None:
+        print(problem, file=sys.stderr)
         return 2
     if args.loop == "uvloop" and version("uvloop") is None:
         print("uvloop is not installed: pip install uvloop, or pass --loop asyncio", file=sys.stderr)

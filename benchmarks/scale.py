@@ -75,7 +75,6 @@ import os
 import resource
 import select
 import selectors
-import shutil
 import signal
 import socket
 import statistics
@@ -87,7 +86,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e import CLK_TCK, BenchError, Server, cpu_ns, cpu_ticks, exit_on_sigterm, version
+from e2e import CLK_TCK, BenchError, Server, cpu_ns, cpu_ticks, cpus_problem, exit_on_sigterm, version
 from mass_timeout import _raise_fd_limit as raise_fd_limit
 from mass_timeout import _request as request_on
 from setups import BASELINE, SETUP_BY_KEY
@@ -596,16 +595,9 @@ def main(argv: list[str] | None = None) -> int:
         probe(args.probe_port)
         return 0
     signal.signal(signal.SIGTERM, exit_on_sigterm)
-    if shutil.which("taskset") is None:
-        print("taskset not found: install it with `apt-get install util-linux`", file=sys.stderr)
-        return 2
-    allowed = os.sched_getaffinity(0)
-    if args.server_cpu == args.client_cpu or not {args.server_cpu, args.client_cpu} <= allowed:
-        print(
-            f"needs two distinct CPUs for the server ({args.server_cpu}) and the load ({args.client_cpu}); "
-            f"this process may use {sorted(allowed)}",
-            file=sys.stderr,
-        )
+    problem = cpus_problem(args.server_cpu, args.client_cpu, "the load")
+    if problem is not None:
+        print(problem, file=sys.stderr)
         return 2
     if "uvloop" in args.loops and version("uvloop") is None:
         print("uvloop is not installed: pip install uvloop, or pass --loops asyncio", file=sys.stderr)
