@@ -392,7 +392,8 @@ class Tracking(TransportHandle):
 
     The server's protocol provides ``transport``, ``client`` and ``server``
     (the peer's and its own address), sets ``connlist_mode``, calls
-    ``_connlist_setup`` when it is made, and implements the rest of
+    ``_connlist_setup`` before the connection joins (when it is made, or at
+    ``connection_made``, as uvicorn's do), and implements the rest of
     ``Feeder``: from its ``data_received``, the list's events of each read,
     then ``_connlist_settle``; ``_connlist_body_begin`` (what its request
     cycle says of the body so far); ``connlist_request``;
