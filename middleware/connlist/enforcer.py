@@ -247,7 +247,7 @@ class Enforcer:
         self._settings = settings
         # The headers timeout the last sweep applied (shortened under pressure).
         self.headers_timeout_now = settings.headers_timeout
-        # Connections up to which admit has nothing to do.
+        # Connections up to which join leaves admit out (no budget: all).
         budget = settings.max_connections
         self._quiet_below = budget * PRESSURE_WATERMARK if budget else math.inf
         # The keep-alive idle time the last sweep applied (shortened under pressure).
@@ -485,10 +485,7 @@ class Enforcer:
         ``503``.  A request being served is never cut to make room.  Crossing
         ``PRESSURE_WATERMARK`` of the budget starts the shorter timeouts.
         """
-        occupied = self.connections.occupied
-        if occupied <= self._quiet_below:
-            return  # under the watermark (or no budget): one comparison per connection
-        if occupied > self._settings.max_connections:
+        if self.connections.occupied > self._settings.max_connections:
             self._make_room(record)
         if not self.pressed:
             self.pressed = True

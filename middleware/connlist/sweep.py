@@ -166,6 +166,7 @@ def _run_keepalive(enforcer: Enforcer, now: float, stop: float) -> bool:
 
     def close(conn: Connection) -> None:
         handle = conn.handle
+        enforcer.keepalive_closed_at = now  # (KEEPALIVE_BATCH)
         if shortened:
             # Under pressure: counted and logged as the budget's cuts are,
             # closed, and aborted if it does not go within the linger.
@@ -179,11 +180,7 @@ def _run_keepalive(enforcer: Enforcer, now: float, stop: float) -> bool:
             if handle is not None:
                 enforcer.call(handle.connlist_close_keepalive)
 
-    closed = enforcer.totals.keepalive_timeouts
-    done = enforcer.drain(lambda n: idle_expired(connections, idle_time, now, n), close, stop)
-    if enforcer.totals.keepalive_timeouts != closed:
-        enforcer.keepalive_closed_at = now
-    return done
+    return enforcer.drain(lambda n: idle_expired(connections, idle_time, now, n), close, stop)
 
 
 def _due_keepalive(enforcer: Enforcer, now: float) -> float | None:

@@ -241,7 +241,7 @@ if httptools_impl is not None:
         connlist_reading_paused = _cycle.reading_paused
 
         def connection_made(self, transport: Any) -> None:
-            # uvicorn's (its class's, past Tracking's own, which is for other servers).
+            # uvicorn's (the base's, named on the class by connlist.uvicorn._subclass).
             self._connlist_base_made(transport)
             enforcer = self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
             self.pipeline = _Pipeline()  # (no __init__ of ours: uvicorn passes its arguments by keyword)
