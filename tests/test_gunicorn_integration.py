@@ -261,15 +261,40 @@ def test_a_worker_without_a_lifespan_state_keeps_its_enforcer_to_itself(
         cfg = Config()
         log = gunicorn_asgi_check._SilentLog()
         asgi = None
-        loop = None
+        nr_conns = 0
 
-    worker = Bare()
-    protocol = cls(worker)
-    assert not hasattr(worker, "state")
-    assert protocol._connlist is gunicorn_asgi.STATELESS[STATE_KEY]
-    assert protocol.connlist_request() == (None, None)
-    assert protocol.connlist_reading_paused() is False
-    assert protocol._connlist_responding() is False
+    async def main() -> None:
+        worker = Bare()
+        worker.loop = asyncio.get_running_loop()  # type: ignore[attr-defined]
+        protocol = cls(worker)
+        protocol.connection_made(_Transport())
+        assert not hasattr(worker, "state")
+        assert protocol._connlist is gunicorn_asgi.STATELESS[STATE_KEY]
+        assert protocol.connlist_request() == (None, None)
+        assert protocol.connlist_reading_paused() is False
+        assert protocol._connlist_responding() is False
+        _close(protocol, protocol._connlist)
+
+    asyncio.run(main())
+
+
+def test_a_protocol_lost_before_it_was_made_is_gunicorns_to_clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As gunicorn's own tests lose one: connlist's setup is at connection_made, so nothing joined.
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    async def main() -> None:
+        enforcer = Enforcer()
+        worker = gunicorn_asgi_check._Worker(
+            Config(), _body_app, {STATE_KEY: enforcer}, asyncio.get_running_loop()
+        )
+        worker.nr_conns = 1
+        protocol = cls(worker)
+        protocol.connection_lost(None)
+        assert protocol._closed and worker.nr_conns == 0
+        assert enforcer.connections.counts()["all"] == 0
+
+    asyncio.run(main())
 
 
 def test_closes_decided_by_connlist_end_gunicorns_connection_loop(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -530,8 +555,9 @@ def test_the_keep_alive_falls_back_to_gunicorns_timer(monkeypatch: pytest.Monkey
             "Cfg", (), {"keepalive": "2", "__getattr__": lambda self, name: getattr(cfg, name)}
         )()
         protocol = cls(worker)
+        protocol.connection_made(_Transport())
         assert protocol._connlist.keep_alive_timed is False
-        protocol._connlist.cancel()
+        _close(protocol, protocol._connlist)
 
     asyncio.run(main())
 
@@ -645,18 +671,36 @@ def test_more_of_what_is_not_http1(monkeypatch: pytest.MonkeyPatch) -> None:
     asyncio.run(main())
 
 
-def test_addresses_as_asgi_has_them() -> None:
-    class Transport:
-        def __init__(self, address: Any) -> None:
-            self.address = address
+def test_addresses_as_asgi_has_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
 
-        def get_extra_info(self, name: str) -> Any:
-            return self.address
+    class Transport(_Transport):
+        def __init__(self, peer: Any, own: Any) -> None:
+            super().__init__()
+            self.names = {"peername": peer, "sockname": own}
 
-    assert gunicorn_asgi._address(Transport(("::1", 8000, 0, 0)), "sockname") == ("::1", 8000)
-    assert gunicorn_asgi._address(Transport("/run/app.sock"), "sockname") == "/run/app.sock"
-    assert gunicorn_asgi._address(Transport(None), "peername") is None
-    assert gunicorn_asgi._address(None, "peername") is None
+        def get_extra_info(self, name: str, default: Any = None) -> Any:
+            return self.names.get(name, default)
+
+    async def main() -> None:
+        enforcer = Enforcer()
+        worker = gunicorn_asgi_check._Worker(
+            Config(), _body_app, {STATE_KEY: enforcer}, asyncio.get_running_loop()
+        )
+        for peer, own, client, server in [
+            (("10.0.0.1", 5000), ("10.0.0.2", 8000), ("10.0.0.1", 5000), ("10.0.0.2", 8000)),
+            (("::1", 5000, 0, 0), ["::1", 8000, 0, 0], ("::1", 5000), ("::1", 8000)),
+            ("", "/run/app.sock", "", "/run/app.sock"),
+            (None, b"\0abstract", None, None),
+        ]:
+            protocol = cls(worker)
+            protocol.connection_made(Transport(peer, own))
+            record = protocol._connlist_record
+            assert (record.client, record.server) == (client, server)
+            _close(protocol, enforcer)
+
+    asyncio.run(main())
 
 
 def test_the_check_reports_what_stopped_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -149,9 +149,8 @@ class _AfterCutLog:
         return getattr(self._log, name)
 
 
-def _address(transport: Any, name: str) -> Any:
-    """The transport's ``peername`` or ``sockname`` as ASGI has it: (host, port), or None."""
-    address = None if transport is None else transport.get_extra_info(name)
+def _address(address: Any) -> Any:
+    """A transport's ``peername`` or ``sockname`` as ASGI has it: (host, port), or None."""
     if isinstance(address, (tuple, list)) and len(address) >= 2:
         return (address[0], address[1])
     return address if isinstance(address, str) else None
@@ -189,32 +188,15 @@ class ASGITracking(Tracking, _Base):
 
     _connlist_last: Any
 
-    def __init__(self, worker: Any) -> None:
-        _G.__init__(self, worker)
-        self._connlist_last = None
-        state = getattr(worker, "state", None)
-        if not isinstance(state, dict):
-            # A worker without gunicorn's lifespan state (an embedder's): the process's, kept out of scopes.
-            state = STATELESS
-        keepalive = self._keepalive
-        if isinstance(keepalive, bool) or not isinstance(keepalive, (int, float)):
-            keepalive = None  # not a setting connlist can read: gunicorn times its keep-alive itself
-        loop = getattr(worker, "loop", None)
+    def _connlist_tell(self, state: Any, loop: Any, keep_alive: float | None) -> Any:
+        """Once per loop (``Tracking._connlist_setup``): also what of gunicorn's settings the list can use."""
         enforcer = enforcer_in(state)
         if enforcer is not None and enforcer.attached_loop not in (None, loop):
             # A timer armed on another loop (this process's earlier server) never fires on this one.
             enforcer.cancel()
-        Tracking._connlist_setup(self, state, loop, keepalive)
-
-    @property
-    def client(self) -> tuple[str, int] | None:  # type: ignore[override]
-        address: tuple[str, int] | None = _address(self.transport, "peername")
-        return address
-
-    @property
-    def server(self) -> tuple[str, int | None] | None:  # type: ignore[override]
-        address: tuple[str, int | None] | None = _address(self.transport, "sockname")
-        return address
+        if isinstance(keep_alive, bool) or not isinstance(keep_alive, (int, float)):
+            keep_alive = None  # not a setting connlist can read: gunicorn times its keep-alive itself
+        return Tracking._connlist_tell(self, state, loop, keep_alive)
 
     def _connlist_without_middleware(self) -> tuple[object, object]:
         """No enforcer in the lifespan state: gunicorn's lifespan setting and the app it loaded."""
@@ -224,14 +206,37 @@ class ASGITracking(Tracking, _Base):
     # -- the connection: joins the list; what is not HTTP/1 is served untimed --
 
     def connection_made(self, transport: Any) -> None:
+        # No __init__ of connlist's: this is a connection's first call, and its setup.
+        state = getattr(self.worker, "state", STATELESS)
+        if state.__class__ is not dict and not isinstance(state, dict):
+            # A worker without gunicorn's lifespan state (an embedder's): the process's, kept out of scopes.
+            state = STATELESS
+        enforcer = Tracking._connlist_setup(self, state, self.worker.loop, self._keepalive)
+        self._connlist_last = None
         _G.connection_made(self, transport)
-        record = self._connlist_record = self._connlist.join(self.client, self.server, self)
+        get = transport.get_extra_info
+        client = get("peername")
+        if client.__class__ is not tuple or len(client) != 2:
+            client = _address(client)
+        server = get("sockname")
+        if server.__class__ is not tuple or len(server) != 2:
+            server = _address(server)
+        record = self._connlist_record = enforcer.join(client, server, self)
         parser = self._callback_parser
         if parser is None:
             # HTTP/2 (ALPN, or h2c with prior knowledge) or uWSGI: counted, not timed.
             self._connlist_untimed(record)
         elif parser.__class__ is not PythonProtocol:
-            self._connlist.mode = mode_of_parser(False)
+            enforcer.mode = mode_of_parser(False)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            self._connlist_record  # noqa: B018
+        except AttributeError:
+            pass  # lost before it was made (as gunicorn's own tests lose one): it never joined
+        else:
+            self._connlist_remove()
+        _G.connection_lost(self, exc)
 
     def _connlist_untimed(self, record: Connection) -> None:
         """The connection leaves HTTP/1's timeouts: counted as one being served, never idle."""
@@ -260,11 +265,16 @@ class ASGITracking(Tracking, _Base):
             parser = self._callback_parser
             if new is not request and parser is not None and parser.is_complete:
                 self._connlist_last = new
-                if record.last_message_start == 0.0 and self._h2c_upgrade_settings is None:
-                    # ConnectionsList.message on an idle record: the feeder's own writes.
-                    record.requests += 1
-                    record.responding = True
-                    self._connlist.totals.requests += 1
+                if self._h2c_upgrade_settings is None:
+                    # A whole request in one read: ConnectionsList.message.
+                    enforcer = self._connlist
+                    enforcer.totals.requests += 1
+                    if record.last_message_start == 0.0:
+                        # On an idle record: the feeder's own writes.
+                        record.requests += 1
+                        record.responding = True
+                    else:
+                        enforcer.connections.message(record)
                     return fed  # type: ignore[no-any-return]
             self._connlist.connections.message_begin(record)
             self._connlist_events(record, HEADERS, request, fed)
