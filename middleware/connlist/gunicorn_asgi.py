@@ -61,6 +61,7 @@ its upgrade, as on uvicorn.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import ClientDisconnect
@@ -171,8 +172,9 @@ if TYPE_CHECKING:
 else:
     _Base = object
 
-# gunicorn's class: its methods on the read path are called as ``_G.method(self)``,
-# not through ``super()`` (as uvicorn's are: docs/benchmarks.md).
+# gunicorn's class: its methods are called as ``_G.method(self)``, not through
+# ``super()``; those a connection or a request calls, through names on the
+# class ``build`` makes (``_connlist_base_*``), as uvicorn's are (docs/benchmarks.md).
 _G: Any = None if gunicorn_protocol is None else gunicorn_protocol.ASGIProtocol
 _SERVE_CODE = getattr(getattr(_G, "_serve_http_request", None), "__code__", None)
 
@@ -187,6 +189,8 @@ class ASGITracking(Tracking, _Base):
     connlist_keepalive_not = ""
 
     _connlist_last: Any
+    # gunicorn's, named on the class (``build``).
+    _connlist_base_feed: Callable[[Any], bool]
 
     def _connlist_tell(self, state: Any, loop: Any, keep_alive: float | None) -> Any:
         """Once per loop (``Tracking._connlist_setup``): also what of gunicorn's settings the list can use."""
@@ -213,7 +217,7 @@ class ASGITracking(Tracking, _Base):
             state = STATELESS
         enforcer = Tracking._connlist_setup(self, state, self.worker.loop, self._keepalive)
         self._connlist_last = None
-        _G.connection_made(self, transport)
+        self._connlist_base_made(transport)
         get = transport.get_extra_info
         client = get("peername")
         if client.__class__ is not tuple or len(client) != 2:
@@ -236,7 +240,7 @@ class ASGITracking(Tracking, _Base):
             pass  # lost before it was made (as gunicorn's own tests lose one): it never joined
         else:
             self._connlist_remove()
-        _G.connection_lost(self, exc)
+        self._connlist_base_lost(exc)
 
     def _connlist_untimed(self, record: Connection) -> None:
         """The connection leaves HTTP/1's timeouts: counted as one being served, never idle."""
@@ -252,15 +256,15 @@ class ASGITracking(Tracking, _Base):
         phase = self._connlist_phase
         record = self._connlist_record
         if record is None or phase == UPGRADED:
-            return _G._feed_callback_parser(self, data)  # type: ignore[no-any-return]
+            return self._connlist_base_feed(data)
         parser = self._callback_parser
         if phase == BETWEEN:
             if parser.is_complete or not data or (data[0] in _BLANK and not data.strip(_CRLF)):
                 # Held behind a response (a pipelined request: fed again
                 # once it is done), or blank lines: no message begins.
-                return _G._feed_callback_parser(self, data)  # type: ignore[no-any-return]
+                return self._connlist_base_feed(data)
             request = self._current_request
-            fed = _G._feed_callback_parser(self, data)
+            fed = self._connlist_base_feed(data)
             new = self._current_request
             parser = self._callback_parser
             if new is not request and parser is not None and parser.is_complete:
@@ -275,16 +279,16 @@ class ASGITracking(Tracking, _Base):
                         record.responding = True
                     else:
                         enforcer.connections.message(record)
-                    return fed  # type: ignore[no-any-return]
+                    return fed
             self._connlist.connections.message_begin(record)
             self._connlist_events(record, HEADERS, request, fed)
-            return fed  # type: ignore[no-any-return]
+            return fed
         if phase == BODY:
             self._connlist_body_bytes(record, len(data))
         request = self._current_request
-        fed = _G._feed_callback_parser(self, data)
+        fed = self._connlist_base_feed(data)
         self._connlist_events(record, phase, request, fed)
-        return fed  # type: ignore[no-any-return]
+        return fed
 
     def _connlist_events(self, record: Connection, phase: int, request: Any, fed: object) -> None:
         """The events of the feed that just ended: the open message (at ``phase``) got its headers, ended."""
@@ -458,7 +462,7 @@ class ASGITracking(Tracking, _Base):
 
 
 def build(base: type) -> type[Any]:
-    """connlist's class on gunicorn's ``base``: the mixin's methods, with connlist's slots.
+    """connlist's class on gunicorn's ``base``: the mixin's methods, connlist's slots, the base's it calls.
 
     gunicorn caches whether gunicorn_h1c is there on the class it is
     called on, and reads the cache on its own class (by name): called first
@@ -472,5 +476,8 @@ def build(base: type) -> type[Any]:
         "__module__": "connlist.gunicorn",
         "__qualname__": "ASGIProtocol",
         "__doc__": ASGITracking.__doc__,
+        "_connlist_base_made": getattr(base, "connection_made", None),
+        "_connlist_base_lost": getattr(base, "connection_lost", None),
+        "_connlist_base_feed": getattr(base, "_feed_callback_parser", None),
     }
     return type("ASGIProtocol", (ASGITracking, base), namespace)
