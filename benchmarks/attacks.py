@@ -1025,8 +1025,8 @@ def main(argv: list[str] | None = None) -> int:
     if not Path("/proc/net/tcp").exists():
         print("needs Linux's /proc/net/tcp to follow the server's connections", file=sys.stderr)
         return 2
-    kinds = {SERVER_BY_KEY[key].kind for key in args.servers}
-    for kind in sorted(kinds & NEEDS.keys()):
+    server_kinds = {SERVER_BY_KEY[key].kind for key in args.servers}
+    for kind in sorted(server_kinds & NEEDS.keys()):
         if not module_found(NEEDS[kind]):
             print(
                 f"{kind} is not installed (no {NEEDS[kind]}): pip install {kind}, "
@@ -1046,8 +1046,8 @@ def main(argv: list[str] | None = None) -> int:
         "uvicorn": version("uvicorn"),
         "starlette": version("starlette"),
         "httptools": version("httptools"),
-        "hypercorn": version("hypercorn") if "hypercorn" in kinds else None,
-        "gunicorn": version("gunicorn") if "gunicorn" in kinds else None,
+        "hypercorn": version("hypercorn") if "hypercorn" in server_kinds else None,
+        "gunicorn": version("gunicorn") if "gunicorn" in server_kinds else None,
         "connlist": version("connlist"),
         "connlist_path": connlist_path(),
         "slowhttptest": slowhttptest_version(slowhttptest),
