@@ -403,7 +403,7 @@ def run_case(server: str, limit: int, attack: str, duration: float, loop: str) -
                     process.wait()
         flood = None
         if keepalive is not None and keepalive.stdout is not None:
-            with contextlib.suppress(ValueError):
+            with keepalive.stdout, contextlib.suppress(ValueError):
                 flood = json.loads(keepalive.stdout.read() or b"null")
         case = Case(server, limit, attack, probe, descriptor_lines(running.log), flood=flood)
         if view is not None:
