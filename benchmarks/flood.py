@@ -52,7 +52,7 @@ debug view says went to make room.
 
 Usage::
 
-    python3 benchmarks/flood.py                               # every case (about 30 min)
+    python3 benchmarks/flood.py                               # every case (about 40 min)
     python3 benchmarks/flood.py --servers connlist,connlist-h11 --limits 1024 --attacks slowloris,keepalive
     python3 benchmarks/flood.py --servers gunicorn,gunicorn-connlist --limits 256   # gunicorn -k asgi
     python3 benchmarks/flood.py --markdown > table.md         # the table of docs/comparison.md
