@@ -501,24 +501,26 @@ def test_flood_keep_alive_client_holds_its_connections_and_stops_by_itself() -> 
 def test_flood_keep_alive_flood_on_gunicorn_over_the_descriptor_limit(
     server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 400 keep-alive clients in about a second against gunicorn -k asgi under ulimit -n 256, for 3 s.
-    # What the ordinary client got is the benchmark's finding, not checked here: this checks that
-    # the flood ran, and that connlist's view (its budget, what it closed) is in the case.
+    # 100 keep-alive clients against gunicorn -k asgi under ulimit -n 128 (connlist's budget: 48),
+    # for 4 s: each client connects once in the first fraction of a second, and on a loaded
+    # machine within a couple of seconds, more than the budget holds.  What the ordinary client
+    # got is the benchmark's finding, not checked here: this checks that the flood ran, and that
+    # connlist's view (its budget, what it closed) is in the case.
     pytest.importorskip("gunicorn.workers.gasgi")
-    monkeypatch.setattr(flood, "FLOOD", 400)
+    monkeypatch.setattr(flood, "FLOOD", 100)
     monkeypatch.setattr(flood, "FLOOD_RATE", 400)
-    case = flood.run_case(server, 256, "keepalive", 3.0, "asyncio")
-    assert (case.server, case.limit, case.attack) == (server, 256, "keepalive")
-    assert case.flood is not None and case.flood["connects"] >= 400, case.flood
+    case = flood.run_case(server, 128, "keepalive", 4.0, "asyncio")
+    assert (case.server, case.limit, case.attack) == (server, 128, "keepalive")
+    assert case.flood is not None and case.flood["connects"] >= 100, case.flood
     assert case.probe.ok + case.probe.failed > 0
     if server == "gunicorn":
         assert case.budget is None and case.totals is None
         return
-    assert case.budget is not None and case.budget["max_connections"] == 160
+    assert case.budget is not None and case.budget["max_connections"] == 48
     assert case.totals is not None
     # Each client stays until the server closes its connection: more were answered than the
     # budget holds at once only because connlist closed idle ones (to make room, or timed out).
-    assert case.flood["answered"] > 160, case.flood
+    assert case.flood["answered"] > 48, case.flood
     assert case.totals["idle_evictions"] + case.totals["keepalive_timeouts"] > 0, case.totals
 
 
