@@ -1,4 +1,4 @@
-"""Slow-client attacks: ``slowhttptest`` in its three slow modes against uvicorn, with and without connlist.
+"""Slow clients: ``slowhttptest``'s three slow modes against uvicorn and gunicorn, bare and with connlist.
 
 The modes (``slowhttptest``'s own flags, see ``man slowhttptest``):
 
@@ -22,12 +22,26 @@ The servers (``benchmarks/attack_apps.py`` serves the same Starlette app to each
 ``connlist-short``
     the same with short timeouts: headers 5 s, request 30 s, send 5 s, body
     grace 5 s (only the options the installed connlist has are passed);
+``gunicorn``
+    gunicorn's own ASGI worker, bare: ``gunicorn -k asgi -w 1
+    --http-parser python``, the app alone;
+``gunicorn-connlist``
+    the same command, the app in ``ConnectionsMiddleware`` at its defaults:
+    no connlist flag, the middleware turns the integration on at the
+    lifespan startup (mode ``gunicorn-python``);
+``gunicorn-connlist-short``
+    the same with ``connlist-short``'s timeouts;
 ``hypercorn``
-    hypercorn at its defaults (``python3 -m hypercorn``), the app alone;
-    only when asked for with ``--servers``, and only if it is installed.
+    hypercorn at its defaults (``python3 -m hypercorn``), the app alone.
+
+The gunicorn servers and hypercorn run only when asked for with
+``--servers``, and only if they are installed.  ``benchmarks/gunicorn_asgi.py``
+starts gunicorn (its parser named, its control socket off).
 
 Each server is a subprocess on a free port of 127.0.0.1, with uvicorn's (or
-hypercorn's) own defaults for the backlog and the concurrency limit.  For
+hypercorn's, or gunicorn's) own defaults for the backlog and the concurrency
+limit, and for gunicorn its other defaults too (``--keep-alive 2``,
+``--timeout 30``).  For
 each mode, the servers are attacked at the same time, each by its own
 ``slowhttptest``, the attacks started ``--stagger`` seconds apart (10 s) so
 that their ramp-ups do not overlap: on two CPUs, four slow-read ramp-ups at
@@ -47,7 +61,8 @@ this script
   failures and the slowest answer, until the attack's end (not while
   ``slowhttptest`` closes all its connections at once, after it);
 - reads the server's peak RSS, ``VmHWM`` of ``/proc/PID/status``, summed
-  over the server process and its children (hypercorn serves from a child);
+  over the server process and its children (hypercorn and gunicorn serve
+  from a child: their master's memory is in the sum);
 - samples the kernel memory held by the server's sockets on its port, in
   every state (``FIN-WAIT-1`` after a close too: the kernel keeps trying to
   deliver what is queued after the server let the socket go), as
@@ -70,6 +85,7 @@ Usage::
     python3 benchmarks/attacks.py --quick          # 100 connections, 20 s: ~1.5 minutes (smoke test)
     python3 benchmarks/attacks.py --modes slowloris --servers uvicorn connlist-short
     python3 benchmarks/attacks.py --servers uvicorn connlist connlist-short hypercorn --json attacks.json
+    python3 benchmarks/attacks.py --servers gunicorn gunicorn-connlist  # gunicorn -k asgi, bare and connlist
 
 Run it under ``nice`` on a shared machine (the servers and ``slowhttptest``
 inherit it).  Needs ``slowhttptest`` (``apt-get install slowhttptest``);
@@ -103,6 +119,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import gunicorn_asgi
 
 HERE = Path(__file__).resolve().parent
 HELLO = b"Hello, world!"
@@ -156,15 +174,18 @@ SHORT_TIMEOUTS = {"headers_timeout": 5.0, "request_timeout": 30.0, "send_timeout
 class ServerSpec:
     key: str
     label: str
-    kind: str  # "uvicorn" or "hypercorn"
+    kind: str  # "uvicorn", "gunicorn" or "hypercorn"
     app: str
+    # uvicorn's --http.
     http: str = "httptools"
     # ConnectionsMiddleware options, passed as attack_apps' environment variables.
     options: tuple[tuple[str, float], ...] = ()
+    # The connlist mode the debug endpoint must report (None: no connlist in the app).
+    mode: str | None = None
 
     @property
     def connlist(self) -> bool:
-        return self.http.startswith("connlist.")
+        return self.mode is not None
 
 
 SERVERS = (
@@ -175,6 +196,7 @@ SERVERS = (
         "uvicorn",
         "attack_apps:with_connlist",
         "connlist.uvicorn:HttpToolsProtocol",
+        mode="uvicorn-httptools",
     ),
     ServerSpec(
         "connlist-short",
@@ -183,11 +205,30 @@ SERVERS = (
         "attack_apps:with_connlist",
         "connlist.uvicorn:HttpToolsProtocol",
         tuple(SHORT_TIMEOUTS.items()),
+        mode="uvicorn-httptools",
+    ),
+    ServerSpec("gunicorn", "bare gunicorn -k asgi", "gunicorn", "attack_apps:bare"),
+    ServerSpec(
+        "gunicorn-connlist",
+        "gunicorn -k asgi + connlist, defaults",
+        "gunicorn",
+        "attack_apps:with_connlist",
+        mode=gunicorn_asgi.MODE,
+    ),
+    ServerSpec(
+        "gunicorn-connlist-short",
+        "gunicorn -k asgi + connlist, short timeouts",
+        "gunicorn",
+        "attack_apps:with_connlist",
+        options=tuple(SHORT_TIMEOUTS.items()),
+        mode=gunicorn_asgi.MODE,
     ),
     ServerSpec("hypercorn", "hypercorn", "hypercorn", "attack_apps:bare"),
 )
 SERVER_BY_KEY = {spec.key: spec for spec in SERVERS}
 DEFAULT_SERVERS = ("uvicorn", "connlist", "connlist-short")
+# The servers that need a package beyond uvicorn: the module each imports.
+NEEDS = {"gunicorn": gunicorn_asgi.MODULE, "hypercorn": "hypercorn"}
 
 
 def free_port() -> int:
@@ -237,35 +278,8 @@ class Server:
             env[attack_apps.OPTION_ENV[name]] = repr(value)
         # The app module is found from the benchmarks folder (hypercorn has no --app-dir).
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
-        if spec.kind == "uvicorn":
-            command = [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                spec.app,
-                "--http",
-                spec.http,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-                "--no-access-log",
-            ]
-        else:
-            command = [
-                sys.executable,
-                "-m",
-                "hypercorn",
-                spec.app,
-                "--bind",
-                f"127.0.0.1:{self.port}",
-                "--log-level",
-                "warning",
-            ]
         self.process = subprocess.Popen(
-            command,
+            self.command(),
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -281,6 +295,38 @@ class Server:
         self.start_kb = 0
         self.mode: str | None = None
         self.settings: dict[str, Any] = {}
+
+    def command(self) -> list[str]:
+        """The server's command line, as its users type it (``python3 -m``: the running interpreter's)."""
+        spec = self.spec
+        if spec.kind == "uvicorn":
+            return [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                spec.app,
+                "--http",
+                spec.http,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ]
+        if spec.kind == "gunicorn":
+            return gunicorn_asgi.command(spec.app, self.port)
+        return [
+            sys.executable,
+            "-m",
+            "hypercorn",
+            spec.app,
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--log-level",
+            "warning",
+        ]
 
     @property
     def pid(self) -> int:
@@ -318,9 +364,10 @@ class Server:
             # The debug endpoint (loopback only) says whether the protocol feeds the list.
             report = self.debug_report()
             self.mode = report.get("mode")
-            if self.mode != "uvicorn-httptools":
+            if self.mode != self.spec.mode:
                 raise BenchError(
-                    f"{self.spec.key}: connlist runs in mode {self.mode!r}, not uvicorn-httptools"
+                    f"{self.spec.key}: connlist runs in mode {self.mode!r}, not {self.spec.mode}: "
+                    f"{report.get('integration_off')}"
                 )
             self.settings = {
                 key: value
@@ -338,7 +385,7 @@ class Server:
         return report
 
     def processes(self) -> list[int]:
-        """The server's PID and its descendants' (hypercorn serves from a child process)."""
+        """The server's PID and its descendants' (hypercorn and gunicorn serve from a child process)."""
         parents: dict[int, int] = {}
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -395,7 +442,7 @@ class Server:
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            # The server's whole session: hypercorn's workers too.
+            # The server's whole session: hypercorn's and gunicorn's workers too.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGTERM)
             try:
@@ -898,6 +945,14 @@ def slowhttptest_version(slowhttptest: str) -> str:
     return match.group(1) if match else "unknown"
 
 
+def module_found(name: str) -> bool:
+    """Whether ``name`` (dotted) can be imported: False too where a parent package is missing."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def connlist_path() -> str | None:
     """The folder of the connlist the servers import (the worktree's, with PYTHONPATH set)."""
     spec = importlib.util.find_spec("connlist")
@@ -970,12 +1025,15 @@ def main(argv: list[str] | None = None) -> int:
     if not Path("/proc/net/tcp").exists():
         print("needs Linux's /proc/net/tcp to follow the server's connections", file=sys.stderr)
         return 2
-    if "hypercorn" in args.servers and importlib.util.find_spec("hypercorn") is None:
-        print(
-            "hypercorn is not installed: pip install hypercorn, or leave it out of --servers",
-            file=sys.stderr,
-        )
-        return 2
+    server_kinds = {SERVER_BY_KEY[key].kind for key in args.servers}
+    for kind in sorted(server_kinds & NEEDS.keys()):
+        if not module_found(NEEDS[kind]):
+            print(
+                f"{kind} is not installed (no {NEEDS[kind]}): pip install {kind}, "
+                "or leave it out of --servers",
+                file=sys.stderr,
+            )
+            return 2
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sys.path.insert(0, str(HERE))
     specs = [SERVER_BY_KEY[key] for key in args.servers]
@@ -988,14 +1046,16 @@ def main(argv: list[str] | None = None) -> int:
         "uvicorn": version("uvicorn"),
         "starlette": version("starlette"),
         "httptools": version("httptools"),
-        "hypercorn": version("hypercorn") if "hypercorn" in args.servers else None,
+        "hypercorn": version("hypercorn") if "hypercorn" in server_kinds else None,
+        "gunicorn": version("gunicorn") if "gunicorn" in server_kinds else None,
         "connlist": version("connlist"),
         "connlist_path": connlist_path(),
         "slowhttptest": slowhttptest_version(slowhttptest),
     }
     print(
         f"slowhttptest {info['slowhttptest']}, Python {info['python']}, uvicorn {info['uvicorn']}, "
-        f"connlist from {info['connlist_path']}; {args.connections} connections at {args.rate}/s, "
+        + (f"gunicorn {info['gunicorn']}, " if info["gunicorn"] else "")
+        + f"connlist from {info['connlist_path']}; {args.connections} connections at {args.rate}/s, "
         f"{args.length} s per attack, on 127.0.0.1",
         flush=True,
     )

@@ -32,22 +32,29 @@ The servers (``--servers``), each a subprocess on a free port serving
                            defaults (``max_connections`` derived from the limit);
 ``connlist-h11``           the same with ``connlist.uvicorn:H11Protocol``;
 ``connlist-short``         httptools, ``headers_timeout=10``;
+``gunicorn``               gunicorn's own ASGI worker (if installed), bare: ``gunicorn -k asgi -w 1``
+                           (``benchmarks/gunicorn_asgi.py``), the app alone;
+``gunicorn-connlist``      the same, the app in ConnectionsMiddleware at its defaults, no connlist
+                           flag (the middleware turns the integration on at the lifespan startup);
 ``nginx``                  nginx (if installed) answering ``GET /`` itself, one worker,
                            ``worker_connections`` = the limit.
 
-uvicorn runs on its default loop (uvloop when installed; ``--loop asyncio``
-to choose asyncio's).  Each case runs ``--duration`` seconds (default 30)
-of attack; the attack stops by itself (slowhttptest's ``-l``, the
-keep-alive client's own deadline) and the server is stopped after it.  The
-report counts the server's log lines about descriptors (asyncio's
-``socket.accept() out of system resource``, nginx's ``Too many open
-files``, connlist's one line) and, for connlist, what the debug view says
-went to make room.
+Every connlist server must report the mode it is run for (``uvicorn-httptools``,
+``uvicorn-h11``, ``gunicorn-python``) before it is flooded.  uvicorn and
+gunicorn run on their default loop (uvloop when installed; ``--loop asyncio``
+to choose asyncio's: uvicorn's ``--loop``, gunicorn's ``--asgi-loop``).  Each
+case runs ``--duration`` seconds (default 30) of attack; the attack stops by
+itself (slowhttptest's ``-l``, the keep-alive client's own deadline) and the
+server is stopped after it.  The report counts the server's log lines about
+descriptors (asyncio's ``socket.accept() out of system resource``, nginx's
+``Too many open files``, connlist's one line) and, for connlist, what the
+debug view says went to make room.
 
 Usage::
 
-    python3 benchmarks/flood.py                               # every case (about 30 min)
+    python3 benchmarks/flood.py                               # every case (about 40 min)
     python3 benchmarks/flood.py --servers connlist,connlist-h11 --limits 1024 --attacks slowloris,keepalive
+    python3 benchmarks/flood.py --servers gunicorn,gunicorn-connlist --limits 256   # gunicorn -k asgi
     python3 benchmarks/flood.py --markdown > table.md         # the table of docs/comparison.md
 
 Loopback only, bounded in connections and time.
@@ -74,10 +81,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gunicorn_asgi
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
-SERVERS = ("uvicorn", "connlist", "connlist-h11", "connlist-short", "nginx")
+SERVERS = ("uvicorn", "connlist", "connlist-h11", "connlist-short", "gunicorn", "gunicorn-connlist", "nginx")
+# The servers with connlist, and the mode each must report.
+CONNLIST_MODES = {
+    "connlist": "uvicorn-httptools",
+    "connlist-h11": "uvicorn-h11",
+    "connlist-short": "uvicorn-httptools",
+    "gunicorn-connlist": gunicorn_asgi.MODE,
+}
 ATTACKS = ("slowloris", "keepalive", "mix")
 LIMITS = (1024, 4096)
 
@@ -162,6 +178,9 @@ def serve(name: str, limit: int, loop: str) -> Iterator[Server]:
         (workdir / "nginx.conf").write_text(NGINX_CONF.format(dir=workdir, limit=limit, port=port))
         command = [nginx, "-p", str(workdir), "-c", str(workdir / "nginx.conf")]
         log = workdir / "error.log"
+    elif name.startswith("gunicorn"):
+        app = "benchmarks.attack_apps:bare" if name == "gunicorn" else "benchmarks.attack_apps:with_connlist"
+        command = gunicorn_asgi.command(app, port, "--asgi-loop", loop)
     else:
         app = "benchmarks.attack_apps:bare" if name == "uvicorn" else "benchmarks.attack_apps:with_connlist"
         http = {
@@ -195,6 +214,14 @@ def serve(name: str, limit: int, loop: str) -> Iterator[Server]:
             time.sleep(0.1)
         else:
             raise RuntimeError(f"{name} did not start within {START_LIMIT} s")
+        if name in CONNLIST_MODES:
+            view = debug_view(port)
+            mode = None if view is None else view.get("mode")
+            if mode != CONNLIST_MODES[name]:
+                off = None if view is None else view.get("integration_off")
+                raise RuntimeError(
+                    f"{name}: connlist runs in mode {mode!r}, not {CONNLIST_MODES[name]}: {off}"
+                )
         yield Server(name, port, process, log, workdir)
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -365,7 +392,7 @@ def run_case(server: str, limit: int, attack: str, duration: float, loop: str) -
             time.sleep(duration)
             stop.set()
             prober.join(PROBE_TIMEOUT + 1)
-            view = debug_view(running.port) if server.startswith("connlist") else None
+            view = debug_view(running.port) if server in CONNLIST_MODES else None
         finally:
             stop.set()
             for process in attackers:
@@ -376,7 +403,7 @@ def run_case(server: str, limit: int, attack: str, duration: float, loop: str) -
                     process.wait()
         flood = None
         if keepalive is not None and keepalive.stdout is not None:
-            with contextlib.suppress(ValueError):
+            with keepalive.stdout, contextlib.suppress(ValueError):
                 flood = json.loads(keepalive.stdout.read() or b"null")
         case = Case(server, limit, attack, probe, descriptor_lines(running.log), flood=flood)
         if view is not None:
@@ -447,6 +474,8 @@ def main() -> None:
     servers = [name for name in args.servers.split(",") if name]
     if "nginx" in servers and not shutil.which("nginx") and not Path("/usr/sbin/nginx").exists():
         servers.remove("nginx")
+    if not gunicorn_asgi.installed():
+        servers = [name for name in servers if not name.startswith("gunicorn")]
     if not shutil.which("slowhttptest"):
         sys.exit("flood.py needs slowhttptest (apt-get install slowhttptest)")
     cases: list[Case] = []

@@ -8,7 +8,9 @@ and every workload runs on each; the scripts run on pyperf.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
+import json
 import math
 import os
 import resource
@@ -377,6 +379,86 @@ def test_attacks_connection_lifetimes_bridge_a_missed_sample() -> None:
     assert (two.opened, two.closed) == (0.25, 2.25)
 
 
+# -- attacks.py on gunicorn's own ASGI worker (gunicorn -k asgi) -----------------------------------
+
+
+def slowhttptest_or_skip() -> str:
+    path = shutil.which("slowhttptest")
+    if path is None:
+        if os.environ.get("CONNLIST_REQUIRE_SLOWHTTPTEST") == "1":
+            pytest.fail(
+                "slowhttptest is not installed (apt-get install slowhttptest) "
+                "and CONNLIST_REQUIRE_SLOWHTTPTEST=1"
+            )
+        pytest.skip("slowhttptest is not installed (apt-get install slowhttptest)")
+    return path
+
+
+def test_attacks_gunicorn_connlist_must_report_the_mode_it_is_run_for() -> None:
+    pytest.importorskip("gunicorn.workers.gasgi")
+    known = attacks.middleware_options()
+    spec = attacks.SERVER_BY_KEY["gunicorn-connlist"]
+    server = attacks.Server(spec, known)
+    try:
+        # No connlist flag: the middleware turned the integration on at the lifespan startup.
+        server.wait_ready()
+        assert server.mode == "gunicorn-python"
+        assert server.settings["headers_timeout"] == 60.0
+    finally:
+        server.stop()
+    # A server whose connlist runs in another mode is not attacked.
+    other = attacks.Server(dataclasses.replace(spec, mode="gunicorn-fast"), known)
+    try:
+        with pytest.raises(
+            attacks.BenchError, match="connlist runs in mode 'gunicorn-python', not gunicorn-fast"
+        ):
+            other.wait_ready()
+    finally:
+        other.stop()
+    assert server.process.returncode is not None and other.process.returncode is not None
+
+
+def test_attacks_slowloris_on_gunicorn_bare_and_with_connlist(tmp_path: Path) -> None:
+    # Ten slow-headers connections for 8 s against bare gunicorn -k asgi and against connlist's
+    # short timeouts on it (headers 5 s), at once: bare holds all ten to the attack's end,
+    # connlist cuts all ten at its headers timeout, and the slowhttptest run ends when they are.
+    pytest.importorskip("gunicorn.workers.gasgi")
+    slowhttptest_or_skip()
+    report = tmp_path / "attacks.json"
+    done = run_script(
+        "benchmarks/attacks.py",
+        "--servers", "gunicorn", "gunicorn-connlist-short",
+        "--modes", "slowloris",
+        "--connections", "10",
+        "--length", "8",
+        "--stagger", "0",
+        "--json", str(report),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f", gunicorn {attacks.version('gunicorn')}, " in done.stdout.splitlines()[0]
+    results = {result["server"]: result for result in json.loads(report.read_text())["results"]}
+    bare, connlist = results["gunicorn"], results["gunicorn-connlist-short"]
+    assert (bare["attack_connections"], bare["cut"]) == (10, 0), bare
+    assert bare["connlist_totals"] == {}
+    assert (connlist["attack_connections"], connlist["cut"]) == (10, 10), connlist
+    assert connlist["connlist_totals"]["headers_timeouts"] == 10
+    assert connlist["connlist_settings"]["headers_timeout"] == 5.0
+    assert connlist["exit_status"] == "No open connections left"
+    assert "| slowloris (-H) | bare gunicorn -k asgi | " in done.stdout
+    assert "| slowloris (-H) | gunicorn -k asgi + connlist, short timeouts | " in done.stdout
+
+
+def test_attacks_says_how_to_install_gunicorn(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(attacks.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(attacks, "module_found", lambda name: name != "gunicorn.workers.gasgi")
+    assert attacks.main(["--servers", "uvicorn", "gunicorn-connlist"]) == 2
+    out, err = capsys.readouterr()
+    assert "gunicorn is not installed (no gunicorn.workers.gasgi): pip install gunicorn" in err
+    assert out == ""
+
+
 # -- benchmarks/flood.py: its verdict and its table, and its keep-alive client on a real server --------
 
 
@@ -413,6 +495,41 @@ def test_flood_keep_alive_client_holds_its_connections_and_stops_by_itself() -> 
     stats = asyncio.run(run())
     assert stats["answered"] == stats["connects"] == 20, stats
     assert stats["failed"] == 0
+
+
+@pytest.mark.parametrize("server", ["gunicorn", "gunicorn-connlist"])
+def test_flood_keep_alive_flood_on_gunicorn_over_the_descriptor_limit(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 100 keep-alive clients against gunicorn -k asgi under ulimit -n 128 (connlist's budget: 48),
+    # for 4 s: each client connects once in the first fraction of a second, and on a loaded
+    # machine within a couple of seconds, more than the budget holds.  What the ordinary client
+    # got is the benchmark's finding, not checked here: this checks that the flood ran, and that
+    # connlist's view (its budget, what it closed) is in the case.
+    pytest.importorskip("gunicorn.workers.gasgi")
+    monkeypatch.setattr(flood, "FLOOD", 100)
+    monkeypatch.setattr(flood, "FLOOD_RATE", 400)
+    case = flood.run_case(server, 128, "keepalive", 4.0, "asyncio")
+    assert (case.server, case.limit, case.attack) == (server, 128, "keepalive")
+    assert case.flood is not None and case.flood["connects"] >= 100, case.flood
+    assert case.probe.ok + case.probe.failed > 0
+    if server == "gunicorn":
+        assert case.budget is None and case.totals is None
+        return
+    assert case.budget is not None and case.budget["max_connections"] == 48
+    assert case.totals is not None
+    # Each client stays until the server closes its connection: more were answered than the
+    # budget holds at once only because connlist closed idle ones (to make room, or timed out).
+    assert case.flood["answered"] > 48, case.flood
+    assert case.totals["idle_evictions"] + case.totals["keepalive_timeouts"] > 0, case.totals
+
+
+def test_flood_gunicorn_connlist_must_report_the_mode_it_is_run_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("gunicorn.workers.gasgi")
+    monkeypatch.setitem(flood.CONNLIST_MODES, "gunicorn-connlist", "gunicorn-fast")
+    expected = "connlist runs in mode 'gunicorn-python', not gunicorn-fast"
+    with pytest.raises(RuntimeError, match=expected), flood.serve("gunicorn-connlist", 1024, "asyncio"):
+        pass  # the check fails first
 
 
 # -- the scale benchmark (scale.py) ------------------------------------------------------------
