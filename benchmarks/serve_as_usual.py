@@ -41,8 +41,8 @@ START_LIMIT = 30.0
 ON_LINE = re.compile(r"connlist: server integration on \([^)]*\)")
 
 
-def _gunicorn(worker: str) -> list[str]:
-    return [PYTHON, "-m", "gunicorn", "-k", worker, "-w", "2", "--bind", "127.0.0.1:{port}", APP]
+def _gunicorn(worker: str, *options: str) -> list[str]:
+    return [PYTHON, "-m", "gunicorn", "-k", worker, "-w", "2", *options, "--bind", "127.0.0.1:{port}", APP]
 
 
 # The serving commands, as users type them ({port} filled in).
@@ -65,6 +65,9 @@ COMMANDS: dict[str, list[str]] = {
         "--lifespan", "on",
     ],
     "gunicorn -k connlist.gunicorn.UvicornWorker -w 2": _gunicorn("connlist.gunicorn.UvicornWorker"),
+    "gunicorn -k asgi -w 2": _gunicorn("asgi"),
+    "gunicorn -k asgi --http-parser python -w 2": _gunicorn("asgi", "--http-parser", "python"),
+    "gunicorn -k connlist.gunicorn.ASGIWorker -w 2": _gunicorn("connlist.gunicorn.ASGIWorker"),
 }  # fmt: skip
 
 
