@@ -153,6 +153,7 @@ def test_real_server_each_state_in_the_right_lists(parser: str) -> None:
             "writing": 3,
             "waiting": 1,
             "timed_out": 0,
+            "upgraded": 0,
             "stalled": 0,
         }
         assert data["totals"] == {
@@ -228,6 +229,7 @@ def test_real_server_counts_and_totals_move(parser: str) -> None:
             "writing": 0,
             "waiting": 0,
             "timed_out": 0,
+            "upgraded": 0,
             "stalled": 0,
         }
         assert server.snapshot()["counts"] == zero
@@ -372,6 +374,7 @@ def test_asgi_only_mode(parser: str) -> None:
             "writing": 2,
             "waiting": 0,
             "timed_out": 0,
+            "upgraded": 0,
             "stalled": 0,
         }
         assert [(e["state"], e["method"], e["path"]) for e in data["all"]] == [
