@@ -202,6 +202,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             return
         self.leave_http(conn)
         m.upgraded = True
+        m.headers_completed = True
         m.start = m.out_since = self.clock.now
         self.upgraded_order.append(conn)
 
@@ -320,7 +321,8 @@ class ConnectionsListMachine(RuleBasedStateMachine):
     def stall(self, conn: Connection, pending: int) -> None:
         self.lst.stall(conn, pending)
         m = self.model[conn]
-        if not (m.removed or m.upgraded) and conn not in self.stalled_order and conn not in self.closing_order:
+        held = m.removed or m.upgraded
+        if not held and conn not in self.stalled_order and conn not in self.closing_order:
             self.stalled_order.append(conn)
             m.out_since = m.out_sampled = self.clock.now
             m.out_pending = pending

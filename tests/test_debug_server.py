@@ -33,13 +33,15 @@ from tests.servers import (
 
 PATH = "/_connections"
 
-# Nothing here reaches the connection budget (max_connections): its totals stay 0.
+# Nothing here reaches the connection budget (max_connections), nor upgrades: their totals stay 0.
 NO_BUDGET_TOTALS = {
     "idle_evictions": 0,
     "headers_evictions": 0,
     "body_evictions": 0,
     "refused": 0,
     "accept_failures": 0,
+    "upgrades": 0,
+    "upgrades_refused": 0,
 }
 
 

@@ -240,9 +240,12 @@ class ConnectionsList(ListViews):
     def _out_leave(self, conn: Connection) -> None:
         """Out of ``stalled``, ``closing`` or ``upgraded`` (the one it is in), and its state with it."""
         state = conn.out_state
-        (self.stalled if state == OUT_STALLED else self.closing if state == OUT_CLOSING else self.upgraded).unlink(
-            conn
-        )
+        if state == OUT_STALLED:
+            self.stalled.unlink(conn)
+        elif state == OUT_CLOSING:
+            self.closing.unlink(conn)
+        else:
+            self.upgraded.unlink(conn)
         conn.out_state = OUT_NONE
 
     # -- events --------------------------------------------------------------
@@ -469,6 +472,7 @@ class ConnectionsList(ListViews):
         self.occupied += 1
         conn.out_state = OUT_UPGRADED
         conn.out_since = conn.last_message_start = self._clock()
+        conn.headers_completed = True  # the upgrade request's, whole
         if path is not None:
             conn._method = method
             conn._path = path
