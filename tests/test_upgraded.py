@@ -220,11 +220,18 @@ def test_a_hand_over_connlist_does_not_know_drops_the_record_and_says_so_once(
     monkeypatch.setattr(uvicorn_websocket, "_warned", False)
     caplog.set_level(logging.WARNING, logger="connlist")
     e = enforcer(clock, max_connections=10)
-    for _ in range(2):
+    for makes in (False, True):
         http = _Http(e)
-        # A uvicorn that keeps the transport on its HTTP protocol.
-        uvicorn_websocket.hand_over(http, lambda: None, "GET", "/ws")
+        made: list[Any] = []
+
+        def hand(http: _Http = http, made: list[Any] = made, makes: bool = makes) -> None:
+            # A uvicorn that keeps the transport on its HTTP protocol (making a websocket protocol, or not).
+            if makes:
+                made.append(http.ws_protocol_class())
+
+        uvicorn_websocket.hand_over(http, hand, "GET", "/ws")
         assert not http._connlist_record.tracked
+        assert all(websocket._connlist_held is None for websocket in made) and len(made) == makes
     assert e.connections.occupied == 0
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "websockets leave the list at their upgrade" in warnings[0]

@@ -9,11 +9,11 @@ From then on the transport reports to that protocol: the HTTP protocol's
 ``connection_lost`` is never called, so the HTTP protocol cannot remove the
 record when the websocket closes.
 
-So, for the hand-over only, connlist lends uvicorn a subclass of that class
-(``holding``: made once per class, ``Held`` before it) and puts the class
-back at once; once uvicorn returns, the protocol the transport reports to
-holds the list and the record, and its ``connection_lost`` removes the
-record before the class's own runs.  Nothing else of the websocket protocol
+So, for the hand-over only, connlist lends uvicorn a maker of that class's
+protocols in its place, and puts the class back at once: the maker builds
+a subclass of it (``holding``: made once per class, ``Held`` before it)
+that holds the list and the record from its construction, and whose
+``connection_lost`` removes the record before the class's own runs.  Nothing else of the websocket protocol
 changes: its handshake, its ping and pong (which find dead peers), its
 shutdown stay uvicorn's.  asyncio and uvloop report a lost connection from
 the loop (``call_soon``), never inside ``handle_websocket_upgrade``, so the
@@ -24,8 +24,10 @@ Before the hand-over the enforcer decides (``Enforcer.upgrade``): within
 answered ``503`` and closed, and nothing is handed over (the app never sees
 it).  Were the transport's protocol not the one lent after the hand-over (a
 uvicorn that hands over otherwise), the record leaves the list at once, as
-before connlist counted websockets, and one ``WARNING`` says so; the
-self-check (``connlist.uvicorn_selfcheck``) fails on such a uvicorn first.
+before connlist counted websockets, and one ``WARNING`` says so (a
+transport that cannot tell its protocol, as uvicorn's own tests' mock, is
+taken at its word); the self-check (``connlist.uvicorn_selfcheck``) fails
+on such a uvicorn first.
 """
 
 from __future__ import annotations
@@ -92,16 +94,28 @@ def hand_over(protocol: Any, hand: Callable[[], None], method: str | None, path:
         return
     protocol._connlist_phase = UPGRADED
     cls = protocol.ws_protocol_class
-    protocol.ws_protocol_class = holding(cls)
+    held_class = holding(cls)
+    held = (enforcer.connections, record)
+    made: list[Held] = []
+
+    def make(*args: Any, **kwargs: Any) -> Held:
+        websocket: Held = held_class(*args, **kwargs)
+        websocket._connlist_held = held
+        made.append(websocket)
+        return websocket
+
+    protocol.ws_protocol_class = make
     try:
         hand()
     finally:
         protocol.ws_protocol_class = cls
-    transport = protocol.transport
-    taken = None if transport is None else transport.get_protocol()
-    if isinstance(taken, Held) and taken is not protocol:
-        taken._connlist_held = (enforcer.connections, record)
-    else:
+    websocket = made[-1] if made else None
+    # (A transport that cannot tell its protocol, uvicorn's tests' mock, is taken at its word.)
+    get_protocol = getattr(protocol.transport, "get_protocol", None)
+    taken = websocket if get_protocol is None else get_protocol()
+    if websocket is None or taken is not websocket:
+        for other in made:
+            other._connlist_held = None
         enforcer.connections.remove(record)
         _warn_once(taken)
 
