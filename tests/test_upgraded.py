@@ -143,6 +143,15 @@ def test_upgrades_within_the_share_are_held_and_past_it_refused_with_503(clock: 
     assert e.upgrade(fourth)
 
 
+def test_a_connection_let_go_meanwhile_keeps_its_handle_for_the_linger(clock: FakeClock) -> None:
+    e = enforcer(clock, max_connections=10)
+    handle = MemoryHandle()
+    record = e.join(handle=handle)
+    e.connections.evict(record)
+    assert e.upgrade(record) and not record.upgraded and record.handle is handle
+    assert e.totals.upgrades == 0
+
+
 def test_no_share_of_their_own_bounds_nothing(clock: FakeClock) -> None:
     e = enforcer(clock, max_connections=0)
     assert e.settings.max_upgraded == 0

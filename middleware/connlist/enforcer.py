@@ -554,8 +554,9 @@ class Enforcer:
             self.watch()
             return False
         connections.upgrade(record, method, path)
-        record.handle = None
-        self.totals.upgrades += 1
+        if record.upgraded:  # (one let go meanwhile is closing: it keeps its handle, for the linger)
+            record.handle = None
+            self.totals.upgrades += 1
         return True
 
     def attach(self, loop: asyncio.AbstractEventLoop, keep_alive: float | None) -> None:
