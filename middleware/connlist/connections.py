@@ -56,8 +56,8 @@ arrives whole::
                 heap, whose keys the sweep corrects as it finds them late
 
 A record is in at most one of ``stalled``, ``closing`` and ``upgraded``
-(one link, ``out_state`` says which).  A connection closed to make room (``evict``)
-leaves ``active``, ``body`` and the idle queue, counts as timed out until
+(one link, ``out_state`` says which).  A connection closed to make room
+(``evict``) leaves ``active``, ``body`` and the idle queue, counts as timed out until
 removed, and no longer counts in ``occupied``.
 
 ``all`` and ``active`` are intrusive, circular and doubly linked, like the
@@ -121,8 +121,8 @@ debug view and the metrics only present them::
 
 The counts add nginx ``stub_status``-style phases (``PHASES``): ``reading``
 (new + reading_headers), ``writing`` (reading_body + handling), ``waiting``
-(idle), ``timed_out`` and ``upgraded``; they add up to ``all``.  A stalled connection keeps
-the phase of what it does otherwise.  Which timeout runs for a connection,
+(idle), ``timed_out`` and ``upgraded``; they add up to ``all``.  A stalled
+connection keeps the phase of what it does otherwise.  Which timeout runs for a connection,
 and when it is due (the view's ``timeout`` and ``time_left``), is
 ``connlist.kinds.deadline``'s.  ``docs/debug-endpoint.md`` is the reference.
 """
@@ -238,14 +238,11 @@ class ConnectionsList(ListViews):
         conn._active_prev = conn._active_next = conn
 
     def _out_leave(self, conn: Connection) -> None:
-        """Out of ``stalled``, ``closing`` or ``upgraded`` (the one it is in), and its state with it."""
-        state = conn.out_state
-        if state == OUT_STALLED:
-            self.stalled.unlink(conn)
-        elif state == OUT_CLOSING:
-            self.closing.unlink(conn)
-        else:
-            self.upgraded.unlink(conn)
+        """Out of ``stalled`` or ``closing`` (the one it is in), and its state with it.
+
+        (Never ``upgraded``: a record there is in no list of HTTP's, ``remove`` takes it out.)
+        """
+        (self.stalled if conn.out_state == OUT_STALLED else self.closing).unlink(conn)
         conn.out_state = OUT_NONE
 
     # -- events --------------------------------------------------------------
