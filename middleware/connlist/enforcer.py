@@ -543,6 +543,13 @@ class Enforcer:
         counted the connection at ``join``.  A rare event: its cost is here,
         not on a request's path.
         """
+        if not self.admit_upgrade(record):
+            return False
+        self.hold_upgraded(record, method, path)
+        return True
+
+    def admit_upgrade(self, record: Connection) -> bool:
+        """``upgrade``'s first half: whether the share has room; if not, the request is refused (False)."""
         connections = self.connections
         limit = self._settings.max_upgraded
         if limit and connections.upgraded_count >= limit:
@@ -553,11 +560,14 @@ class Enforcer:
                 self.call(handle.connlist_refuse)
             self.watch()
             return False
-        connections.upgrade(record, method, path)
+        return True
+
+    def hold_upgraded(self, record: Connection, method: str | None = None, path: str | None = None) -> None:
+        """``upgrade``'s second half, for a server layer that must finish the request's events first."""
+        self.connections.upgrade(record, method, path)
         if record.upgraded:  # (one let go meanwhile is closing: it keeps its handle, for the linger)
             record.handle = None
             self.totals.upgrades += 1
-        return True
 
     def attach(self, loop: asyncio.AbstractEventLoop, keep_alive: float | None) -> None:
         """The server's first connection on ``loop``: learn its keep-alive time, watch accept's failures.

@@ -351,8 +351,9 @@ if httptools_impl is not None:
                 last = _end_open_message(record, enforcer, phase0, open_got_headers, begun, upgraded, cycle)
             last = _begun_messages(record, enforcer, begun_with_headers, begun, upgraded, cycle, last)
             if upgraded:
-                # Held as upgraded already (the events above found it out of
-                # HTTP's lists): its websocket removes it when it closes.
+                # The upgrade request's events are in: held as upgraded until
+                # its websocket, which holds the record, closes.
+                enforcer.hold_upgraded(record, self.scope.get("method"), _websocket.request_path(self.url))
                 return
             # A body began in this read: a message begun here, or the open
             # one's, if its headers came in (it was not in its body before).
@@ -391,15 +392,10 @@ if httptools_impl is not None:
                     self._connlist.connections.response_complete(record)
 
         def handle_websocket_upgrade(self) -> None:
-            # Held as upgraded until the websocket closes, never timed out, or
-            # refused with 503 (connlist.uvicorn_websocket); the read's events
-            # are replayed after, on a record out of HTTP's lists.
-            _websocket.hand_over(
-                self,
-                lambda: _HttpTools.handle_websocket_upgrade(self),
-                self.scope.get("method"),
-                _websocket.request_path(self.url),
-            )
+            # Handed over, or refused with 503 (connlist.uvicorn_websocket); held
+            # as upgraded once the read's events are replayed (_connlist_events).
+            hand = _HttpTools.handle_websocket_upgrade
+            _websocket.hand_over(self, lambda: hand(self), None, None, hold=False)
 
         def _connlist_response_written(self, record: Connection) -> bool:
             # With requests queued behind it, the running request is an

@@ -76,20 +76,24 @@ def request_path(target: bytes) -> str:
     return target.split(b"?", 1)[0].decode("latin-1")
 
 
-def hand_over(protocol: Any, hand: Callable[[], None], method: str | None, path: str | None) -> None:
+def hand_over(
+    protocol: Any, hand: Callable[[], None], method: str | None, path: str | None, *, hold: bool = True
+) -> None:
     """The upgrade request is complete: ``hand`` (uvicorn's own hand-over) runs if the enforcer lets it.
 
     ``protocol`` is connlist's uvicorn HTTP protocol in its
     ``handle_websocket_upgrade``; its phase becomes ``UPGRADED``, or
     ``UPGRADE_REFUSED`` (the enforcer answered ``503``): no HTTP event of
-    the connection follows either.
+    the connection follows either.  The record is held as upgraded here,
+    or, with ``hold`` False, by the caller once it has replayed the read's
+    events (``Enforcer.hold_upgraded``: httptools' protocol).
     """
     record: Connection | None = protocol._connlist_record
     if record is None:  # pragma: no cover - set at connection_made, before any read
         hand()
         return
     enforcer = protocol._connlist
-    if not enforcer.upgrade(record, method, path):
+    if not enforcer.admit_upgrade(record):
         protocol._connlist_phase = UPGRADE_REFUSED
         return
     protocol._connlist_phase = UPGRADED
@@ -109,6 +113,8 @@ def hand_over(protocol: Any, hand: Callable[[], None], method: str | None, path:
         hand()
     finally:
         protocol.ws_protocol_class = cls
+    if hold:
+        enforcer.hold_upgraded(record, method, path)
     websocket = made[-1] if made else None
     # (A transport that cannot tell its protocol, uvicorn's tests' mock, is taken at its word.)
     get_protocol = getattr(protocol.transport, "get_protocol", None)
