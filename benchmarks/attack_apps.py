@@ -15,7 +15,10 @@ One Starlette app, three routes, one per attack mode:
     that stops reading leaves the rest waiting in the server;
 ``POST /upload``
     awaits ``request.body()`` and answers its length: the target of the
-    slow-body mode (``-B``).
+    slow-body mode (``-B``);
+``/ws``
+    a websocket that echoes every text message until the client closes:
+    the target of ``benchmarks/flood.py``'s websocket flood.
 
 ``bare`` is the app alone (served by bare uvicorn and hypercorn);
 ``with_connlist`` is the same wrapped in ``ConnectionsMiddleware``, with the
@@ -42,7 +45,8 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from connlist import ConnectionsMiddleware
 
@@ -77,6 +81,15 @@ async def upload(request: Request) -> Response:
     return PlainTextResponse(str(len(body)))
 
 
+async def echo(websocket: WebSocket) -> None:
+    await websocket.accept()
+    try:
+        while True:
+            await websocket.send_text(await websocket.receive_text())
+    except WebSocketDisconnect:
+        pass
+
+
 def connlist_options(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, float]:
     """The ConnectionsMiddleware options set in ``environ``, as floats."""
     options: dict[str, float] = {}
@@ -91,6 +104,7 @@ ROUTES = [
     Route("/", hello),
     Route("/large", large),
     Route("/upload", upload, methods=["POST"]),
+    WebSocketRoute("/ws", echo),
 ]
 
 bare = Starlette(routes=ROUTES)

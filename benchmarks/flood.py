@@ -22,10 +22,18 @@ The attacks (``--attacks``):
     flood stays at 3,000;
 ``mix``
     under the limit: 300 slowloris connections (``-c 300 -r 100``) and 300
-    keep-alive clients at once.
+    keep-alive clients at once;
+``websocket``
+    3,000 clients at 500 a second that each ask to upgrade ``/ws`` to a
+    websocket and hold what they get open, silent (this script, in a
+    subprocess: ``--websocket-client``); a client answered otherwise than
+    ``101`` (connlist's ``503`` past ``max_upgraded``), or whose websocket
+    the server closes, asks again, so the flood stays at 3,000.  A websocket
+    is never timed out, by uvicorn or by connlist: only a bound on how many
+    there are keeps the worker serving.
 
 The servers (``--servers``), each a subprocess on a free port serving
-``benchmarks/attack_apps.py``'s app (``GET /`` answers ``Hello, world!``):
+``benchmarks/attack_apps.py``'s app (``GET /`` answers ``Hello, world!``, ``/ws`` is a websocket echo):
 
 ``uvicorn``                bare uvicorn, httptools, the app alone;
 ``connlist``               ``--http connlist.uvicorn:HttpToolsProtocol``, ConnectionsMiddleware at its
@@ -94,7 +102,7 @@ CONNLIST_MODES = {
     "connlist-short": "uvicorn-httptools",
     "gunicorn-connlist": gunicorn_asgi.MODE,
 }
-ATTACKS = ("slowloris", "keepalive", "mix")
+ATTACKS = ("slowloris", "keepalive", "mix", "websocket")
 LIMITS = (1024, 4096)
 
 FLOOD = 3000
@@ -324,6 +332,64 @@ def start_keepalive(port: int, count: int, rate: int, duration: float) -> subpro
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
 
+# -- the websocket flood (a subprocess of its own) ------------------------------
+
+UPGRADE = (
+    b"GET /ws HTTP/1.1\r\nHost: flood\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+async def websocket_flood(port: int, count: int, rate: float, duration: float) -> dict[str, int]:
+    """``count`` clients asking at ``rate`` a second for a websocket, each held silent; again if refused."""
+    deadline = time.monotonic() + duration
+    stats = {"asked": 0, "opened": 0, "refused_503": 0, "other": 0, "closed_by_server": 0, "failed": 0}
+    tokens = asyncio.Semaphore(0)
+
+    async def refill() -> None:
+        while time.monotonic() < deadline:
+            tokens.release()
+            await asyncio.sleep(1 / rate)
+
+    async def client() -> None:
+        while time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(tokens.acquire(), max(deadline - time.monotonic(), 0.001))
+            except asyncio.TimeoutError:
+                break
+            writer = None
+            try:
+                stats["asked"] += 1
+                reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
+                writer.write(UPGRADE)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+                if not head.startswith(b"HTTP/1.1 101"):
+                    stats["refused_503" if head.startswith(b"HTTP/1.1 503") else "other"] += 1
+                    await asyncio.sleep(0.05)
+                    continue
+                stats["opened"] += 1
+                # Held, silent, until the server closes it or the flood ends.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(reader.read(), max(deadline - time.monotonic(), 0))
+                    stats["closed_by_server"] += 1
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                stats["failed"] += 1
+                await asyncio.sleep(0.05)
+            finally:
+                if writer is not None:
+                    writer.close()
+
+    filler = asyncio.ensure_future(refill())
+    await asyncio.gather(*(client() for _ in range(count)))
+    filler.cancel()
+    return stats
+
+
+def start_websocket(port: int, count: int, rate: int, duration: float) -> subprocess.Popen[bytes]:
+    command = [PYTHON, __file__, "--websocket-client", str(port), str(count), str(rate), str(duration)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+
 def start_slowloris(
     port: int, count: int, rate: int, duration: float, workdir: Path
 ) -> subprocess.Popen[bytes]:
@@ -380,6 +446,9 @@ def run_case(server: str, limit: int, attack: str, duration: float, loop: str) -
         attackers: list[subprocess.Popen[bytes]] = []
         keepalive: subprocess.Popen[bytes] | None = None
         try:
+            if attack == "websocket":
+                keepalive = start_websocket(running.port, FLOOD, FLOOD_RATE, duration)
+                attackers.append(keepalive)
             if attack in ("slowloris", "mix"):
                 count, rate = (FLOOD, FLOOD_RATE) if attack == "slowloris" else (MIX, MIX_RATE)
                 attackers.append(start_slowloris(running.port, count, rate, duration, running.workdir))
@@ -412,7 +481,8 @@ def run_case(server: str, limit: int, attack: str, duration: float, loop: str) -
             case.totals = {
                 key: value
                 for key, value in totals.items()
-                if key.endswith(("_evictions", "_timeouts")) or key in ("refused", "accept_failures")
+                if key.endswith(("_evictions", "_timeouts"))
+                or key in ("refused", "accept_failures", "upgrades", "upgrades_refused")
             }
         shutil.rmtree(running.workdir, ignore_errors=True)
         return case
@@ -434,6 +504,11 @@ def markdown(cases: list[Case], command: str) -> str:
         "≥ 99% within 200 ms | descriptor errors logged | made room (idle / headers / keep-alive / 503) |",
         "| --- | ---: | --- | ---: | ---: | ---: | --- | ---: | --- |",
     ]
+    websockets = any(case.attack == "websocket" for case in cases)
+    if websockets:
+        # The websocket flood's own count: websockets it opened, and upgrades answered 503.
+        lines[2] += " websockets opened / 503 |"
+        lines[3] += " ---: |"
     for case in cases:
         totals = case.totals or {}
         room = (
@@ -449,6 +524,10 @@ def markdown(cases: list[Case], command: str) -> str:
             f"{case.probe.slowest * 1000:.0f} ms | {case.probe.slow} | {verdict(case)} | "
             f"{case.descriptor_lines} | {room} |"
         )
+        if websockets:
+            flood = case.flood or {}
+            opened = f"{flood.get('opened', 0)} / {flood.get('refused_503', 0)}" if case.flood else "-"
+            lines[-1] += f" {opened} |"
     return "\n".join(lines)
 
 
@@ -464,6 +543,7 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="print the table only")
     parser.add_argument("--json", help="also write the cases to this file")
     parser.add_argument("--keepalive-client", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--websocket-client", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     raise_own_limit()
     if args.keepalive_client:
@@ -471,12 +551,17 @@ def main() -> None:
         stats = asyncio.run(keepalive_flood(int(port), int(count), float(rate), float(duration)))
         print(json.dumps(stats))
         return
+    if args.websocket_client:
+        port, count, rate, duration = args.websocket_client
+        stats = asyncio.run(websocket_flood(int(port), int(count), float(rate), float(duration)))
+        print(json.dumps(stats))
+        return
     servers = [name for name in args.servers.split(",") if name]
     if "nginx" in servers and not shutil.which("nginx") and not Path("/usr/sbin/nginx").exists():
         servers.remove("nginx")
     if not gunicorn_asgi.installed():
         servers = [name for name in servers if not name.startswith("gunicorn")]
-    if not shutil.which("slowhttptest"):
+    if not shutil.which("slowhttptest") and set(args.attacks.split(",")) & {"slowloris", "mix"}:
         sys.exit("flood.py needs slowhttptest (apt-get install slowhttptest)")
     cases: list[Case] = []
     for limit in (int(value) for value in args.limits.split(",")):

@@ -532,6 +532,40 @@ def test_flood_gunicorn_connlist_must_report_the_mode_it_is_run_for(monkeypatch:
         pass  # the check fails first
 
 
+def test_flood_websocket_client_holds_what_opens_and_asks_again_when_refused() -> None:
+    held: list[asyncio.StreamWriter] = []
+    answered = 0
+
+    async def run() -> dict[str, int]:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal answered
+            request = await reader.readuntil(b"\r\n\r\n")
+            assert b"Upgrade: websocket" in request
+            answered += 1
+            if answered <= 5:
+                writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
+                held.append(writer)
+            else:
+                writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+                writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            stats = await asyncio.wait_for(flood.websocket_flood(port, 10, 200, 0.5), 5)
+            for writer in held:
+                writer.close()
+        return stats
+
+    stats = asyncio.run(run())
+    assert stats["opened"] == 5 and stats["refused_503"] >= 5, stats
+    assert stats["asked"] == stats["opened"] + stats["refused_503"] and stats["failed"] == 0, stats
+    case = flood.Case("connlist", 256, "websocket", flood.Probe(ok=40), flood=stats, totals={})
+    table = flood.markdown([case], "python3 benchmarks/flood.py")
+    assert table.splitlines()[2].endswith("| websockets opened / 503 |")
+    assert table.splitlines()[-1].endswith(f"| 5 / {stats['refused_503']} |")
+
+
 # -- the scale benchmark (scale.py) ------------------------------------------------------------
 
 

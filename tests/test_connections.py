@@ -1411,6 +1411,7 @@ def test_let_go_counts_each_record_once_whatever_it_was_doing(lst: ConnectionsLi
         "writing": 2,
         "waiting": 0,
         "timed_out": 1,
+        "upgraded": 0,
         "stalled": 0,
     }
     assert lst.occupied == 3
@@ -1425,6 +1426,7 @@ def test_let_go_counts_each_record_once_whatever_it_was_doing(lst: ConnectionsLi
         "writing": 0,
         "waiting": 0,
         "timed_out": 3,
+        "upgraded": 0,
         "stalled": 0,
     }
     assert lst.occupied == 0 and lst.idle_responding_count == 0

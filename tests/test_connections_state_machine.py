@@ -64,6 +64,8 @@ class Model:
     headers_completed: bool = False
     requests: int = 0
     removed: bool = False
+    # Left HTTP (``upgrade``): out of the ring, in ``upgraded`` until removed.
+    upgraded: bool = False
     responding: bool = False
     begun: bool = False
     body_started: float = 0.0
@@ -94,6 +96,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         self.body_order: list[Connection] = []
         self.stalled_order: list[Connection] = []
         self.closing_order: list[Connection] = []
+        self.upgraded_order: list[Connection] = []
         # The records in the idle heap (its order is the heap's own).
         self.idle_heap: set[Connection] = set()
 
@@ -135,7 +138,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
     def message_begin(self, conn: Connection) -> None:
         self.lst.message_begin(conn)
         m = self.model[conn]
-        if m.removed:
+        if m.removed or m.upgraded:
             return
         if conn in self.active_order:
             self.active_order.remove(conn)
@@ -155,7 +158,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
     def message_complete(self, conn: Connection) -> None:
         self.lst.message_complete(conn)
         m = self.model[conn]
-        if m.removed:
+        if m.removed or m.upgraded:
             return
         if conn in self.active_order:
             self.active_order.remove(conn)
@@ -174,6 +177,15 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         if m.removed:
             return
         m.removed = True
+        if m.upgraded:
+            m.upgraded = False
+            self.upgraded_order.remove(conn)
+            return
+        self.leave_http(conn)
+
+    def leave_http(self, conn: Connection) -> None:
+        # Out of the ring and every HTTP list (remove, upgrade).
+        m = self.model[conn]
         m.responding = False
         m.idle_start = None
         self.idle_heap.discard(conn)
@@ -182,10 +194,23 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             self.discard(order, conn)
 
     @rule(conn=conns)
+    def upgrade(self, conn: Connection) -> None:
+        # A websocket: held in ``upgraded``, stamped now, until removed; no HTTP event moves it.
+        self.lst.upgrade(conn, "GET", "/ws")
+        m = self.model[conn]
+        if m.removed or m.upgraded:
+            return
+        self.leave_http(conn)
+        m.upgraded = True
+        m.headers_completed = True
+        m.start = m.out_since = self.clock.now
+        self.upgraded_order.append(conn)
+
+    @rule(conn=conns)
     def response_begin(self, conn: Connection) -> None:
         self.lst.response_begin(conn)
         m = self.model[conn]
-        if not m.removed:
+        if not m.removed and not m.upgraded:
             m.responding = True
             m.idle_start = None
 
@@ -214,7 +239,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         # A whole request at one instant, given to the app (the server layer's common case).
         self.lst.message(conn)
         m = self.model[conn]
-        if m.removed:
+        if m.removed or m.upgraded:
             m.headers_completed = True  # as headers_complete does on a removed record
             return
         if m.start != 0.0:
@@ -296,7 +321,8 @@ class ConnectionsListMachine(RuleBasedStateMachine):
     def stall(self, conn: Connection, pending: int) -> None:
         self.lst.stall(conn, pending)
         m = self.model[conn]
-        if not m.removed and conn not in self.stalled_order and conn not in self.closing_order:
+        held = m.removed or m.upgraded
+        if not held and conn not in self.stalled_order and conn not in self.closing_order:
             self.stalled_order.append(conn)
             m.out_since = m.out_sampled = self.clock.now
             m.out_pending = pending
@@ -326,7 +352,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
     def linger(self, conn: Connection) -> None:
         self.lst.linger(conn)
         m = self.model[conn]
-        if not m.removed and conn not in self.closing_order:
+        if not (m.removed or m.upgraded) and conn not in self.closing_order:
             self.discard(self.stalled_order, conn)
             self.closing_order.append(conn)
             m.out_since = self.clock.now
@@ -361,13 +387,16 @@ class ConnectionsListMachine(RuleBasedStateMachine):
     @invariant()
     def views_match_the_model(self) -> None:
         lst = self.lst
-        assert lst.all() == self.all_order
+        assert lst.all() == self.all_order + self.upgraded_order
         assert lst.active() == self.active_order
         starts = [c.last_message_start for c in lst.active()]
         assert starts == sorted(starts)
         idle = [c for c in self.all_order if self.model[c].start == 0]
         assert lst.idle() == idle
-        assert len(lst) == len(self.all_order)
+        assert len(lst) == len(self.all_order) + len(self.upgraded_order)
+        # No evictions here: every connection held counts against the budget, websockets too.
+        assert lst.occupied == len(lst)
+        assert lst.upgraded_count == len(self.upgraded_order)
         assert lst.active_count == len(self.active_order)
         assert lst.idle_count == len(idle)
         assert lst.timed_out_count == sum(
@@ -390,6 +419,8 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         m = self.model[conn]
         if m.removed:
             return "closed"
+        if m.upgraded:
+            return "upgraded"
         if conn in self.active_order:
             if m.headers_completed:
                 return "reading_body"
@@ -414,6 +445,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             "handling": "writing",
             "idle": "waiting",
             "timed_out": "timed_out",
+            "upgraded": "upgraded",
         }
         expected = {name: 0 for name in PHASES}
         for conn, state in states.items():
@@ -429,6 +461,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         assert counts["idle"] == sum(self.model[c].start == 0 for c in self.all_order)
         assert counts["timed_out"] == tracked.count("timed_out")
         assert counts["stalled"] == len(self.stalled_order)
+        assert counts["upgraded"] == tracked.count("upgraded") == len(self.upgraded_order)
 
     @invariant()
     def fields_match_the_model(self) -> None:
@@ -439,6 +472,7 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             assert conn.requests == m.requests
             assert conn.responding == m.responding
             assert conn.tracked == (not m.removed)
+            assert conn.upgraded == m.upgraded
             assert conn.is_active == (conn in active)
             assert conn.receiving_body == (conn in self.body_order)
             assert conn.stalled == (conn in self.stalled_order)
@@ -453,8 +487,11 @@ class ConnectionsListMachine(RuleBasedStateMachine):
                     m.out_sampled,
                     m.out_pending,
                 )
-            if conn in self.closing_order:
+            if conn in self.closing_order or m.upgraded:
                 assert conn.out_since == m.out_since
+            if m.upgraded:
+                assert (conn.method, conn.path) == ("GET", "/ws")
+                assert not conn.is_active and not conn.receiving_body and not conn.stalled
             if m.removed:
                 assert not conn.tracked and not conn.is_active
                 assert connection_state(conn) == "closed"
@@ -463,12 +500,13 @@ class ConnectionsListMachine(RuleBasedStateMachine):
     def lists_match_the_model(self) -> None:
         # Through the views: each list's order, its count, and its stamps in order.
         lst = self.lst
-        assert list(lst.iter_all()) == self.all_order
+        assert list(lst.iter_all()) == self.all_order + self.upgraded_order
         assert list(lst.iter_active()) == self.active_order
         for order, queue in (
             (self.body_order, lst.body),
             (self.stalled_order, lst.stalled),
             (self.closing_order, lst.closing),
+            (self.upgraded_order, lst.upgraded),
         ):
             assert list(queue) == order
             assert list(reversed(queue)) == order[::-1]

@@ -49,6 +49,7 @@ def counts_by_walking(lst: ConnectionsList) -> dict[str, int]:
         "writing": sum(state in ("reading_body", "handling") for state in states),
         "waiting": states.count("idle"),
         "timed_out": states.count("timed_out"),
+        "upgraded": states.count("upgraded"),
         "stalled": states.count("stalled"),
     }
 
@@ -155,6 +156,7 @@ def test_each_state_in_the_right_lists_with_the_right_fields() -> None:
         "writing": 2,
         "waiting": 1,
         "timed_out": 1,
+        "upgraded": 0,
         "stalled": 0,
     }
     assert data["counts"] == counts_by_walking(enforcer.connections)
@@ -199,6 +201,7 @@ def test_limit_caps_every_list_and_counts_stay_exact() -> None:
         "writing": 0,
         "waiting": 5,
         "timed_out": 0,
+        "upgraded": 0,
         "stalled": 0,
     }
     empty = snapshot(enforcer, limit=0)
@@ -306,6 +309,7 @@ def test_requests_received_whole_are_listed_and_counted_as_handling() -> None:
         "writing": 2,
         "waiting": 0,
         "timed_out": 0,
+        "upgraded": 0,
         "stalled": 0,
     }
     assert data["counts"] == counts_by_walking(lst)

@@ -281,6 +281,7 @@ def test_snapshot_method_is_what_the_endpoint_serves() -> None:
         "body_min_rate",
         "body_grace",
         "max_connections",
+        "max_upgraded",
         "keep_alive",
         "keep_alive_by",
         "counts",

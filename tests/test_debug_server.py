@@ -33,13 +33,15 @@ from tests.servers import (
 
 PATH = "/_connections"
 
-# Nothing here reaches the connection budget (max_connections): its totals stay 0.
+# Nothing here reaches the connection budget (max_connections), nor upgrades: their totals stay 0.
 NO_BUDGET_TOTALS = {
     "idle_evictions": 0,
     "headers_evictions": 0,
     "body_evictions": 0,
     "refused": 0,
     "accept_failures": 0,
+    "upgrades": 0,
+    "upgrades_refused": 0,
 }
 
 
@@ -153,6 +155,7 @@ def test_real_server_each_state_in_the_right_lists(parser: str) -> None:
             "writing": 3,
             "waiting": 1,
             "timed_out": 0,
+            "upgraded": 0,
             "stalled": 0,
         }
         assert data["totals"] == {
@@ -228,6 +231,7 @@ def test_real_server_counts_and_totals_move(parser: str) -> None:
             "writing": 0,
             "waiting": 0,
             "timed_out": 0,
+            "upgraded": 0,
             "stalled": 0,
         }
         assert server.snapshot()["counts"] == zero
@@ -372,6 +376,7 @@ def test_asgi_only_mode(parser: str) -> None:
             "writing": 2,
             "waiting": 0,
             "timed_out": 0,
+            "upgraded": 0,
             "stalled": 0,
         }
         assert [(e["state"], e["method"], e["path"]) for e in data["all"]] == [

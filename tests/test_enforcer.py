@@ -22,6 +22,7 @@ from connlist.enforcer import _BATCH, SLOW_CALLBACK, SWEEP_TIME, Enforcer
 from connlist.kinds import (
     ROOM_KINDS,
     TIMEOUT_KINDS,
+    UPGRADE_REFUSED,
     RoomKind,
     TimeoutKind,
     Totals,
@@ -586,12 +587,13 @@ def test_every_timeout_kind_has_its_total() -> None:
     assert [kind.name for kind in TIMEOUT_KINDS] == list(typing.get_args(TimeoutKind))
     assert {kind.name for kind in TIMEOUT_KINDS} == {"headers", "request", "rate", "send", "keepalive"}
     assert set(typing.get_args(RoomKind)) == {kind.name for kind in ROOM_KINDS}
-    for kind in (*TIMEOUT_KINDS, *ROOM_KINDS):
+    for kind in (*TIMEOUT_KINDS, *ROOM_KINDS, UPGRADE_REFUSED):
         assert kind.counter in names, kind
-    assert {kind.counter for kind in (*TIMEOUT_KINDS, *ROOM_KINDS)} == names - {
+    assert {kind.counter for kind in (*TIMEOUT_KINDS, *ROOM_KINDS, UPGRADE_REFUSED)} == names - {
         "connections",
         "requests",
         "accept_failures",
+        "upgrades",
     }
 
 

@@ -71,10 +71,12 @@ def expected_from_view(view: dict[str, Any]) -> Values:
         ("connlist.requests", ()): totals["requests"],
         ("connlist.rejected_connections", ()): totals["refused"],
         ("connlist.accept_failures", ()): totals["accept_failures"],
+        ("connlist.rejected_upgrades", ()): totals["upgrades_refused"],
+        ("connlist.upgraded_connections", ()): counts["upgraded"],
         ("connlist.max_connections", ()): view["max_connections"],
         ("connlist.server_integration", ()): int(view["mode"] != "asgi"),
     }
-    for state in ("reading", "writing", "waiting", "timed_out"):
+    for state in ("reading", "writing", "waiting", "timed_out", "upgraded"):
         values[("connlist.active_connections", (("connlist.connection.state", state),))] = counts[state]
     for kind in ("headers", "request", "rate", "send", "keepalive"):
         key = ("connlist.timed_out_connections", (("connlist.timeout.kind", kind),))

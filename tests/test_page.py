@@ -529,7 +529,7 @@ def test_chromium_shows_the_integration_off(tmp_path: Path) -> None:
         '"off". Not enforced: headers timeout, send timeout, connection budget'
     ) in lines, lines
     assert view["budget"]["enforced"] is False
-    assert any(line.endswith("connections (pressure 0%) (not enforced)") for line in lines), lines
+    assert any(line.endswith("(max_upgraded) (not enforced)") for line in lines), lines
     marked = "headers timeout 30 s (not enforced), request timeout 60 s, minimum body rate "
     assert any(
         line.startswith(marked) and line.endswith(", send timeout 90 s (not enforced)") for line in lines

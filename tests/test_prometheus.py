@@ -140,13 +140,13 @@ def test_exporters_of_one_process_add_up() -> None:
     second.connections.headers_complete(conn)
     second.connections.message_complete(conn)
     second.totals.requests += 1
-    assert gauges() == [0, 0, 0, 0]  # every series exists from the start
+    assert gauges() == [0, 0, 0, 0, 0]  # every series exists from the start
     assert [value("timeouts", kind=kind) for kind in ("headers", "request", "rate", "send")] == [0, 0, 0, 0]
     a.refresh(first)
     b.refresh(second)
     b.refresh(second)  # a second refresh adds nothing
-    assert count_phases(first) == {"reading": 2, "writing": 0, "waiting": 0, "timed_out": 0}
-    assert gauges() == [2, 0, 1, 0]
+    assert count_phases(first) == {"reading": 2, "writing": 0, "waiting": 0, "timed_out": 0, "upgraded": 0}
+    assert gauges() == [2, 0, 1, 0, 0]
     assert value("connections_accepted") == 3
     assert value("requests") == 1
     first.totals.headers_timeouts += 1
@@ -154,7 +154,7 @@ def test_exporters_of_one_process_add_up() -> None:
     second.totals.send_timeouts += 1
     b.refresh(second)
     a.close(first)  # the last increments are counted, the connections leave the gauges
-    assert gauges() == [0, 0, 1, 0]
+    assert gauges() == [0, 0, 1, 0, 0]
     assert [value("timeouts", kind=kind) for kind in ("headers", "request", "rate", "send")] == [1, 0, 2, 1]
     # A new enforcer behind the same exporter counts from its own zero.
     third = Enforcer()
@@ -316,7 +316,7 @@ def test_scrape_follows_clients_and_timeouts(metrics_outside: bool, lifespan: st
         port = server.port
         first = counted_scrape(port)
         # The scrape itself is the one connection, writing its answer.
-        assert phases(first) == {"reading": 0, "writing": 1, "waiting": 0, "timed_out": 0}
+        assert phases(first) == {"reading": 0, "writing": 1, "waiting": 0, "timed_out": 0, "upgraded": 0}
         assert counters(first) == {"accepted": 1, "requests": 1, "headers": 0, "request": 0}
 
         silent = connect(port)
@@ -329,7 +329,7 @@ def test_scrape_follows_clients_and_timeouts(metrics_outside: bool, lifespan: st
         body.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n01234")
         started = time.monotonic()
 
-        expected = {"reading": 2, "writing": 2, "waiting": 1, "timed_out": 0}
+        expected = {"reading": 2, "writing": 2, "waiting": 1, "timed_out": 0, "upgraded": 0}
         assert wait_for(lambda: phases(counted_scrape(port)) == expected, limit=HEADERS_TIMEOUT - 0.2)
         during = counted_scrape(port)
         assert phases(during) == expected
@@ -345,7 +345,7 @@ def test_scrape_follows_clients_and_timeouts(metrics_outside: bool, lifespan: st
             assert is_408(data), data
         assert time.monotonic() - started >= REQUEST_TIMEOUT - 0.02
         after = counted_scrape(port)
-        assert phases(after) == {"reading": 0, "writing": 1, "waiting": 1, "timed_out": 0}
+        assert phases(after) == {"reading": 0, "writing": 1, "waiting": 1, "timed_out": 0, "upgraded": 0}
         assert counters(after) == {
             "accepted": scrapes + 4,
             "requests": scrapes + 2,
@@ -481,7 +481,7 @@ def kill_a_worker(
     assert gauges.exists() != child_exit
     values = scrape(port)
     assert not gauges.exists()
-    assert phases(values) == {"reading": 0, "writing": 1, "waiting": survivors, "timed_out": 0}
+    assert phases(values) == {"reading": 0, "writing": 1, "waiting": survivors, "timed_out": 0, "upgraded": 0}
     assert counters(values)["accepted"] >= before["accepted"] + 1
     assert counters(values)["headers"] == before["headers"]
     for socks in held.values():
@@ -500,7 +500,7 @@ def test_multiprocess_sums_both_workers(gunicorn_metrics: tuple[int, Path, Any])
     silent = [connect(port) for _ in range(4)]
     time.sleep(3 * INTERVAL)
     values = scrape(port)
-    assert phases(values) == {"reading": 4, "writing": 1, "waiting": n_held, "timed_out": 0}
+    assert phases(values) == {"reading": 4, "writing": 1, "waiting": n_held, "timed_out": 0, "upgraded": 0}
     # The answer is the sum of both workers' own files, and each worker served some requests.
     own = {pid: per_process(multiproc, pid) for pid in held}
     for name in ("connlist_requests_total", "connlist_connections_accepted_total"):
@@ -514,7 +514,7 @@ def test_multiprocess_sums_both_workers(gunicorn_metrics: tuple[int, Path, Any])
     time.sleep(3 * INTERVAL)
     values = scrape(port)
     assert counters(values)["headers"] == 4
-    assert phases(values) == {"reading": 0, "writing": 1, "waiting": n_held, "timed_out": 0}
+    assert phases(values) == {"reading": 0, "writing": 1, "waiting": n_held, "timed_out": 0, "upgraded": 0}
 
     # A worker killed outright: gunicorn's child_exit (in the example config)
     # drops its connections from the gauge; its counters stay counted.

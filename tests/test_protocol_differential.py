@@ -173,7 +173,9 @@ class ReferenceHttpTools(_ReferenceBody, httptools_impl.HttpToolsProtocol):
             self._connlist.connections.response_complete(self._connlist_record)
 
     def handle_websocket_upgrade(self) -> None:
-        self._connlist_remove()
+        assert self._connlist_record is not None
+        path = self.url.partition(b"?")[0].decode()
+        self._connlist.upgrade(self._connlist_record, self.scope["method"], path)
         super().handle_websocket_upgrade()
 
     def _connlist_response_written(self, conn: Connection) -> bool:
@@ -249,7 +251,9 @@ class ReferenceH11(_ReferenceBody, h11_impl.H11Protocol):
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         self._ref_upgraded = True
-        self._connlist_remove()
+        assert self._connlist_record is not None
+        path = event.target.partition(b"?")[0].decode()
+        self._connlist.upgrade(self._connlist_record, event.method.decode(), path)
         super().handle_websocket_upgrade(event)
 
 
@@ -314,6 +318,7 @@ def observe(side: Side) -> dict[str, Any]:
             connections.timed_out_count,
             connections.headers_pending_count,
             connections.idle_responding_count,
+            connections.upgraded_count,
         ),
         "next_deadline": connections.next_deadline(HEADERS_TIMEOUT, REQUEST_TIMEOUT),
         "totals": dataclasses.asdict(side.enforcer.totals),
@@ -462,12 +467,13 @@ def test_pipelined_behind_an_unfinished_response(parser: str) -> None:
 
 def test_websocket_upgrade(parser: str) -> None:
     states = check(parser, feeds(GET, UPGRADE))
-    assert states[-1]["record"] == {"tracked": False}
+    assert states[-1]["record"]["state"] == "upgraded"
+    assert states[-1]["counts"][-1] == 1  # upgraded_count
 
 
 def test_websocket_upgrade_split(parser: str) -> None:
     states = check(parser, [*feeds(GET), *split(UPGRADE, 40)])
-    assert states[-1]["record"] == {"tracked": False}
+    assert states[-1]["record"]["state"] == "upgraded"
 
 
 @pytest.mark.parametrize(

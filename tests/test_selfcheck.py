@@ -23,6 +23,7 @@ from uvicorn.protocols.http import h11_impl, httptools_impl
 
 from connlist import integration, uvicorn_cycle, uvicorn_selfcheck, uvicorn_start
 from connlist import uvicorn as connlist_uvicorn
+from connlist.server import UPGRADED
 from connlist.uvicorn_h11 import H11Tracking
 from connlist.uvicorn_httptools import HttpToolsTracking
 
@@ -310,6 +311,18 @@ def _upgrade_kept(cls: type) -> type:
     )
 
 
+def _upgrade_unheld(cls: type) -> type:
+    # Held as upgraded, but handed to uvicorn's websocket class as it is: nothing would remove it.
+    base = cls.__mro__[-4]
+
+    def handle_websocket_upgrade(self: Any, *event: Any) -> None:
+        self._connlist.upgrade(self._connlist_record, "GET", "/ws")
+        self._connlist_phase = UPGRADED
+        base.handle_websocket_upgrade(self, *event)
+
+    return type("Broken", (cls,), {"handle_websocket_upgrade": handle_websocket_upgrade})
+
+
 def _loss_ignored(cls: type) -> type:
     base = cls.__mro__[-4]
     return type("Broken", (cls,), {"connection_lost": lambda self, exc: base.connection_lost(self, exc)})
@@ -400,7 +413,12 @@ def _send_not_wrapped(cls: type) -> type:
             _counted_twice,
             "after a whole request in one read, the connection counts 2 requests, not 1",
         ),
-        ("httptools", _upgrade_kept, "a websocket upgrade did not take the connection out of the list"),
+        ("httptools", _upgrade_kept, "a websocket upgrade did not hold the connection as upgraded"),
+        (
+            "h11",
+            _upgrade_unheld,
+            "a websocket upgrade handed the transport to another than `ws_protocol_class`",
+        ),
         ("h11", _loss_ignored, "a connection lost mid-request stayed in the list"),
         ("h11", _no_408, "a connection past the headers timeout was not answered 408 and closed"),
         (

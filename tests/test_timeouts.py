@@ -182,10 +182,14 @@ def test_response_already_started_gets_no_408(server) -> None:  # type: ignore[n
 
 def test_websocket_is_never_timed_out(server) -> None:  # type: ignore[no-untyped-def]
     with ws_connect(f"ws://127.0.0.1:{server.port}/ws", open_timeout=5) as ws:
-        assert server.call(lambda: len(server.mw.connections)) == 0  # upgraded: left both lists
+        # Upgraded: in the list, in neither active nor idle, and no timeout runs for it.
+        counts = server.call(lambda: server.mw.connections.counts())
+        assert (counts["all"], counts["upgraded"], counts["active"], counts["idle"]) == (1, 1, 0, 0)
         time.sleep(REQUEST_TIMEOUT + 0.5)
         ws.send("still here")
         assert ws.recv(timeout=2) == "still here"
+        assert server.call(lambda: server.mw.connections.counts()["upgraded"]) == 1
+    assert wait_for(lambda: server.call(lambda: len(server.mw.connections)) == 0)
 
 
 def test_mixed_clients(server) -> None:  # type: ignore[no-untyped-def]

@@ -29,14 +29,17 @@ A connection moves through these events (the clock is monotonic)::
                        connection stays idle, one request more, responding
     response_begin     a received request went to the app: responding
     response_complete  no response unfinished: not responding
-    remove             closed or upgraded: leaves every list it is in
+    upgrade            left HTTP (a websocket accepted for its handshake):
+                       leaves ``all``'s ring and every HTTP list, joins
+                       ``upgraded``; it still counts in ``occupied``
+    remove             closed: leaves every list it is in
 
 A connection is *expired* when it is in ``active`` and either its headers are
 incomplete and its message started more than ``headers_timeout`` ago, or its
 message started more than ``request_timeout`` ago.  Expired connections leave
 ``active`` (so each is reported once) and stay in ``all`` until removed.
 
-Four more lists serve what Node does not do, each a ``connlist.queues.Queue``
+Five more lists serve what Node does not do, each a ``connlist.queues.Queue``
 ordered by the time that matters to it; none is touched by a request that
 arrives whole::
 
@@ -45,14 +48,16 @@ arrives whole::
     stalled     responses the client stopped taking (``stall``, ``unstall``),
                 by when they were last sampled (``connlist.sweep``)
     closing     connections the enforcer closed (``linger``), by when
+    upgraded    connections that left HTTP (websockets), by when (``upgrade``);
+                until they close, for the view and the budget (Node drops them)
     idle_queue  idle connections by when their idle time began, for the
                 keep-alive timeout and the budget's choice of what to
                 close (``connlist.budget``; ``idle()`` is Node's view): a
                 heap, whose keys the sweep corrects as it finds them late
 
-A record is in at most one of ``stalled`` and ``closing`` (one link,
-``out_state`` says which).  A connection closed to make room (``evict``)
-leaves ``active``, ``body`` and the idle queue, counts as timed out until
+A record is in at most one of ``stalled``, ``closing`` and ``upgraded``
+(one link, ``out_state`` says which).  A connection closed to make room
+(``evict``) leaves ``active``, ``body`` and the idle queue, counts as timed out until
 removed, and no longer counts in ``occupied``.
 
 ``all`` and ``active`` are intrusive, circular and doubly linked, like the
@@ -78,6 +83,10 @@ Invariants:
   requests); an expired connection keeps its start, so it is neither idle
   nor active.  The clock must therefore never return 0 (``time.monotonic``
   does not).
+* An upgraded record is out of ``all``'s ring and has no links (as a
+  removed one), so every HTTP event is a no-op on it, at no cost to the
+  events: it is held by ``upgraded`` alone, which ``all()`` and the counts
+  add.  ``remove`` takes it out of there.
 * The counts are kept as the nodes move, so each is O(1): ``all``,
   ``active``, expired connections not yet closed (``timed_out``), and active
   connections whose headers are incomplete; idle is what remains (``all -
@@ -106,12 +115,14 @@ debug view and the metrics only present them::
     idle             keep-alive, waiting for the next request
     timed_out        expired and closed by the enforcer: it leaves ``all``
                      when the server reports the connection lost
+    upgraded         left HTTP (a websocket): no timeout applies; it leaves
+                     when the server reports the connection lost
     closed           no longer in the list (the view never shows one)
 
 The counts add nginx ``stub_status``-style phases (``PHASES``): ``reading``
 (new + reading_headers), ``writing`` (reading_body + handling), ``waiting``
-(idle) and ``timed_out``; they add up to ``all``.  A stalled connection keeps
-the phase of what it does otherwise.  Which timeout runs for a connection,
+(idle), ``timed_out`` and ``upgraded``; they add up to ``all``.  A stalled
+connection keeps the phase of what it does otherwise.  Which timeout runs for a connection,
 and when it is due (the view's ``timeout`` and ``time_left``), is
 ``connlist.kinds.deadline``'s.  ``docs/debug-endpoint.md`` is the reference.
 """
@@ -130,6 +141,7 @@ from connlist.records import (
     OUT_CLOSING,
     OUT_NONE,
     OUT_STALLED,
+    OUT_UPGRADED,
     Address,
     Connection,
     ConnectionHandle,
@@ -146,13 +158,15 @@ __all__ = [
 ]
 
 # What ``connection_state`` answers for a tracked connection (see "States").
-STATES = ("new", "reading_headers", "reading_body", "handling", "stalled", "idle", "timed_out")
+STATES = ("new", "reading_headers", "reading_body", "handling", "stalled", "idle", "timed_out", "upgraded")
 # The phases of ``ConnectionsList.counts``; they add up to ``all``.
-PHASES = ("reading", "writing", "waiting", "timed_out")
+PHASES = ("reading", "writing", "waiting", "timed_out", "upgraded")
 
 
 def connection_state(conn: Connection) -> str:
     """One of ``STATES``, or ``"closed"`` for a connection no longer in the list."""
+    if conn.out_state == OUT_UPGRADED:
+        return "upgraded"
     if not conn.tracked:  # a property: a ``Received`` record is in the list's table, not linked
         return "closed"
     if conn._active_next is not conn and conn._active_next is not None:
@@ -183,6 +197,7 @@ class ConnectionsList(ListViews):
         "occupied",
         "received",
         "stalled",
+        "upgraded",
     )
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -200,6 +215,7 @@ class ConnectionsList(ListViews):
         self.body: Queue[Connection] = Queue("_body_link", "body_started")
         self.stalled: Queue[Connection] = Queue("_out_link", "out_sampled")
         self.closing: Queue[Connection] = Queue("_out_link", "out_since")
+        self.upgraded: Queue[Connection] = Queue("_out_link", "out_since")
         # ``idle()`` is Node's view; this is the budget's queue (connlist.budget).
         self.idle_queue: Heap[Connection] = Heap("_idle_entry", "idle_since")
         # ASGI-only mode's requests without a body (see Received).
@@ -222,7 +238,10 @@ class ConnectionsList(ListViews):
         conn._active_prev = conn._active_next = conn
 
     def _out_leave(self, conn: Connection) -> None:
-        """Out of ``stalled`` or ``closing`` (the one it is in), and its state with it."""
+        """Out of ``stalled`` or ``closing`` (the one it is in), and its state with it.
+
+        (Never ``upgraded``: a record there is in no list of HTTP's, ``remove`` takes it out.)
+        """
         (self.stalled if conn.out_state == OUT_STALLED else self.closing).unlink(conn)
         conn.out_state = OUT_NONE
 
@@ -384,7 +403,7 @@ class ConnectionsList(ListViews):
             self.idle_queue.push(conn, started)
 
     def remove(self, conn: Connection) -> None:
-        """Closed or upgraded: leaves every list it is in, for good.  Idempotent, safe in any state.
+        """Closed: leaves every list it is in, for good.  Idempotent, safe in any state.
 
         Its links are cleared (``NO_LINK``), not linked to itself: a record
         linked to itself is a reference cycle, which only the cyclic
@@ -393,6 +412,12 @@ class ConnectionsList(ListViews):
         """
         last = conn._all_next
         if last is None:
+            if conn.out_state == OUT_UPGRADED:
+                # An upgraded connection closed (its ring links are gone already).
+                self.upgraded.unlink(conn)
+                conn.out_state = OUT_NONE
+                self.occupied -= 1
+                conn._out_link.release()
             return
         prev = conn._all_prev
         prev._all_next = last
@@ -425,6 +450,30 @@ class ConnectionsList(ListViews):
         out = conn._out_link
         if out is not UNQUEUED:
             out.release()
+
+    def upgrade(self, conn: Connection, method: str | None = None, path: str | None = None) -> None:
+        """Left HTTP (a websocket the server hands its handshake to): held in ``upgraded`` until removed.
+
+        It leaves ``all``'s ring and every HTTP list as at ``remove`` (so no
+        timeout applies and no HTTP event moves it), and joins the tail of
+        ``upgraded``, stamped now; it still counts in ``occupied``.  Its
+        ``last_message_start`` is that stamp (never 0: it is not idle, and
+        the view's ``duration`` is the websocket's), and its request's
+        ``method`` and ``path`` are kept if given.  Only a record in the
+        ring, not let go to make room, is upgraded: the others are left as
+        they are.
+        """
+        if conn._all_next is None or conn.evicted:
+            return
+        self.remove(conn)
+        self.occupied += 1
+        conn.out_state = OUT_UPGRADED
+        conn.out_since = conn.last_message_start = self._clock()
+        conn.headers_completed = True  # the upgrade request's, whole
+        if path is not None:
+            conn._method = method
+            conn._path = path
+        self.upgraded.append(conn)
 
     # -- the connection budget ---------------------------------------------------
 
@@ -499,7 +548,7 @@ class ConnectionsList(ListViews):
     # -- counts --------------------------------------------------------------
 
     def __len__(self) -> int:
-        return self._n_all + len(self.received)
+        return self._n_all + len(self.received) + len(self.upgraded)
 
     @property
     def active_count(self) -> int:
@@ -520,12 +569,20 @@ class ConnectionsList(ListViews):
         return self._n_headers_pending
 
     @property
+    def upgraded_count(self) -> int:
+        """Connections in ``upgraded``: websockets, from the handshake to the close."""
+        return len(self.upgraded)
+
+    @property
     def stalled_count(self) -> int:
         """Connections in ``stalled``: the client stopped taking the response."""
         return len(self.stalled)
 
     def counts(self) -> dict[str, int]:
         """The view's exact counts: ``all``, ``idle``, ``active``, the ``PHASES`` and ``stalled``.
+
+        ``idle`` and ``active`` are Node's, of HTTP connections: an upgraded
+        one is neither (it is ``upgraded``, a phase).
 
         O(1) but for ``writing`` and ``waiting`` (``idle_responding_count``).
         ``stalled`` is not a phase (see "States").
@@ -542,6 +599,7 @@ class ConnectionsList(ListViews):
             "writing": n_active - reading + handling,
             "waiting": n_idle - handling,
             "timed_out": self._n_timed_out,
+            "upgraded": len(self.upgraded),
             "stalled": len(self.stalled),
         }
 

@@ -306,6 +306,9 @@ def budget_view(enforcer: Enforcer) -> dict[str, Any]:
         # A budget needs the connections, which only the server integration sees.
         "enforced": bool(enforcer.settings.max_connections) and enforcer.mode != "asgi",
         "occupied": enforcer.connections.occupied,
+        # Upgraded connections (websockets; counted in occupied too) and their share.
+        "upgraded": enforcer.connections.upgraded_count,
+        "max_upgraded": enforcer.settings.max_upgraded,
         "pressure": round(pressure, 3),
         "pressed": enforcer.pressed,
         "headers_timeout_now": round(shrink(enforcer.settings.headers_timeout, pressure), 3),

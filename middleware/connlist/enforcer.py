@@ -82,6 +82,7 @@ from connlist.connections import Connection, ConnectionHandle, ConnectionsList
 from connlist.kinds import (
     ROOM_BY_NAME,
     TIMEOUT_BY_NAME,
+    UPGRADE_REFUSED,
     Kind,
     RoomKind,
     Settings,
@@ -526,6 +527,47 @@ class Enforcer:
                 self.call(handle.connlist_close_expired)
                 self.call(handle.connlist_abort)
         self.watch()
+
+    def upgrade(self, record: Connection, method: str | None = None, path: str | None = None) -> bool:
+        """An upgrade request (a websocket), complete, that the server is about to hand over: may it?
+
+        Within ``max_upgraded`` (0: no share of their own) the record is held
+        as ``upgraded`` (``ConnectionsList.upgrade``, with the request's
+        ``method`` and ``path`` for the view), its handle is dropped (the
+        enforcer can never cut a websocket: none is in a list it walks), and
+        this answers True: the server hands it over, and its feeder removes
+        the record when the connection is lost.  Past the share, the request
+        is refused as ``admit`` refuses a connection (counted, let go, ``503``
+        and closed, before the handshake) and this answers False: the server
+        hands nothing over, and the app never sees it.  The budget already
+        counted the connection at ``join``.  A rare event: its cost is here,
+        not on a request's path.
+        """
+        if not self.admit_upgrade(record):
+            return False
+        self.hold_upgraded(record, method, path)
+        return True
+
+    def admit_upgrade(self, record: Connection) -> bool:
+        """``upgrade``'s first half: whether the share has room; if not, the request is refused (False)."""
+        connections = self.connections
+        limit = self._settings.max_upgraded
+        if limit and connections.upgraded_count >= limit:
+            self.count(UPGRADE_REFUSED, record)
+            connections.evict(record)
+            handle = record.handle
+            if handle is not None:
+                self.call(handle.connlist_refuse)
+            self.watch()
+            return False
+        return True
+
+    def hold_upgraded(self, record: Connection, method: str | None = None, path: str | None = None) -> None:
+        """``upgrade``'s second half, for a server layer that must finish the request's events first."""
+        self.connections.upgrade(record, method, path)
+        if record.upgraded:  # (one let go meanwhile is closing: it keeps its handle, for the linger)
+            record.handle = None
+            self.totals.upgrades += 1
 
     def attach(self, loop: asyncio.AbstractEventLoop, keep_alive: float | None) -> None:
         """The server's first connection on ``loop``: learn its keep-alive time, watch accept's failures.

@@ -54,8 +54,12 @@ and left out of gunicorn's log.
 HTTP/2 (over TLS, or h2c) and uWSGI connections are counted in the list and
 the budget as connections being served, and gunicorn's own rules time them:
 the headers, request, body-rate and keep-alive timeouts of connlist are
-HTTP/1's (the send timeout applies to all).  A websocket leaves the list at
-its upgrade, as on uvicorn.
+HTTP/1's (the send timeout applies to all).  A websocket upgrade is the
+enforcer's to allow (``Enforcer.upgrade``): within ``max_upgraded`` the
+record is held as ``upgraded`` until the connection is lost (gunicorn keeps
+the same protocol object for the websocket, so its ``connection_lost``
+removes it, as for any connection); past it the request is answered ``503``
+and closed before gunicorn's websocket side runs, and the app never sees it.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ from connlist.server import (
     BODY,
     HEADERS,
     SLOTS,
+    UPGRADE_REFUSED,
     UPGRADED,
     Tracking,
     TransportHandle,
@@ -255,7 +260,7 @@ class ASGITracking(Tracking, _Base):
     def _feed_callback_parser(self, data: Any) -> bool:
         phase = self._connlist_phase
         record = self._connlist_record
-        if record is None or phase == UPGRADED:
+        if record is None or phase >= UPGRADED:
             return self._connlist_base_feed(data)
         parser = self._callback_parser
         if phase == BETWEEN:
@@ -389,9 +394,13 @@ class ASGITracking(Tracking, _Base):
     # -- upgrades --------------------------------------------------------------
 
     async def _handle_websocket(self, request: Any, sockname: Any, peername: Any) -> None:
-        # A websocket is never timed out (Node: its parser is freed): it leaves the list.
+        # A websocket is never timed out (Node: its parser is freed): held as
+        # upgraded until the connection is lost, or refused with 503.
         self._connlist_phase = UPGRADED
-        self._connlist_remove()
+        record = self._connlist_record
+        if record is not None and not self._connlist.upgrade(record, request.method, request.path):
+            self._connlist_phase = UPGRADE_REFUSED
+            return
         await _G._handle_websocket(self, request, sockname, peername)
 
     async def _handle_h2c_upgrade(self, request: Any) -> None:

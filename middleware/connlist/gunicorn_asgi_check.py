@@ -269,9 +269,11 @@ class _Script:
         record = self.record(protocol)
         # Until gunicorn's websocket side answered (the app, which accepts none, ran).
         await self.feed(protocol, UPGRADE, lambda: bool(transport.written))
-        require(not record.tracked, "a websocket upgrade did not take the connection out of the list")
+        upgraded = connection_state(record) == "upgraded"
+        require(upgraded, "a websocket upgrade did not hold the connection as upgraded")
         self.steps.append("a websocket upgrade")
         protocol.connection_lost(None)
+        require(not record.tracked, "a websocket's connection lost did not take it out of the list")
 
     async def headers_timeout(self) -> None:
         protocol, transport = self.connect()

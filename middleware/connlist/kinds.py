@@ -51,6 +51,8 @@ __all__ = [
     "SEND_STEP",
     "SEND_STEP_LIMIT",
     "TIMEOUT_KINDS",
+    "UPGRADED_SHARE",
+    "UPGRADE_REFUSED",
     "Kind",
     "Options",
     "RoomKind",
@@ -62,6 +64,7 @@ __all__ = [
     "check_whole",
     "deadline",
     "default_max_connections",
+    "default_max_upgraded",
     "effective_timeouts",
     "nearest",
     "option_parameters",
@@ -142,6 +145,16 @@ def default_max_connections(limit: int | None = None) -> int:
     return max(1, limit - RESERVED_DESCRIPTORS - limit // RESERVED_SHARE)
 
 
+# The share of max_connections upgraded connections (websockets) may hold
+# by default: one in UPGRADED_SHARE (docs/settings.md says why half).
+UPGRADED_SHARE = 2
+
+
+def default_max_upgraded(max_connections: int) -> int:
+    """The default share of upgraded connections: half the budget, at least 1; 0 (none) without a budget."""
+    return max(1, max_connections // UPGRADED_SHARE) if max_connections else 0
+
+
 def _option(default: float, unit: str) -> float:
     # A kind's option: a number of ``unit`` >= 0, 0 disables it (check_number's rule).
     return field(default=default, metadata={"unit": unit})
@@ -158,6 +171,13 @@ class Settings:
     body_grace: float = _option(DEFAULT_BODY_GRACE, "seconds")
     # Connections per worker (0: no budget); read from RLIMIT_NOFILE when built.
     max_connections: int = field(default_factory=default_max_connections)
+    # Upgraded connections (websockets) per worker, counted in max_connections
+    # too (0: no share of their own); None derives it (default_max_upgraded).
+    max_upgraded: int = None  # type: ignore[assignment]  # set by __post_init__
+
+    def __post_init__(self) -> None:
+        if self.max_upgraded is None:
+            object.__setattr__(self, "max_upgraded", default_max_upgraded(self.max_connections))
 
     @property
     def shortest(self) -> float:
@@ -175,7 +195,8 @@ class Options(TypedDict, total=False):
     """The options as ``ConnectionsMiddleware`` and ``resolve`` take them (every one optional).
 
     ``headers_timeout=None`` derives it from the request timeout (Node's
-    rule), ``max_connections=None`` from the descriptor limit.
+    rule), ``max_connections=None`` from the descriptor limit, ``max_upgraded=None``
+    from ``max_connections``.
     """
 
     headers_timeout: float | None
@@ -184,6 +205,7 @@ class Options(TypedDict, total=False):
     body_min_rate: float
     body_grace: float
     max_connections: int | None
+    max_upgraded: int | None
 
 
 OPTIONS = tuple(item.name for item in fields(Settings))
@@ -237,6 +259,23 @@ def _check_max_connections(value: object) -> int:
     return value
 
 
+def _check_max_upgraded(value: object, max_connections: int) -> int:
+    if value is None:
+        return default_max_upgraded(max_connections)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_upgraded must be None or an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(
+            f"max_upgraded must be >= 0 (0: no share of its own, None derives it), got {value!r}"
+        )
+    if max_connections and value > max_connections:
+        raise ValueError(
+            f"max_upgraded ({value}) must not be greater than max_connections ({max_connections}): "
+            "upgraded connections count against the budget too"
+        )
+    return value
+
+
 def resolve(**options: Unpack[Options]) -> Settings:
     """Validate every option (``ValueError``/``TypeError`` naming it) and return the effective settings.
 
@@ -257,7 +296,8 @@ def resolve(**options: Unpack[Options]) -> Settings:
         if item.name in values or "unit" not in item.metadata:
             continue
         values[item.name] = check_number(item.name, given.get(item.name, item.default), item.metadata["unit"])
-    values["max_connections"] = _check_max_connections(options.get("max_connections"))
+    values["max_connections"] = max_connections = _check_max_connections(options.get("max_connections"))
+    values["max_upgraded"] = _check_max_upgraded(options.get("max_upgraded"), max_connections)
     if values["body_min_rate"] and not values["body_grace"]:
         # With no grace a body would be behind the moment its headers are in.
         raise ValueError("body_grace must be greater than 0 while body_min_rate is enabled (0 disables it)")
@@ -302,6 +342,10 @@ class Totals:
     refused: int = 0
     # accept() failed for want of descriptors (logged once).
     accept_failures: int = 0
+    # Connections that left HTTP (websockets handed their handshake), and
+    # upgrade requests refused with 503 at max_upgraded.
+    upgrades: int = 0
+    upgrades_refused: int = 0
 
 
 # -- the rules of the timeouts -----------------------------------------------------
@@ -542,6 +586,19 @@ ROOM_KINDS = (
     ),
 )
 
+# An upgrade request (a websocket) refused with 503 at max_upgraded, before its
+# handshake: a row of its own, not a room kind (nothing went to make room).
+UPGRADE_REFUSED = Kind(
+    name="upgrade_refused",
+    counter="upgrades_refused",
+    setting="max_upgraded",
+    label="max_upgraded",
+    unit="connections",
+    message="websocket upgrade refused with 503: {s.max_upgraded} upgraded connections",
+    help="503 before the handshake",
+    room=True,
+)
+
 TIMEOUT_BY_NAME = {kind.name: kind for kind in TIMEOUT_KINDS}
 ROOM_BY_NAME = {kind.name: kind for kind in ROOM_KINDS}
 
@@ -549,7 +606,7 @@ ROOM_BY_NAME = {kind.name: kind for kind in ROOM_KINDS}
 def _rows_agree() -> None:
     # The rows, their names for on_timeout, their counters and their options agree.
     counters = {item.name for item in fields(Totals)}
-    for kind in (*TIMEOUT_KINDS, *ROOM_KINDS):
+    for kind in (*TIMEOUT_KINDS, *ROOM_KINDS, UPGRADE_REFUSED):
         if kind.counter not in counters:  # pragma: no cover - a row without its Totals field
             raise AssertionError(f"Totals has no field {kind.counter!r} for the kind {kind.name!r}")
         if kind.setting is not None and kind.setting not in OPTIONS:  # pragma: no cover

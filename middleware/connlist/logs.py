@@ -175,7 +175,7 @@ class Summary:
         ``client`` is the peer's address as the server has it; it is
         formatted, and ``detail()`` called, only if they are written (a mass
         timeout adds thousands).  The kinds of ``room`` are ``idle``,
-        ``headers`` and ``body`` (closed to make room) and ``refused``; a
+        ``headers`` and ``body`` (closed to make room), ``refused`` and ``upgrade_refused``; a
         keep-alive close under pressure is a timeout kind (``keepalive``).
         """
         counts = self._room if room else self._counts
@@ -214,14 +214,17 @@ def _summary_parts(
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
         parts.append(f"{_plural(total, 'connection')} timed out ({kinds}); e.g. {', '.join(examples)}")
     refused = room.pop("refused", 0)
+    upgrades_refused = room.pop("upgrade_refused", 0)
     made = sum(room.values())
     if made:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(room.items()))
         parts.append(f"{_plural(made, 'connection')} closed for max_connections ({kinds})")
     if refused:
         parts.append(f"{_plural(refused, 'new connection')} refused with 503 (every connection busy serving)")
+    if upgrades_refused:
+        parts.append(f"{_plural(upgrades_refused, 'websocket upgrade')} refused with 503 (max_upgraded)")
     if failures:
         parts.append(f"on_timeout raised {_plural(failures, 'time')}")
-    if not total and examples and (made or refused):
+    if not total and examples and (made or refused or upgrades_refused):
         parts[0] += f"; e.g. {', '.join(examples)}"
     return parts

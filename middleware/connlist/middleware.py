@@ -171,6 +171,9 @@ class ConnectionsMiddleware:
     closing the longest-idle keep-alive connection, else the oldest one
     still sending its headers, else the slowest body, and is refused with
     ``503`` only when every connection is a request being served.
+    ``max_upgraded`` is the websockets' share of it (None: half of it; 0:
+    none of their own): past it an upgrade request is refused with ``503``
+    before its handshake; no websocket is ever cut.
     ``debug_path=None`` turns the endpoint off; it is served to loopback
     clients only, or, with ``debug_token``, to clients presenting
     ``Authorization: Bearer <token>``.  ``on_timeout(connection, kind)`` is

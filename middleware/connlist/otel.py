@@ -178,7 +178,13 @@ class Instruments:
             [self._active],
             unit="{connection}",
             description="Open connections by phase (connlist.connection.state): reading, writing, "
-            "waiting (idle keep-alive), timed_out.",
+            "waiting (idle keep-alive), timed_out, upgraded (websockets).",
+        )
+        meter.create_observable_up_down_counter(
+            "connlist.upgraded_connections",
+            [self._upgraded],
+            unit="{connection}",
+            description="Open upgraded connections (websockets), as Kestrel's upgraded_connections.",
         )
         counter(
             "connlist.accepted_connections",
@@ -214,6 +220,12 @@ class Instruments:
             "(connlist.eviction.kind): "
             + ", ".join(f"{kind.name} ({kind.help})" for kind in _EVICTIONS)
             + ".",
+        )
+        counter(
+            "connlist.rejected_upgrades",
+            [self._total("upgrades_refused")],
+            unit="{connection}",
+            description="Websocket upgrade requests refused with 503 at max_upgraded, before the handshake.",
         )
         counter(
             "connlist.accept_failures",
@@ -255,6 +267,9 @@ class Instruments:
                 for phase, n in reading.phases.items():
                     sums[phase] += n
         return [Observation(n, {"connlist.connection.state": phase}) for phase, n in sums.items()]
+
+    def _upgraded(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(sum(r.phases["upgraded"] for r, serving in self._readings() if serving))]
 
     def _total(self, counter: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:

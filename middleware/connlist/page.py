@@ -223,6 +223,9 @@ def _budget_line(budget: dict[str, Any]) -> str:
         f"budget {_text(budget.get('occupied'))} of {_text(budget.get('max_connections'))} connections "
         f"(pressure {share})"
     )
+    if budget.get("max_upgraded"):
+        upgraded, share = _text(budget.get("upgraded")), _text(budget.get("max_upgraded"))
+        line += f", websockets {upgraded} of {share} (max_upgraded)"
 
     if budget.get("pressed"):
         line += (

@@ -104,7 +104,7 @@ class ConnlistMetrics:
     def __init__(self, registry: CollectorRegistry | None = REGISTRY) -> None:
         self.connections = Gauge(
             "connlist_connections",
-            "Open connections by phase: reading, writing, waiting (idle), timed_out.",
+            "Open connections by phase: reading, writing, waiting (idle), timed_out, upgraded (websockets).",
             ["state"],
             registry=registry,
             multiprocess_mode="livesum",
@@ -149,6 +149,11 @@ class ConnlistMetrics:
             registry=registry,
             multiprocess_mode="livesum",
         )
+        self.upgrades_refused = Counter(
+            "connlist_upgrades_refused",
+            "Websocket upgrade requests refused with 503 at max_upgraded, before their handshake.",
+            registry=registry,
+        )
         self.accept_failures = Counter(
             "connlist_accept_failures",
             "accept() failures for want of file descriptors.",
@@ -173,6 +178,7 @@ class ConnlistMetrics:
         for kind in ROOM_NAMES:
             self.budget.labels(kind).inc(0)
         self.max_connections.set(0)
+        self.upgrades_refused.inc(0)
         self.accept_failures.inc(0)
         for setting in POLICIES:
             self.integration_setting.labels(setting).set(0)
@@ -224,6 +230,8 @@ class ConnlistMetrics:
                 self.budget.labels(row.name).inc(grew)
         if deltas.get("accept_failures", 0) > 0:
             self.accept_failures.inc(deltas["accept_failures"])
+        if deltas.get("upgrades_refused", 0) > 0:
+            self.upgrades_refused.inc(deltas["upgrades_refused"])
         if deltas.get("connections", 0) > 0:
             self.accepted.inc(deltas["connections"])
         if deltas.get("requests", 0) > 0:

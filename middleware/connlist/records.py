@@ -21,6 +21,7 @@ __all__ = [
     "OUT_CLOSING",
     "OUT_NONE",
     "OUT_STALLED",
+    "OUT_UPGRADED",
     "Address",
     "Connection",
     "ConnectionHandle",
@@ -84,10 +85,11 @@ Address = tuple[str, int | None] | str | None
 # of it (a reference cycle would wait for the cyclic collector).
 NO_LINK: Any = None
 
-# Connection.out_state: in neither ``stalled`` nor ``closing``, or in one of them.
+# Connection.out_state: in none of ``stalled``, ``closing`` and ``upgraded``, or in one of them.
 OUT_NONE = 0
 OUT_STALLED = 1
 OUT_CLOSING = 2
+OUT_UPGRADED = 3
 
 
 _ids = itertools.count(1)
@@ -182,9 +184,10 @@ class Connection:
         # how many bytes have arrived since (framing included).
         self.body_started = 0.0
         self.body_received = 0
-        # ``stalled`` or ``closing`` (OUT_STALLED, OUT_CLOSING; OUT_NONE: in
-        # neither).  Stalled: last progress, last sample, bytes unsent then;
-        # closing: when the enforcer closed it.
+        # ``stalled``, ``closing`` or ``upgraded`` (OUT_STALLED, OUT_CLOSING,
+        # OUT_UPGRADED; OUT_NONE: in none).  Stalled: last progress, last
+        # sample, bytes unsent then; closing: when the enforcer closed it;
+        # upgraded: when it left HTTP.
         self.out_state = OUT_NONE
         self.out_since = 0.0
         self.out_sampled = 0.0
@@ -238,8 +241,13 @@ class Connection:
 
     @property
     def tracked(self) -> bool:
-        """Whether the connection is in ``all`` (connected and not yet removed)."""
-        return self._all_next is not None
+        """Whether the list holds the connection (connected and not yet removed; upgraded ones too)."""
+        return self._all_next is not None or self.out_state == OUT_UPGRADED
+
+    @property
+    def upgraded(self) -> bool:
+        """Whether the connection left HTTP (a websocket) and is held in ``upgraded`` until it closes."""
+        return self.out_state == OUT_UPGRADED
 
     @property
     def is_active(self) -> bool:

@@ -60,6 +60,7 @@ __all__ = [
     "SLOTS",
     "STATE_KEY",
     "UPGRADED",
+    "UPGRADE_REFUSED",
     "AfterCut",
     "Feeder",
     "Tracking",
@@ -190,8 +191,13 @@ class Feeder(ConnectionHandle, Protocol):
        makes its own and says so once.
     2. **Connections.**  At connect: ``enforcer.join(client, server,
        self)`` (the list, the count, the budget and the timer in one call).
-       When the connection is lost, or leaves HTTP (a websocket upgrade):
-       ``connections.remove(record)``.
+       When the connection is lost: ``connections.remove(record)``.  An
+       upgrade request (a websocket), once complete and before the server
+       hands it over: ``enforcer.upgrade(record, method, path)``, which
+       holds it as ``upgraded`` (True: hand it over, and remove the record
+       when the upgraded connection is lost) or refuses it with ``503``
+       past ``max_upgraded`` (False: hand nothing over; the app never sees
+       it).
     3. **Requests.**  The list's events in order, each at the instant the
        server saw it: ``message_begin`` (a request's first byte),
        ``headers_complete`` then ``response_begin`` (the request goes to the
@@ -373,7 +379,8 @@ class AfterCut:
 BETWEEN = 0  # no message open: a new or idle connection
 HEADERS = 1  # message begun, headers incomplete
 BODY = 2  # headers complete, message incomplete
-UPGRADED = 3  # handed over to another protocol (a websocket)
+UPGRADED = 3  # handed over to another protocol (a websocket): no HTTP event follows
+UPGRADE_REFUSED = 4  # an upgrade refused with 503 at max_upgraded: closing, no HTTP event follows
 
 # The attributes ``Tracking`` adds to the server's protocol.
 SLOTS = ("_connlist", "_connlist_phase", "_connlist_record")

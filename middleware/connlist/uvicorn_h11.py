@@ -22,6 +22,7 @@ import h11
 
 from connlist import uvicorn_cycle as _cycle
 from connlist import uvicorn_keepalive as _keepalive
+from connlist import uvicorn_websocket as _websocket
 from connlist.server import BETWEEN as _BETWEEN
 from connlist.server import BODY as _BODY
 from connlist.server import HEADERS as _HEADERS
@@ -117,8 +118,8 @@ class H11Tracking(Tracking, _H11Base):
         """The list events of what h11 just processed (a read, or what a finished response let in)."""
         record = self._connlist_record
         phase = self._connlist_phase
-        if record is None or phase == _UPGRADED:
-            return  # an upgrade removed the record already
+        if record is None or phase >= _UPGRADED:
+            return  # upgraded (the record is held until the websocket closes), or refused
         enforcer = self._connlist
         connections = enforcer.connections
         their_state = self.conn.their_state
@@ -163,6 +164,10 @@ class H11Tracking(Tracking, _H11Base):
                     record.responding = False
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
-        self._connlist_phase = _UPGRADED
-        self._connlist_remove()
-        super().handle_websocket_upgrade(event)
+        # Held as upgraded until the websocket closes, or refused with 503 (connlist.uvicorn_websocket).
+        _websocket.hand_over(
+            self,
+            lambda: _H11.handle_websocket_upgrade(self, event),
+            event.method.decode("ascii", "replace"),
+            _websocket.request_path(event.target),
+        )

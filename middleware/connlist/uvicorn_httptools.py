@@ -17,7 +17,8 @@ message_begin          a scope that was not there before the read (one per scope
 headers_complete       a new cycle (the first belongs to the message that was
                        reading its headers, if any)
 message_complete       ``cycle.more_body`` is False, or a later message began
-remove                 ``connection_lost``, websocket upgrade
+upgrade                a websocket upgrade (``connlist.uvicorn_websocket``)
+remove                 ``connection_lost``; after an upgrade, the websocket's
 =====================  =============================================================
 
 Every event of one read happens at the same instant, so the events are
@@ -46,11 +47,13 @@ from typing import TYPE_CHECKING, Any
 
 from connlist import uvicorn_cycle as _cycle
 from connlist import uvicorn_keepalive as _keepalive
+from connlist import uvicorn_websocket as _websocket
 from connlist.connections import Connection
 from connlist.enforcer import Enforcer
 from connlist.server import BETWEEN as _BETWEEN
 from connlist.server import BODY as _BODY
 from connlist.server import HEADERS as _HEADERS
+from connlist.server import UPGRADE_REFUSED as _UPGRADE_REFUSED
 from connlist.server import UPGRADED as _UPGRADED
 from connlist.server import Tracking
 from connlist.server import headers_received as _headers_received
@@ -317,7 +320,7 @@ if httptools_impl is not None:
                     self._connlist_events(phase, scope, cycle)
                     return
             _HttpTools.data_received(self, data)
-            if phase != _UPGRADED:
+            if phase < _UPGRADED:
                 self._connlist_events(phase, scope, cycle)
 
         def _connlist_events(self, phase0: int, scope0: Any, cycle0: Any) -> None:
@@ -330,8 +333,8 @@ if httptools_impl is not None:
             connection (or, after an upgrade, its removal).
             """
             record = self._connlist_record
-            if record is None:
-                return
+            if record is None or self._connlist_phase == _UPGRADE_REFUSED:
+                return  # (refused: let go and closing, its events are over)
             enforcer = self._connlist
             upgraded = self._connlist_phase == _UPGRADED
             scope = self.scope
@@ -348,7 +351,9 @@ if httptools_impl is not None:
                 last = _end_open_message(record, enforcer, phase0, open_got_headers, begun, upgraded, cycle)
             last = _begun_messages(record, enforcer, begun_with_headers, begun, upgraded, cycle, last)
             if upgraded:
-                self._connlist_remove()
+                # The upgrade request's events are in: held as upgraded until
+                # its websocket, which holds the record, closes.
+                enforcer.hold_upgraded(record, self.scope.get("method"), _websocket.request_path(self.url))
                 return
             # A body began in this read: a message begun here, or the open
             # one's, if its headers came in (it was not in its body before).
@@ -387,10 +392,10 @@ if httptools_impl is not None:
                     self._connlist.connections.response_complete(record)
 
         def handle_websocket_upgrade(self) -> None:
-            # Upgraded connections are never timed out (Node: parser freed);
-            # the record leaves the list once the read's events are replayed.
-            self._connlist_phase = _UPGRADED
-            super().handle_websocket_upgrade()
+            # Handed over, or refused with 503 (connlist.uvicorn_websocket); held
+            # as upgraded once the read's events are replayed (_connlist_events).
+            hand = _HttpTools.handle_websocket_upgrade
+            _websocket.hand_over(self, lambda: hand(self), None, None, hold=False)
 
         def _connlist_response_written(self, record: Connection) -> bool:
             # With requests queued behind it, the running request is an

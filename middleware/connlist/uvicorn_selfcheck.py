@@ -19,7 +19,9 @@ of connlist's is handed to uvicorn, this module checks it, once per process:
    before its body is read, two pipelined requests, two requests that
    expect ``100 Continue`` (the body's clock starts at the app's first
    ``receive()``, when uvicorn writes ``100 Continue``, or at its answer
-   without reading; not before), a websocket upgrade, a connection lost
+   without reading; not before), a websocket upgrade (held as ``upgraded``
+   by the websocket protocol uvicorn hands the transport to, and removed
+   when that protocol loses the connection), a connection lost
    mid-request, and a headers timeout.  At the end of the first response,
    uvicorn's duties there (its count of requests, reading resumed) and the
    keep-alive: the list's, where connlist runs uvicorn's
@@ -56,6 +58,7 @@ from connlist.connections import Connection, connection_state
 from connlist.enforcer import STATE_KEY, Enforcer
 from connlist.kinds import resolve
 from connlist.uvicorn_keepalive import TIMED_BY_LIST
+from connlist.uvicorn_websocket import Held
 
 __all__ = [
     "CheckFailed",
@@ -126,15 +129,21 @@ class MemoryTransport(asyncio.Transport):
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self.protocol = protocol
 
+    def get_protocol(self) -> Any:
+        return self.protocol
+
 
 class _StubWebSocket(asyncio.Protocol):
-    """What the check's upgrade hands the connection to: the HTTP side is what is checked."""
+    """What the check's upgrade hands the connection to: the hand-over is what is checked."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
+        self.lost = False
 
     def data_received(self, data: bytes) -> None:
         pass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
 
 
 # The check's protocols write here: nothing reaches the server's log.
@@ -375,12 +384,19 @@ class _Script:
         if self.responses(transport) != 6:
             raise CheckFailed(f"{self.responses(transport)} responses were written for 6 requests")
         await self.expect_100_continue()
-        # A websocket upgrade: the connection leaves the list.
-        upgraded, _ = self.connect()
+        # A websocket upgrade: held as upgraded by the websocket protocol
+        # uvicorn hands the transport to (connlist.uvicorn_websocket), until it is lost.
+        upgraded, upgraded_transport = self.connect()
         upgraded_record = self.record(upgraded)
         await self.feed(upgraded, UPGRADE)
-        if upgraded_record.tracked:
-            raise CheckFailed("a websocket upgrade did not take the connection out of the list")
+        if connection_state(upgraded_record) != "upgraded" or upgraded_record.path != "/ws":
+            raise CheckFailed("a websocket upgrade did not hold the connection as upgraded")
+        websocket = upgraded_transport.protocol
+        if not isinstance(websocket, Held) or not isinstance(websocket, _StubWebSocket):
+            raise CheckFailed("a websocket upgrade handed the transport to another than `ws_protocol_class`")
+        websocket.connection_lost(None)
+        if upgraded_record.tracked or not websocket.lost:
+            raise CheckFailed("a websocket's connection lost did not take it out of the list")
         # A connection lost mid-request.
         lost, _ = self.connect()
         lost_record = self.record(lost)

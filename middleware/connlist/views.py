@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from connlist.queues import Queue
 from connlist.records import Connection, Received
 
 __all__ = ["ListViews"]
@@ -27,6 +28,7 @@ class ListViews:
     _all_root: Connection
     _active_root: Connection
     received: dict[int, tuple[float, Any]]
+    upgraded: Queue[Connection]
 
     @property
     def idle_responding_count(self) -> int:
@@ -41,7 +43,10 @@ class ListViews:
         return n
 
     def iter_all(self) -> Iterator[Connection]:
-        """``all`` in connection order; the current node may be removed while iterating."""
+        """``all``: the ring in connection order, then the upgraded ones; the current node may be removed.
+
+        (Then ASGI-only mode's requests, ``Received``.)
+        """
         root = self._all_root
         node = root._all_next
         # A node removed during the yield has no links: carry on from its
@@ -51,6 +56,7 @@ class ListViews:
             yield node
             node = nxt if node._all_next is None else node._all_next
         if node is root:
+            yield from self.upgraded
             yield from self._iter_received()
 
     def _iter_received(self) -> Iterator[Connection]:
@@ -93,7 +99,11 @@ class ListViews:
         return closed
 
     def close_all(self) -> int:
-        """Close every connection (Node's closeAllConnections); returns how many."""
+        """Close every connection (Node's closeAllConnections); returns how many.
+
+        An upgraded connection has no handle (its server protocol let it go
+        at the upgrade): the server closes its websockets itself.
+        """
         conns = [conn for conn in self.iter_all() if conn.handle is not None]
         for conn in conns:
             conn.handle.connlist_close()  # type: ignore[union-attr]
