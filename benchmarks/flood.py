@@ -84,7 +84,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -282,13 +282,25 @@ def run_probe(port: int, stop: threading.Event, result: Probe) -> None:
         stop.wait(max(next_at - time.monotonic(), 0))
 
 
-# -- the keep-alive flood (a subprocess of its own) ----------------------------
+# -- the keep-alive and websocket floods (each a subprocess of its own) ----------
+
+# One visit of a flood's client: what it sends on a new connection, and what it
+# counts of the answer; True: the connection is then held, silent.
+Visit = Callable[[asyncio.StreamReader, asyncio.StreamWriter, dict[str, int]], Awaitable[bool]]
 
 
-async def keepalive_flood(port: int, count: int, rate: float, duration: float) -> dict[str, int]:
-    """``count`` clients connecting at ``rate`` a second: one request each, then silent; again when closed."""
+async def _flood(
+    port: int, count: int, rate: float, duration: float, stats: dict[str, int], attempts: str, visit: Visit
+) -> dict[str, int]:
+    """``count`` clients connecting to ``port`` at ``rate`` a second, each making ``visit`` again and again.
+
+    Each attempt counts in ``stats[attempts]``.  A visit whose connection is
+    held waits, silent, until the server closes it (``closed_by_server``) or
+    the flood ends; one that is not, or that failed (``failed``), is followed
+    by a pause of 50 ms.
+    """
     deadline = time.monotonic() + duration
-    stats = {"connects": 0, "answered": 0, "closed_by_server": 0, "failed": 0}
+    stats.update(closed_by_server=0, failed=0)
     tokens = asyncio.Semaphore(0)
 
     async def refill() -> None:
@@ -304,13 +316,11 @@ async def keepalive_flood(port: int, count: int, rate: float, duration: float) -
                 break
             writer = None
             try:
-                stats["connects"] += 1
+                stats[attempts] += 1
                 reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
-                writer.write(b"GET / HTTP/1.1\r\nHost: flood\r\n\r\n")
-                head = await asyncio.wait_for(reader.readuntil(b"Hello, world!"), 5)
-                if head.startswith(b"HTTP/1.1 200"):
-                    stats["answered"] += 1
-                # Silent from now on, until the server closes it or the flood ends.
+                if not await visit(reader, writer, stats):
+                    await asyncio.sleep(0.05)
+                    continue
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(reader.read(), max(deadline - time.monotonic(), 0))
                     stats["closed_by_server"] += 1
@@ -327,12 +337,25 @@ async def keepalive_flood(port: int, count: int, rate: float, duration: float) -
     return stats
 
 
+async def keepalive_flood(port: int, count: int, rate: float, duration: float) -> dict[str, int]:
+    """``count`` clients connecting at ``rate`` a second: one request each, then silent; again when closed."""
+
+    async def visit(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]
+    ) -> bool:
+        writer.write(b"GET / HTTP/1.1\r\nHost: flood\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"Hello, world!"), 5)
+        if head.startswith(b"HTTP/1.1 200"):
+            stats["answered"] += 1
+        return True
+
+    return await _flood(port, count, rate, duration, {"connects": 0, "answered": 0}, "connects", visit)
+
+
 def start_keepalive(port: int, count: int, rate: int, duration: float) -> subprocess.Popen[bytes]:
     command = [PYTHON, __file__, "--keepalive-client", str(port), str(count), str(rate), str(duration)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
-
-# -- the websocket flood (a subprocess of its own) ------------------------------
 
 UPGRADE = (
     b"GET /ws HTTP/1.1\r\nHost: flood\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -342,47 +365,20 @@ UPGRADE = (
 
 async def websocket_flood(port: int, count: int, rate: float, duration: float) -> dict[str, int]:
     """``count`` clients asking at ``rate`` a second for a websocket, each held silent; again if refused."""
-    deadline = time.monotonic() + duration
-    stats = {"asked": 0, "opened": 0, "refused_503": 0, "other": 0, "closed_by_server": 0, "failed": 0}
-    tokens = asyncio.Semaphore(0)
 
-    async def refill() -> None:
-        while time.monotonic() < deadline:
-            tokens.release()
-            await asyncio.sleep(1 / rate)
+    async def visit(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stats: dict[str, int]
+    ) -> bool:
+        writer.write(UPGRADE)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        if not head.startswith(b"HTTP/1.1 101"):
+            stats["refused_503" if head.startswith(b"HTTP/1.1 503") else "other"] += 1
+            return False
+        stats["opened"] += 1
+        return True
 
-    async def client() -> None:
-        while time.monotonic() < deadline:
-            try:
-                await asyncio.wait_for(tokens.acquire(), max(deadline - time.monotonic(), 0.001))
-            except asyncio.TimeoutError:
-                break
-            writer = None
-            try:
-                stats["asked"] += 1
-                reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
-                writer.write(UPGRADE)
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-                if not head.startswith(b"HTTP/1.1 101"):
-                    stats["refused_503" if head.startswith(b"HTTP/1.1 503") else "other"] += 1
-                    await asyncio.sleep(0.05)
-                    continue
-                stats["opened"] += 1
-                # Held, silent, until the server closes it or the flood ends.
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(reader.read(), max(deadline - time.monotonic(), 0))
-                    stats["closed_by_server"] += 1
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-                stats["failed"] += 1
-                await asyncio.sleep(0.05)
-            finally:
-                if writer is not None:
-                    writer.close()
-
-    filler = asyncio.ensure_future(refill())
-    await asyncio.gather(*(client() for _ in range(count)))
-    filler.cancel()
-    return stats
+    stats = {"asked": 0, "opened": 0, "refused_503": 0, "other": 0}
+    return await _flood(port, count, rate, duration, stats, "asked", visit)
 
 
 def start_websocket(port: int, count: int, rate: int, duration: float) -> subprocess.Popen[bytes]:
@@ -526,7 +522,8 @@ def markdown(cases: list[Case], command: str) -> str:
         )
         if websockets:
             flood = case.flood or {}
-            opened = f"{flood.get('opened', 0)} / {flood.get('refused_503', 0)}" if case.flood else "-"
+            websocket = case.attack == "websocket" and case.flood
+            opened = f"{flood.get('opened', 0)} / {flood.get('refused_503', 0)}" if websocket else "-"
             lines[-1] += f" {opened} |"
     return "\n".join(lines)
 
