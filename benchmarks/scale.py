@@ -307,12 +307,13 @@ def warm_up(server: Server, n: int) -> None:
 
 
 def probe(port: int) -> None:
-    """Wait for a line on stdin, then ``GET /`` every 10 ms until the next line (or EOF); print the latencies.
+    """Say ``ready``, wait for a line on stdin, then ``GET /`` every 10 ms until the next; print latencies.
 
     Requests go out on a fixed 10 ms schedule; after a stall the next goes
     at once and the schedule restarts from there (no burst of catch-up).
     """
     stdin = sys.stdin.fileno()
+    print("ready", flush=True)  # started: what probe_process waits for
     if not os.read(stdin, 64):
         return
     latencies: list[float] = []
@@ -354,6 +355,10 @@ def probe_process(port: int) -> Iterator[subprocess.Popen[str]]:
         cwd=HERE,
     )
     try:
+        # Its start-up (seconds on a busy machine) must not eat into the time it measures.
+        assert process.stdout is not None
+        if process.stdout.readline() != "ready\n":
+            raise BenchError("the probe did not start")
         yield process
     finally:
         if process.poll() is None:
