@@ -301,13 +301,9 @@ def test_closes_decided_by_connlist_end_gunicorns_connection_loop(monkeypatch: p
     cls = passing(monkeypatch)
     from gunicorn.config import Config
 
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
-        await send({"type": "http.response.body", "body": b"ok"})
-
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        worker = gunicorn_asgi_check._Worker(Config(), app, {STATE_KEY: Enforcer()}, loop)
+        worker = gunicorn_asgi_check._Worker(Config(), _body_app, {STATE_KEY: Enforcer()}, loop)
         # Refused at the budget: 503, and the loop waiting for a first request ends.
         refused = cls(worker)
         refused_transport = gunicorn_asgi_check._Transport()
@@ -338,13 +334,9 @@ def test_connlist_adds_nothing_to_gunicorns_instance_dict(monkeypatch: pytest.Mo
     cls = passing(monkeypatch)
     from gunicorn.config import Config
 
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
-        await send({"type": "http.response.body", "body": b"ok"})
-
     async def attributes(protocol_class: type[Any]) -> set[str]:
         loop = asyncio.get_running_loop()
-        worker = gunicorn_asgi_check._Worker(Config(), app, {STATE_KEY: Enforcer()}, loop)
+        worker = gunicorn_asgi_check._Worker(Config(), _body_app, {STATE_KEY: Enforcer()}, loop)
         protocol = protocol_class(worker)
         protocol.connection_made(gunicorn_asgi_check._Transport())
         protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
