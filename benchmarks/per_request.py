@@ -195,7 +195,7 @@ async def drive(
             protocol.connection_lost(None)
             responses += 1
     if report is not None:
-        from connlist.enforcer import STATE_KEY
+        from connlist.core.enforcer import STATE_KEY
 
         report["responses"] = responses
         report["connections"] = made

@@ -146,7 +146,7 @@ async def drive(
     if not transport.writes or not transport.writes[0].startswith(b"HTTP/1.1 200 "):
         raise SystemExit(f"{setup}: unexpected answer {transport.writes[:1]!r}")
     if report is not None:
-        from connlist.enforcer import STATE_KEY
+        from connlist.core.enforcer import STATE_KEY
 
         report["responses"] = served
         report["enforcer"] = worker.state.get(STATE_KEY)
@@ -155,7 +155,7 @@ async def drive(
 
 def child(setup: str, requests: int, loop: str, layout: int, per_connection: bool) -> None:
     _ballast[:] = ballast(layout)
-    from connlist import gunicorn_asgi_start
+    from connlist.servers.gunicorn import start as gunicorn_asgi_start
 
     # connlist's class checked on the python parser only: valgrind cannot run gunicorn_h1c's.
     gunicorn_asgi_start._FastConfig.http_parser = "python"

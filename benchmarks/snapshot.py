@@ -8,7 +8,7 @@ small constant, whatever the number of connections tracked.
 For N tracked connections (1,000, 10,000 and 100,000 by default) in three
 layouts, and ``limit`` = 10,000 (the maximum), 1000, 100 and 0, this script times:
 
-- ``snapshot``  -- ``connlist.debug.snapshot(enforcer, limit=...)``: the counts and
+- ``snapshot``  -- ``connlist.observe.debug.snapshot(enforcer, limit=...)``: the counts and
   the three lists;
 - ``endpoint``  -- the whole ASGI call of ``DebugEndpoint`` (snapshot, JSON encoding,
   both ``send`` calls to a no-op) on an event loop;
@@ -51,8 +51,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from connlist.debug import IDLE_SCAN, MAX_LIMIT, DebugEndpoint, snapshot
-from connlist.enforcer import Enforcer
+from connlist.core.enforcer import Enforcer
+from connlist.observe.debug import IDLE_SCAN, MAX_LIMIT, DebugEndpoint, snapshot
 
 LIMITS = (MAX_LIMIT, 1000, 100, 0)
 

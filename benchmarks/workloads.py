@@ -71,8 +71,8 @@ from typing import Any
 # The connlist of this checkout (pyperf's workers do not inherit PYTHONPATH).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "middleware"))
 
-from connlist.connections import Connection, ConnectionsList
-from connlist.kinds import effective_timeouts as _effective
+from connlist.core.connections import Connection, ConnectionsList
+from connlist.core.kinds import effective_timeouts as _effective
 
 SEED = 20240601
 _INF = float("inf")

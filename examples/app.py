@@ -26,8 +26,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from connlist import ConnectionsMiddleware
-from connlist.connections import Connection
-from connlist.logs import format_address
+from connlist.core.connections import Connection
+from connlist.core.logs import format_address
 
 logger = logging.getLogger("example")
 

@@ -22,7 +22,6 @@ import os
 from fastapi import FastAPI, Request
 
 from connlist import ConnectionsMiddleware
-
 app = FastAPI(title="connlist example")
 
 

@@ -1,17 +1,17 @@
-"""A made-up server's integration: what a second server's would be, one module on ``connlist.server``.
+"""A made-up server's integration: what a second server's would be, one module on ``connlist.servers.seam``.
 
 The "server" reads HTTP/1.1 requests of its own (a request line and headers
 up to a blank line, then ``Content-Length`` bytes of body) and answers each
 when told to (``respond``).  Its integration is the two halves any server's
 is, and nothing else of connlist's is changed for it:
 
-* the protocol, ``FakeServerProtocol``: ``connlist.server.Tracking`` under
+* the protocol, ``FakeServerProtocol``: ``connlist.servers.seam.Tracking`` under
   the server's own protocol, telling the list's events from what each read
   did to its own state, and answering the handle's three questions from it;
-* the start-up side, this module's functions (``connlist.integration.Server``):
+* the start-up side, this module's functions (``connlist.servers.integration.Server``):
   the server's config found from the lifespan's ``receive``, and the
   integration turned on by putting the protocol class in it.  It is found
-  when its name is in ``connlist.integration.SERVERS``.
+  when its name is in ``connlist.servers.selection.SERVERS``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from connlist import integration
-from connlist.connections import Connection
-from connlist.integration import Start
-from connlist.server import BETWEEN, BODY, HEADERS, SLOTS, Tracking, headers_received
+from connlist.core.connections import Connection
+from connlist.servers import integration
+from connlist.servers.integration import Start
+from connlist.servers.seam import BETWEEN, BODY, HEADERS, SLOTS, Tracking, headers_received
 
 MODE = "fake-server"
 
@@ -44,7 +44,7 @@ class FakeLifespan:
         return {"type": "lifespan.startup"}
 
 
-# -- the start-up side (connlist.integration.Server) ---------------------------
+# -- the start-up side (connlist.servers.integration.Server) ---------------------------
 
 
 def server_config(receive: Any, state: object = None) -> Any:
@@ -73,7 +73,7 @@ def unconfirmed(mode: str) -> tuple[str, str]:
     return f"the made-up server did not serve through {mode}", "give the made-up server connlist's protocol"
 
 
-# -- the protocol (connlist.server.Feeder) ---------------------------------------
+# -- the protocol (connlist.servers.seam.Feeder) ---------------------------------------
 
 
 class FakeServerProtocol(Tracking, asyncio.Protocol):

@@ -151,7 +151,7 @@ RESPONSE_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nConten
 
 
 class MemoryHandle:
-    """A connection's handle (``connlist.connections.ConnectionHandle``) over a ``MemoryTransport``.
+    """A connection's handle (``connlist.core.connections.ConnectionHandle``) over a ``MemoryTransport``.
 
     Closes as the server layer does: a ``408`` only if no response byte was
     written for the request, then close; an abort drops what is unsent.

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from connlist import ConnectionsMiddleware
-from connlist.connections import Connection
+from connlist.core.connections import Connection
 from tests.servers import (
     EARLY,
     INTEGRATED,
@@ -527,7 +527,7 @@ def test_totals_stay_exact_when_the_integration_takes_over(parser: str) -> None:
     with serve(mw, INTEGRATED[parser]) as running:
         serve_requests(running.port)
         assert mw.mode == f"uvicorn-{parser}"
-        assert running.server.lifespan.state["connlist.enforcer"] is mw.enforcer
+        assert running.server.lifespan.state["connlist.core.enforcer"] is mw.enforcer
     # The server stopped: every connection was counted, and is gone.
     assert totals() == {**totals(), "connections": 4 + 2, "requests": 4 + 4}
     assert sum(value for name, value in totals().items() if name.endswith("_timeouts")) == 0
@@ -641,7 +641,7 @@ def test_a_request_cut_twice_is_answered_once() -> None:
 def test_a_request_handle_has_no_transport_to_abort_refuse_or_sample() -> None:
     # What the enforcer may ask of any record: here nothing happens, and
     # the request goes on (it ends when the app returns).
-    from connlist.asgi import AsgiRequest
+    from connlist.asgi.asgi_only import AsgiRequest
 
     got: list[Any] = []
 

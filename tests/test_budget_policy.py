@@ -10,10 +10,10 @@ import resource
 
 import pytest
 
-from connlist.budget import idle_oldest
-from connlist.connections import Connection, ConnectionsList, connection_state
-from connlist.enforcer import PRESSURE_FLOOR, PRESSURE_WATERMARK, Enforcer, shrink
-from connlist.kinds import default_max_connections, resolve
+from connlist.core.budget import idle_oldest
+from connlist.core.connections import Connection, ConnectionsList, connection_state
+from connlist.core.enforcer import PRESSURE_FLOOR, PRESSURE_WATERMARK, Enforcer, shrink
+from connlist.core.kinds import default_max_connections, resolve
 from tests.fakes import RESPONSE_408, RESPONSE_503, FakeClock, MemoryHandle, MockLoop
 
 
@@ -273,8 +273,8 @@ def test_under_pressure_idle_keep_alive_connections_are_closed_sooner(
 def test_the_view_the_page_and_the_metrics_show_the_budget(clock: FakeClock, loop: MockLoop) -> None:
     from prometheus_client import CollectorRegistry
 
-    from connlist import page
-    from connlist.debug import snapshot
+    from connlist.observe import page
+    from connlist.observe.debug import snapshot
     from connlist.prometheus import ConnlistMetrics, Exporter
 
     enforcer = make(clock, loop, 4, headers_timeout=60, request_timeout=300)

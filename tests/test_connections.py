@@ -1,4 +1,4 @@
-"""Unit tests for connlist.connections, with an injected fake clock.
+"""Unit tests for connlist.core.connections, with an injected fake clock.
 
 Every step asserts the whole state of the list (h11-style): the three views,
 the three counts, and the fields of every connection involved.
@@ -14,10 +14,10 @@ from typing import NamedTuple
 
 import pytest
 
-from connlist.budget import body_slowest, headers_oldest, idle_expired, idle_oldest
-from connlist.connections import Connection, ConnectionsList, connection_state
-from connlist.kinds import SEND_STEP, SEND_STEP_LIMIT, Settings, check_timeout, deadline, send_allowance
-from connlist.sweep import lingered, rate_expired, stall_sample, stalled_due
+from connlist.core.budget import body_slowest, headers_oldest, idle_expired, idle_oldest
+from connlist.core.connections import Connection, ConnectionsList, connection_state
+from connlist.core.kinds import SEND_STEP, SEND_STEP_LIMIT, Settings, check_timeout, deadline, send_allowance
+from connlist.core.sweep import lingered, rate_expired, stall_sample, stalled_due
 from tests.fakes import T0, FakeClock
 
 
@@ -1290,8 +1290,8 @@ def test_message_is_the_three_events_at_one_instant(before: str) -> None:
 def test_requests_received_whole_are_counted_and_walked_as_handling_records(
     lst: ConnectionsList, clock: FakeClock
 ) -> None:
-    from connlist.debug import connection_state
-    from connlist.records import Received
+    from connlist.core.records import Received
+    from connlist.observe.debug import connection_state
 
     body = lst.connect(client=("127.0.0.1", 1), server=("127.0.0.1", 80))
     lst.headers_complete(body, "POST", "/upload")

@@ -19,9 +19,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
-from connlist.budget import idle_expired
-from connlist.connections import PHASES, STATES, Connection, ConnectionsList, connection_state
-from connlist.sweep import lingered, rate_expired, stall_sample, stalled_due
+from connlist.core.budget import idle_expired
+from connlist.core.connections import PHASES, STATES, Connection, ConnectionsList, connection_state
+from connlist.core.sweep import lingered, rate_expired, stall_sample, stalled_due
 from tests.fakes import FakeClock
 
 

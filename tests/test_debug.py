@@ -15,8 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connlist.connections import STATES, Connection, ConnectionsList, connection_state
-from connlist.debug import (
+from connlist.core.connections import STATES, Connection, ConnectionsList, connection_state
+from connlist.core.enforcer import Enforcer
+from connlist.core.kinds import resolve
+from connlist.observe.debug import (
     DEFAULT_LIMIT,
     IDLE_SCAN,
     PATH_MAX,
@@ -25,9 +27,7 @@ from connlist.debug import (
     snapshot,
     snapshot_steps,
 )
-from connlist.enforcer import Enforcer
-from connlist.kinds import resolve
-from connlist.slices import STEP
+from connlist.observe.slices import STEP
 from tests.fakes import T0, FakeClock
 
 PATH = "/_connections"

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from connlist import ConnectionsMiddleware
-from connlist.debug import (
+from connlist.observe.debug import (
     MAX_LIMIT,
     is_loopback,
 )
@@ -204,7 +204,7 @@ def test_the_endpoint_yields_the_loop_while_it_builds_a_large_view(monkeypatch: 
     import asyncio
     import itertools
 
-    from connlist import slices
+    from connlist.observe import slices
 
     mw = ConnectionsMiddleware(App(), headers_timeout=10, request_timeout=20)
     connections = mw.connections
@@ -256,7 +256,7 @@ def test_workers_all_without_a_group_is_this_worker_alone() -> None:
     mw = ConnectionsMiddleware(App(), headers_timeout=3, request_timeout=7)
     mw.connections.connect(client=("127.0.0.1", 1))
     data = request(mw, url=PATH + "?workers=all&limit=5").json()
-    # The combined answer's shape (connlist.workers), with one worker: this one.
+    # The combined answer's shape (connlist.observe.workers), with one worker: this one.
     assert (data["unreachable"], data["limit"], data["truncated"]) == (0, 5, False)
     (worker,) = data["workers"]
     assert worker["pid"] == data["pid"] == os.getpid()
@@ -342,8 +342,8 @@ def test_proxy_headers_decide_who_is_loopback(
 def test_an_endpoint_without_a_worker_group_answers_workers_all_for_this_worker_alone() -> None:
     # DebugEndpoint on its own (mounted by an app, no WorkerGroup): the
     # workers=all answer has the same shape, with one worker in it.
-    from connlist.debug import DebugEndpoint
-    from connlist.enforcer import Enforcer
+    from connlist.core.enforcer import Enforcer
+    from connlist.observe.debug import DebugEndpoint
 
     enforcer = Enforcer()
     enforcer.connections.connect(client=("127.0.0.1", 4000))

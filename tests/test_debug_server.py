@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from connlist import ConnectionsMiddleware
-from connlist.debug import (
+from connlist.observe.debug import (
     DEFAULT_LIMIT,
 )
 from tests.servers import (

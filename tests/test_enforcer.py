@@ -17,9 +17,9 @@ import typing
 
 import pytest
 
-from connlist.connections import Connection
-from connlist.enforcer import _BATCH, SLOW_CALLBACK, SWEEP_TIME, Enforcer
-from connlist.kinds import (
+from connlist.core.connections import Connection
+from connlist.core.enforcer import _BATCH, SLOW_CALLBACK, SWEEP_TIME, Enforcer
+from connlist.core.kinds import (
     ROOM_KINDS,
     TIMEOUT_KINDS,
     UPGRADE_REFUSED,
@@ -28,8 +28,8 @@ from connlist.kinds import (
     Totals,
     resolve,
 )
-from connlist.logs import SUMMARY_INTERVAL
-from connlist.sweep import RATE_RESOLUTION, SLACK
+from connlist.core.logs import SUMMARY_INTERVAL
+from connlist.core.sweep import RATE_RESOLUTION, SLACK
 from tests.fakes import RESPONSE_408, T0, FakeClock, MemoryHandle, MockLoop
 
 LINGER = 1.0
@@ -527,7 +527,7 @@ def test_a_record_handed_to_the_callback_keeps_its_request_once_the_connection_i
     handle.request = ("POST", "/upload")
     enforcer.connections.message_begin(conn)
     loop.run_until(T0 + 1 + SLACK)
-    # The server reports the connection lost, and lets go of the record (connlist.server).
+    # The server reports the connection lost, and lets go of the record (connlist.servers.seam).
     enforcer.connections.remove(conn)
     conn.handle = None
     assert kept == [conn] and (conn.method, conn.path) == ("POST", "/upload")

@@ -98,7 +98,7 @@ def test_slow_clients_get_408_on_time(gunicorn_server: Process) -> None:
 def test_a_uvicorn_worker_without_config_kwargs_falls_back(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from connlist import gunicorn
+    from connlist.servers.gunicorn import workers as gunicorn
 
     class Bare:
         pass

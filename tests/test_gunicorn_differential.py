@@ -26,10 +26,10 @@ pytest.importorskip("gunicorn.workers.gasgi")
 from gunicorn.asgi.protocol import ASGIProtocol as Gunicorns
 from gunicorn.config import Config
 
-from connlist import gunicorn_asgi_start
-from connlist.enforcer import STATE_KEY, Enforcer
-from connlist.gunicorn_asgi_check import _SilentLog, _Transport
-from connlist.kinds import resolve
+from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.kinds import resolve
+from connlist.servers.gunicorn import start as gunicorn_asgi_start
+from connlist.servers.gunicorn.selfcheck import _SilentLog, _Transport
 
 try:
     import gunicorn_h1c  # noqa: F401

@@ -1,4 +1,4 @@
-"""gunicorn's ASGI integration in memory: its self-check, its start, its handle (connlist.gunicorn_asgi*).
+"""gunicorn's ASGI integration in memory: its self-check, its start, its handle (servers.gunicorn).
 
 The real processes are tests/test_gunicorn_asgi.py's; here each branch of
 the start is driven with gunicorn's module global set as each case has it,
@@ -21,9 +21,13 @@ from gunicorn.asgi import protocol as gunicorn_protocol
 from gunicorn.workers import gasgi
 from starlette.requests import ClientDisconnect
 
-from connlist import gunicorn_asgi, gunicorn_asgi_check, gunicorn_asgi_start, integration, logs
-from connlist.enforcer import STATE_KEY, Enforcer
-from connlist.uvicorn_selfcheck import CheckFailed, Result
+from connlist.core import logs
+from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.servers import integration
+from connlist.servers.gunicorn import protocol as gunicorn_asgi
+from connlist.servers.gunicorn import selfcheck as gunicorn_asgi_check
+from connlist.servers.gunicorn import start as gunicorn_asgi_start
+from connlist.servers.uvicorn.selfcheck import CheckFailed, Result
 
 GUNICORNS = gunicorn_protocol.ASGIProtocol
 
@@ -381,7 +385,7 @@ class _Transport(gunicorn_asgi_check._Transport):
 
 
 def _connected(cls: type[Any], cfg: Any, app: Any = _body_app, **options: Any) -> tuple[Any, Any, Enforcer]:
-    from connlist.kinds import resolve
+    from connlist.core.kinds import resolve
 
     enforcer = Enforcer(resolve(**options)) if options else Enforcer()
     worker = gunicorn_asgi_check._Worker(cfg, app, {STATE_KEY: enforcer}, asyncio.get_running_loop())
@@ -765,11 +769,12 @@ def test_connlists_worker_class(monkeypatch: pytest.MonkeyPatch) -> None:
     from gunicorn.config import Config
 
     import connlist.gunicorn
+    import connlist.servers.supervisor
 
     ours = passing(monkeypatch)
     booted: list[str] = []
     monkeypatch.setattr(gasgi.ASGIWorker, "init_process", lambda self: booted.append(self.cfg.asgi_lifespan))
-    monkeypatch.setattr(connlist.gunicorn.workers, "supervised_by", lambda ppid: None)
+    monkeypatch.setattr(connlist.servers.supervisor, "supervised_by", lambda ppid: None)
     for lifespan, runs in (("auto", "on"), ("off", "off"), ("on", "on")):
         worker = object.__new__(connlist.gunicorn.ASGIWorker)
         worker.cfg = Config()
@@ -779,9 +784,9 @@ def test_connlists_worker_class(monkeypatch: pytest.MonkeyPatch) -> None:
         assert gasgi.ASGIProtocol is ours and booted[-1] == runs
     # A package that is not installed: what to install, when the name is used.
     with pytest.raises(ImportError, match="needs gunicorn and uvicorn-worker"):
-        connlist.gunicorn.__getattr__("UvicornWorker")
+        connlist.servers.gunicorn.workers.__getattr__("UvicornWorker")
     with pytest.raises(ImportError, match="needs gunicorn 24 or newer"):
-        connlist.gunicorn.__getattr__("ASGIWorker")
+        connlist.servers.gunicorn.workers.__getattr__("ASGIWorker")
 
 
 def test_one_warning_where_gunicorn_serves_http2_or_uwsgi(

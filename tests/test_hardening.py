@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from connlist.connections import Connection, connection_state
-from connlist.enforcer import LINGER
-from connlist.kinds import SEND_STEP_LIMIT, send_allowance
+from connlist.core.connections import Connection, connection_state
+from connlist.core.enforcer import LINGER
+from connlist.core.kinds import SEND_STEP_LIMIT, send_allowance
 from tests import servers
 from tests.servers import (
     EARLY,

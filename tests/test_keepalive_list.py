@@ -1,6 +1,6 @@
 """The keep-alive timeout the list times, on a fake clock and loop: when each idle connection is closed.
 
-What ``connlist.uvicorn_keepalive`` does at the end of a response that
+What ``connlist.servers.uvicorn.keepalive`` does at the end of a response that
 leaves a connection idle is ``responded`` below; the rest is the enforcer's
 (the idle heap, the sweep's ``keepalive`` step, ``wake_by``).  uvicorn's own
 tests (scripts/uvicorn-protocol-tests) and tests/test_keepalive.py drive
@@ -17,11 +17,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
 
-from connlist.budget import idle_expired, idle_oldest
-from connlist.connections import Connection, ConnectionsList
-from connlist.enforcer import PRESSURE_FLOOR, Enforcer
-from connlist.kinds import resolve
-from connlist.sweep import KEEPALIVE_BATCH, SLACK
+from connlist.core.budget import idle_expired, idle_oldest
+from connlist.core.connections import Connection, ConnectionsList
+from connlist.core.enforcer import PRESSURE_FLOOR, Enforcer
+from connlist.core.kinds import resolve
+from connlist.core.sweep import KEEPALIVE_BATCH, SLACK
 from tests.fakes import FakeClock, MockLoop
 from tests.test_budget_policy import arrive
 
@@ -45,7 +45,7 @@ def first_request(enforcer: Enforcer, conn: Connection) -> None:
 
 
 def responded(enforcer: Enforcer, conn: Connection) -> None:
-    """The end of a response that leaves ``conn`` idle, as connlist.uvicorn_keepalive writes it."""
+    """The end of a response that leaves ``conn`` idle, as connlist.servers.uvicorn.keepalive writes it."""
     enforcer.connections.response_complete(conn)
     conn.idle_at = idle_at = enforcer.clock()
     if idle_at + enforcer.keep_alive < enforcer.timer_at:

@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from connlist import ConnectionsMiddleware, kinds
-from connlist.kinds import (
+from connlist import ConnectionsMiddleware
+from connlist.core import kinds
+from connlist.core.kinds import (
     OPTIONS,
     TIMEOUT_KINDS,
     Options,
     Settings,
     resolve,
 )
-from connlist.sweep import STEPS
+from connlist.core.sweep import STEPS
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

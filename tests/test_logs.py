@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from connlist.logs import SUMMARY_INTERVAL, Summary, format_address, logger, route_to_server
+from connlist.core.logs import SUMMARY_INTERVAL, Summary, format_address, logger, route_to_server
 
 
 @pytest.mark.parametrize(
@@ -122,7 +122,7 @@ def test_route_to_server_leaves_configured_logging_alone(
 def test_connlist_follows_uvicorns_logger_when_it_is_renamed(
     plain_logging: logging.Logger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from connlist import logs
+    from connlist.core import logs
 
     no_root_handlers(monkeypatch)
     monkeypatch.setattr(logs, "_uvicorn_logger_name", "uvicorn.error")
@@ -151,7 +151,7 @@ def test_connlist_follows_uvicorns_logger_when_it_is_renamed(
 def test_a_level_set_for_connlist_is_kept_when_uvicorns_logger_is_renamed(
     plain_logging: logging.Logger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from connlist import logs
+    from connlist.core import logs
 
     no_root_handlers(monkeypatch)
     monkeypatch.setattr(logs, "_uvicorn_logger_name", "uvicorn.error")

@@ -16,10 +16,10 @@ import uvicorn
 from starlette.types import Message
 
 from connlist import ConnectionsMiddleware
-from connlist.connections import Connection
-from connlist.enforcer import STATE_KEY, Enforcer
-from connlist.kinds import Settings, default_max_connections
-from connlist.uvicorn_selfcheck import CheckFailed, check_static
+from connlist.core.connections import Connection
+from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.kinds import Settings, default_max_connections
+from connlist.servers.uvicorn.selfcheck import CheckFailed, check_static
 from tests.servers import (
     EARLY,
     INTEGRATED,
@@ -370,7 +370,7 @@ def test_servers_take_the_middleware_for_asgi3_when_it_is_the_outermost_app() ->
     # Still the middleware, and still ASGI 3 once it passes requests through,
     # for every check (uvicorn 0.36's is inspect's, which before Python 3.12
     # has no mark for a function that returns a coroutine: see
-    # connlist.middleware._pass_route).
+    # connlist.asgi.middleware._pass_route).
     assert isinstance(mw, ConnectionsMiddleware) and mw.mode == "uvicorn-httptools"
     assert mw.__call__ == mw._passing
     check_asgi3(mw)

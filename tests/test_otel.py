@@ -25,8 +25,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from connlist import ConnectionsMiddleware, otel
-from connlist.enforcer import STATE_KEY, Enforcer
+from connlist import ConnectionsMiddleware
+from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.observe import otel
 from connlist.otel import MetricsMiddleware, instruments_for
 from tests.servers import (
     INTEGRATED,

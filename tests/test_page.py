@@ -24,8 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
-from connlist import ConnectionsMiddleware, page
-from connlist.debug import snapshot
+from connlist import ConnectionsMiddleware
+from connlist.observe import page
+from connlist.observe.debug import snapshot
 from tests.browser import Dom, chromium, dump_dom
 from tests.servers import INTEGRATED, PLAIN, close_sockets, connect, echo_app, read_response, serve, wait_for
 from tests.subprocesses import run_server

@@ -1,4 +1,4 @@
-"""``connlist.processes``: one answer to "is process ``pid`` still there?", for workers and metrics."""
+"""``observe.processes``: one answer to "is process ``pid`` still there?", for workers and metrics."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from connlist import processes
-from connlist.processes import ProcessInfo, process_info
-from connlist.workers import WorkerGroup
+from connlist.observe import processes
+from connlist.observe.processes import ProcessInfo, process_info
+from connlist.observe.workers import WorkerGroup
 from tests.servers import wait_for
 
 

@@ -32,7 +32,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from connlist import ConnectionsMiddleware
-from connlist.enforcer import Enforcer
+from connlist.core.enforcer import Enforcer
 from connlist.prometheus import (
     PHASES,
     ConnlistMetrics,
@@ -262,7 +262,7 @@ def test_mark_dead_processes_without_a_directory_drops_nothing(
 
 
 def test_another_users_process_or_no_proc_counts_as_alive(monkeypatch: pytest.MonkeyPatch) -> None:
-    from connlist import prometheus
+    from connlist.observe import prometheus
 
     def not_yours(pid: int, signal: int) -> None:
         raise PermissionError(1, "Operation not permitted")

@@ -2,7 +2,7 @@
 
 ``connlist.uvicorn`` tells the list's events from uvicorn's state after each
 read.  The references here are the straightforward design: the events of
-``connlist.connections``'s theory, called from each parser callback as it
+``connlist.core.connections``'s theory, called from each parser callback as it
 happens (httptools' ``on_message_begin``, ``on_headers_complete``,
 ``on_message_complete``; h11's ``Request`` and ``EndOfMessage`` events and the
 first byte of a message).  Both are driven through the same byte streams, on
@@ -27,13 +27,13 @@ from uvicorn.config import Config
 from uvicorn.protocols.http import h11_impl, httptools_impl
 from uvicorn.server import ServerState
 
-from connlist import uvicorn_cycle
-from connlist.connections import Connection, connection_state
-from connlist.enforcer import STATE_KEY, Enforcer
-from connlist.kinds import resolve
-from connlist.server import Tracking
+from connlist.core.connections import Connection, connection_state
+from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.kinds import resolve
+from connlist.servers.seam import Tracking
+from connlist.servers.uvicorn import cycle as uvicorn_cycle
+from connlist.servers.uvicorn.selfcheck import MemoryTransport
 from connlist.uvicorn import H11Protocol, HttpToolsProtocol
-from connlist.uvicorn_selfcheck import MemoryTransport
 from tests.fakes import FakeClock
 
 HEADERS_TIMEOUT, REQUEST_TIMEOUT = 10.0, 30.0

@@ -1,8 +1,8 @@
-"""connlist.queues on records of its own: the Queue's order, counts and walks; the Heap's order."""
+"""connlist.core.queues on records of its own: the Queue's order, counts and walks; the Heap's order."""
 
 from __future__ import annotations
 
-from connlist.queues import UNQUEUED, Heap, Link, Queue
+from connlist.core.queues import UNQUEUED, Heap, Link, Queue
 
 
 class Record:

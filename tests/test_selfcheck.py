@@ -1,9 +1,9 @@
-"""connlist.uvicorn_selfcheck in process: the conversation passes on the installed uvicorn, fails on a change.
+"""uvicorn's self-check in process: the conversation passes on the installed uvicorn, fails on a change.
 
 The changes on real servers are tests/test_uvicorn_drift.py's; here the
 check itself: what it passes, what it reports, that it writes nothing to
 uvicorn's logs and leaves nothing behind, what it costs, and how the start
-is told (connlist.uvicorn_start).
+is told (connlist.servers.uvicorn.start).
 """
 
 from __future__ import annotations
@@ -21,11 +21,14 @@ import pytest
 import uvicorn
 from uvicorn.protocols.http import h11_impl, httptools_impl
 
-from connlist import integration, uvicorn_cycle, uvicorn_selfcheck, uvicorn_start
-from connlist import uvicorn as connlist_uvicorn
-from connlist.server import UPGRADED
-from connlist.uvicorn_h11 import H11Tracking
-from connlist.uvicorn_httptools import HttpToolsTracking
+from connlist.servers import integration
+from connlist.servers.seam import UPGRADED
+from connlist.servers.uvicorn import cycle as uvicorn_cycle
+from connlist.servers.uvicorn import protocols as connlist_uvicorn
+from connlist.servers.uvicorn import selfcheck as uvicorn_selfcheck
+from connlist.servers.uvicorn import start as uvicorn_start
+from connlist.servers.uvicorn.h11_impl import H11Tracking
+from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
 
 BASES = {"httptools": httptools_impl.HttpToolsProtocol, "h11": h11_impl.H11Protocol}
 MIXINS = {"httptools": HttpToolsTracking, "h11": H11Tracking}

@@ -1,4 +1,4 @@
-"""connlist.server: the seam any server integration uses, and uvicorn's protocols built on it."""
+"""connlist.servers.seam: the seam any server integration uses, and uvicorn's protocols built on it."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from connlist import server
-from connlist import uvicorn as connlist_uvicorn
-from connlist.connections import Connection, ConnectionHandle
-from connlist.enforcer import STATE_KEY, Enforcer
-from connlist.sweep import lingered
+from connlist.core.connections import Connection, ConnectionHandle
+from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.sweep import lingered
+from connlist.servers import seam as server
+from connlist.servers.uvicorn import protocols as connlist_uvicorn
 from tests.fakes import FakeClock, MockLoop
 from tests.servers import wait_for
 
@@ -42,7 +42,7 @@ def test_uvicorn_protocols_take_the_transport_handle_from_the_seam(parser: str) 
     for name in _handle_methods():
         method = getattr(cls, name)
         assert callable(method), name
-    # What is the transport's is written once, in connlist.server; the rest reads uvicorn's state.
+    # What is the transport's is written once, in connlist.servers.seam; the rest reads uvicorn's state.
     for name in (
         "connlist_close_expired",
         "connlist_abort",
@@ -53,7 +53,7 @@ def test_uvicorn_protocols_take_the_transport_handle_from_the_seam(parser: str) 
         assert getattr(cls, name) is getattr(server.TransportHandle, name), name
     for name in ("connlist_request", "connlist_reading_paused", "_connlist_mark_cut", "_connlist_responding"):
         assert getattr(cls, name) is not getattr(server.TransportHandle, name, None), name
-    # What reads nothing of uvicorn's state is connlist.server's Tracking, both protocols' base.
+    # What reads nothing of uvicorn's state is connlist.servers.seam's Tracking, both protocols' base.
     assert issubclass(cls, server.Tracking)
     for name in (
         "pause_writing",

@@ -1,8 +1,8 @@
-"""A second server's integration is one module: a made-up server (tests/fake_server.py) on connlist.server.
+"""A second server's integration is one module: a made-up server (tests/fake_server.py) on the seam.
 
 It feeds a real ``Enforcer`` and ``ConnectionsList`` (on a fake clock and
-loop) through ``connlist.server.Tracking``, and the middleware turns it on
-at the lifespan startup through ``connlist.integration``, with nothing of
+loop) through ``connlist.servers.seam.Tracking``, and the middleware turns it on
+at the lifespan startup through ``connlist.servers.integration``, with nothing of
 connlist's changed for it.
 """
 
@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from connlist import integration, server
-from connlist.connections import Connection
-from connlist.enforcer import STATE_KEY, Enforcer
-from connlist.kinds import resolve
-from connlist.middleware import ConnectionsMiddleware
+from connlist.asgi.middleware import ConnectionsMiddleware
+from connlist.core.connections import Connection
+from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.kinds import resolve
+from connlist.servers import seam as server
+from connlist.servers import selection
 from tests import fake_server
 from tests.fake_server import FakeConfig, FakeLifespan, FakeServerProtocol
 from tests.fakes import FakeClock, MemoryTransport, MockLoop
@@ -121,14 +122,14 @@ def test_the_made_up_server_without_a_middleware_gets_a_fallback_enforcer(
 
 
 def test_the_middleware_turns_the_made_up_server_on_at_the_lifespan(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(integration, "SERVERS", ["tests.fake_server", *integration.SERVERS])
+    monkeypatch.setattr(selection, "SERVERS", ["tests.fake_server", *selection.SERVERS])
     config = FakeConfig()
     middleware = ConnectionsMiddleware(_app)
     assert middleware._integration_at_start(FakeLifespan(config).receive, {}) is None
     assert config.protocol_class is FakeServerProtocol
     assert middleware._enforcer.mode == "fake-server" and middleware._enforcer.integration_off is None
     # Another server's lifespan: no integration finds its config; the first listed is the default.
-    assert integration.find(object()) == (fake_server, None)
+    assert selection.find(object()) == (fake_server, None)
     # Off: the made-up server is left alone.
     untouched = FakeConfig()
     off = ConnectionsMiddleware(_app, server_integration="off")

@@ -3,7 +3,7 @@
 A misspelled option, a value of the wrong type, and a headers timeout longer
 than the request timeout: each is found while Starlette builds its
 middleware, at the first lifespan call, and the middleware answers the
-lifespan startup with ``lifespan.startup.failed`` (connlist.middleware,
+lifespan startup with ``lifespan.startup.failed`` (connlist.asgi.middleware,
 ``_defer``).  So ``uvicorn app:app`` (the lifespan ``auto``), ``fastapi
 run``, gunicorn with uvicorn-worker's, gunicorn's own (``-k asgi``) and
 connlist's workers, ``--lifespan on`` and examples/serve.py must all exit at
@@ -220,7 +220,7 @@ def test_auto_lifespan_of_an_app_that_cannot_be_told_says_both(
 def test_the_middleware_is_looked_for_through_wrappers() -> None:
     from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-    from connlist.server import declares_middleware
+    from connlist.servers.seam import declares_middleware
 
     declared = Starlette(middleware=[Middleware(ConnectionsMiddleware)])
     assert declares_middleware(ProxyHeadersMiddleware(declared)) is True  # as uvicorn loads it

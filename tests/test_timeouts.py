@@ -17,7 +17,7 @@ import time
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from connlist.connections import connection_state
+from connlist.core.connections import connection_state
 from connlist.uvicorn import H11Protocol, HttpToolsProtocol
 from tests.servers import (
     EARLY,

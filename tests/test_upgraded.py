@@ -13,14 +13,15 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from connlist import page, uvicorn_websocket
-from connlist.connections import ConnectionsList, connection_state
-from connlist.debug import budget_view, describe
-from connlist.enforcer import Enforcer
-from connlist.kinds import Settings, default_max_upgraded, resolve
-from connlist.logs import Summary
+from connlist.core.connections import ConnectionsList, connection_state
+from connlist.core.enforcer import Enforcer
+from connlist.core.kinds import Settings, default_max_upgraded, resolve
+from connlist.core.logs import Summary
+from connlist.observe import page
+from connlist.observe.debug import budget_view, describe
 from connlist.prometheus import ConnlistMetrics, Exporter
-from connlist.server import UPGRADE_REFUSED, UPGRADED
+from connlist.servers.seam import UPGRADE_REFUSED, UPGRADED
+from connlist.servers.uvicorn import websocket as uvicorn_websocket
 from tests.fakes import RESPONSE_503, FakeClock, MemoryHandle, MockLoop
 
 # -- the list ------------------------------------------------------------------------
@@ -170,7 +171,7 @@ def test_the_summary_says_how_many_upgrades_were_refused(caplog: pytest.LogCaptu
     ]
 
 
-# -- the hand-over (connlist.uvicorn_websocket) ----------------------------------------
+# -- the hand-over (connlist.servers.uvicorn.websocket) ----------------------------------------
 
 
 class _Base:

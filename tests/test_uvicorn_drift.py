@@ -42,8 +42,8 @@ from typing import Any
 import pytest
 import uvicorn
 
-from connlist import uvicorn as connlist_uvicorn
-from connlist.uvicorn_start import TESTED_UVICORN
+from connlist.servers.uvicorn import protocols as connlist_uvicorn
+from connlist.servers.uvicorn.start import TESTED_UVICORN
 from tests.drift_app import HEADERS_TIMEOUT, REQUEST_TIMEOUT
 from tests.servers import EARLY, LATE, is_408, read_response
 from tests.subprocesses import (
@@ -123,7 +123,7 @@ VARIANTS: dict[str, list[Edit]] = {
     "existing_cycle renamed": [replace((PROTOCOLS["httptools"],), r"\bexisting_cycle\b", "previous_cycle")],
     "hook renamed": [replace(BOTH, r"\bon_response_complete\b", "on_response_done")],
     # A statement more at the end of a response: not a form connlist knows, so
-    # uvicorn keeps its keep-alive timer (connlist.uvicorn_keepalive), all else on.
+    # uvicorn keeps its keep-alive timer (connlist.servers.uvicorn.keepalive), all else on.
     "keep-alive hook changed": [
         replace(
             BOTH,

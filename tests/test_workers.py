@@ -30,8 +30,10 @@ from typing import Any
 import httpx
 import pytest
 
-from connlist import ConnectionsMiddleware, workers
-from connlist.workers import WorkerGroup, combine
+from connlist import ConnectionsMiddleware
+from connlist.observe import workers
+from connlist.observe.workers import WorkerGroup, combine
+from connlist.servers import supervisor
 from tests.servers import INTEGRATED, close_sockets, connect, echo_app, serve
 from tests.subprocesses import PYTHON, Process, get_json, gunicorn_command, run_server, server_env
 
@@ -239,7 +241,7 @@ def master_directory(monkeypatch: pytest.MonkeyPatch, tmp_dir: Path) -> Path:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_dir))
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.delenv(workers.ENV_DIR, raising=False)
-    monkeypatch.setattr(workers, "_master_pid", os.getppid())
+    monkeypatch.setattr(supervisor, "_master_pid", os.getppid())
     return workers.default_directory(os.getppid())
 
 
@@ -308,7 +310,7 @@ def test_a_single_worker_is_a_group_of_one(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_dir))
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.delenv(workers.ENV_DIR, raising=False)
-    assert workers.supervisor_pid() is None  # pytest is nobody's worker
+    assert supervisor.supervisor_pid() is None  # pytest is nobody's worker
     app = ConnectionsMiddleware(echo_app, headers_timeout=5, request_timeout=10)
     with serve(app, INTEGRATED["h11"]) as running:
         answer = all_workers(running.port)
@@ -475,10 +477,10 @@ def test_the_default_directory_is_the_masters(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_dir))
     assert workers.default_directory(ppid).parent == tmp_dir / "connlist"
     # gunicorn's worker classes declare the master; only the real parent counts.
-    monkeypatch.setattr(workers, "_master_pid", ppid)
-    assert workers.supervisor_pid() == ppid
-    monkeypatch.setattr(workers, "_master_pid", ppid + 1)
-    assert workers.supervisor_pid() is None
+    monkeypatch.setattr(supervisor, "_master_pid", ppid)
+    assert supervisor.supervisor_pid() == ppid
+    monkeypatch.setattr(supervisor, "_master_pid", ppid + 1)
+    assert supervisor.supervisor_pid() is None
 
 
 def test_a_worker_removes_what_dead_masters_left_and_its_own_at_stop(
@@ -639,10 +641,10 @@ def test_a_worker_answers_bad_requests_with_the_reason_and_drops_overlong_ones(t
 def test_an_orphaned_worker_joins_no_group(monkeypatch: pytest.MonkeyPatch) -> None:
     # The master died (the worker was reparented to init): no group to join,
     # even for a worker that was told its master's pid.
-    monkeypatch.setattr(workers, "_master_pid", os.getppid())
-    assert workers.supervisor_pid() == os.getppid()
+    monkeypatch.setattr(supervisor, "_master_pid", os.getppid())
+    assert supervisor.supervisor_pid() == os.getppid()
     monkeypatch.setattr(workers.os, "getppid", lambda: 1)
-    assert workers.supervisor_pid() is None
+    assert supervisor.supervisor_pid() is None
 
 
 def test_a_directory_of_another_user_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_dir: Path) -> None:

@@ -1,17 +1,24 @@
 """connlist: Node.js-style connection tracking and slow-client timeouts for uvicorn and Starlette.
 
-- ``ConnectionsList`` (``connlist.connections``): the per-worker intrusive list.
-- ``ConnectionsMiddleware`` (``connlist.middleware``): owns the list, enforces
-  the timeouts, serves the debug endpoint.
-- ``connlist.uvicorn``: the uvicorn protocols that feed the list; the
-  middleware puts them in uvicorn's place at the lifespan startup
-  (``connlist.uvicorn_start``), or ``--http connlist.uvicorn:HttpToolsProtocol``
-  names them outright.
+The package has four parts, each a subpackage, and each imports only the
+parts below it:
+
+- ``core``: Node's list and its policy (records, queues, kinds, budget,
+  sweep, enforcer, views, logs);
+- ``servers``: the servers that feed the list, one subpackage each
+  (``servers.uvicorn``, ``servers.gunicorn``), beside the neutral seam;
+- ``observe``: what observes the list (the debug endpoint, its page, the
+  workers' view, Prometheus, OpenTelemetry);
+- ``asgi``: ``ConnectionsMiddleware``, which owns the list, and ASGI-only mode.
+
+The public names sit above them: ``connlist.ConnectionsMiddleware``,
+``connlist.uvicorn`` (``--http connlist.uvicorn:HttpToolsProtocol``),
+``connlist.gunicorn`` (``-k connlist.gunicorn.ASGIWorker``),
+``connlist.prometheus`` and ``connlist.otel``.
 """
 
-from connlist.connections import Connection, ConnectionsList
-from connlist.middleware import ConnectionsMiddleware
-
-__version__ = "0.1.0"
+from connlist.asgi.middleware import ConnectionsMiddleware
+from connlist.core.connections import Connection, ConnectionsList
+from connlist.core.version import __version__
 
 __all__ = ["Connection", "ConnectionsList", "ConnectionsMiddleware", "__version__"]

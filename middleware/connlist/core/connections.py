@@ -1,0 +1,669 @@
+"""The per-worker list of connections, after Node.js's ConnectionsList.
+
+Theory of operation
+-------------------
+
+Node.js (``src/node_http_parser.cc``, ``lib/_http_server.js``) keeps, per
+server, every connection in a list ``all`` and every connection that is in the
+middle of receiving a request in a list ``active``.  A periodic check asks the
+list which active connections are *expired*, answers them with ``408`` and
+closes them.  This module is that list: its lists, its events, its counts
+and its states.  The records are ``connlist.core.records``'; the walks of the
+views ``connlist.core.views``'.  The server layer (``connlist.servers.uvicorn.protocols``) and the
+middleware feed it; ``connlist.core.sweep`` and ``connlist.core.budget`` walk it; the
+enforcer acts on what they find, through the handles the server layer
+attached.
+
+A connection moves through these events (the clock is monotonic)::
+
+    connect            joins all and active; clock started, headers incomplete
+                       (a client that connects and sends nothing is timed)
+    message_begin      first byte of a request: clock restarted, headers
+                       incomplete, moved to the tail of active
+    headers_complete   headers_completed = True
+    message_complete   request fully received: leaves active, clock reset to 0
+                       (the connection is idle until the next message_begin)
+    message            message_begin, headers_complete and message_complete at
+                       one instant, on an idle connection: a whole request in
+                       one read.  Nothing moves and no clock is read; the
+                       connection stays idle, one request more, responding
+    response_begin     a received request went to the app: responding
+    response_complete  no response unfinished: not responding
+    upgrade            left HTTP (a websocket accepted for its handshake):
+                       leaves ``all``'s ring and every HTTP list, joins
+                       ``upgraded``; it still counts in ``occupied``
+    remove             closed: leaves every list it is in
+
+A connection is *expired* when it is in ``active`` and either its headers are
+incomplete and its message started more than ``headers_timeout`` ago, or its
+message started more than ``request_timeout`` ago.  Expired connections leave
+``active`` (so each is reported once) and stay in ``all`` until removed.
+
+Five more lists serve what Node does not do, each a ``connlist.core.queues.Queue``
+ordered by the time that matters to it; none is touched by a request that
+arrives whole::
+
+    body        requests receiving a body, by when it began (``body_begin``;
+                ``connlist.core.sweep`` times the minimum rate)
+    stalled     responses the client stopped taking (``stall``, ``unstall``),
+                by when they were last sampled (``connlist.core.sweep``)
+    closing     connections the enforcer closed (``linger``), by when
+    upgraded    connections that left HTTP (websockets), by when (``upgrade``);
+                until they close, for the view and the budget (Node drops them)
+    idle_queue  idle connections by when their idle time began, for the
+                keep-alive timeout and the budget's choice of what to
+                close (``connlist.core.budget``; ``idle()`` is Node's view): a
+                heap, whose keys the sweep corrects as it finds them late
+
+A record is in at most one of ``stalled``, ``closing`` and ``upgraded``
+(one link, ``out_state`` says which).  A connection closed to make room
+(``evict``) leaves ``active``, ``body`` and the idle queue, counts as timed out until
+removed, and no longer counts in ``occupied``.
+
+``all`` and ``active`` are intrusive, circular and doubly linked, like the
+pure-Python ``OrderedDict`` in CPython: each ``Connection`` carries its own
+links, and each list has a sentinel root.  Their links are written out in
+the events a request runs (docs/benchmarks.md, "Where the remaining
+instructions go").
+
+Invariants:
+
+* A record the list holds (connected, not yet removed) that is in no list
+  but ``all`` is linked to itself in ``active``, so unlinking is idempotent
+  and "is it linked?" is one identity test; the roots of empty lists too.
+  A record it does not hold (not yet connected, or removed) has no links
+  (``NO_LINK``): "is it in ``all``?" is ``_all_next is not None``, and no
+  record refers to itself once the list lets go of it.
+* ``message_begin`` stamps the current clock and moves the node to the tail,
+  and the clock never goes back, so ``active`` is always ordered by
+  ``last_message_start``, oldest first.  ``expired()`` therefore stops at the
+  first connection too young to expire, and the earliest deadline of all is
+  found near the head: one timer per worker is enough.
+* ``last_message_start == 0`` exactly when the connection is idle (between
+  requests); an expired connection keeps its start, so it is neither idle
+  nor active.  The clock must therefore never return 0 (``time.monotonic``
+  does not).
+* An upgraded record is out of ``all``'s ring and has no links (as a
+  removed one), so every HTTP event is a no-op on it, at no cost to the
+  events: it is held by ``upgraded`` alone, which ``all()`` and the counts
+  add.  ``remove`` takes it out of there.
+* The counts are kept as the nodes move, so each is O(1): ``all``,
+  ``active``, expired connections not yet closed (``timed_out``), and active
+  connections whose headers are incomplete; idle is what remains (``all -
+  active - timed_out``), so a request updates one count, not two.
+  ``headers_completed`` and ``last_message_start`` must therefore change
+  only through the list's events.
+* The feeder's own writes: ``responding``, ``requests`` and
+  ``body_received`` are the record's own, no count and no link depends on
+  them, so a feeder's hot path may write them itself (``message`` says
+  which).  The view's count of idle connections that are responding is
+  taken when it asks, by a walk of ``all`` (``idle_responding_count``).
+
+States
+------
+
+All state logic is here, beside the events that change the fields: a
+connection's state is derived from its fields (``connection_state``), and
+the view's counts from the list's counts (``ConnectionsList.counts``), so the
+debug view and the metrics only present them::
+
+    new              connected, no byte of a request yet (timed by the headers timeout)
+    reading_headers  a request began, its headers are incomplete
+    reading_body     headers in, body still arriving
+    handling         request received, response not finished
+    stalled          handling, and the client stopped taking the response
+    idle             keep-alive, waiting for the next request
+    timed_out        expired and closed by the enforcer: it leaves ``all``
+                     when the server reports the connection lost
+    upgraded         left HTTP (a websocket): no timeout applies; it leaves
+                     when the server reports the connection lost
+    closed           no longer in the list (the view never shows one)
+
+The counts add nginx ``stub_status``-style phases (``PHASES``): ``reading``
+(new + reading_headers), ``writing`` (reading_body + handling), ``waiting``
+(idle), ``timed_out`` and ``upgraded``; they add up to ``all``.  A stalled
+connection keeps the phase of what it does otherwise.  Which timeout runs for a connection,
+and when it is due (the view's ``timeout`` and ``time_left``), is
+``connlist.core.kinds.deadline``'s.  ``docs/debug-endpoint.md`` is the reference.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from connlist.core.kinds import effective_timeouts
+from connlist.core.queues import UNQUEUED, Heap, Queue
+from connlist.core.records import (
+    NO_LINK,
+    OUT_CLOSING,
+    OUT_NONE,
+    OUT_STALLED,
+    OUT_UPGRADED,
+    Address,
+    Connection,
+    ConnectionHandle,
+)
+from connlist.core.views import ListViews
+
+__all__ = [
+    "PHASES",
+    "STATES",
+    "Connection",
+    "ConnectionHandle",
+    "ConnectionsList",
+    "connection_state",
+]
+
+# What ``connection_state`` answers for a tracked connection (see "States").
+STATES = ("new", "reading_headers", "reading_body", "handling", "stalled", "idle", "timed_out", "upgraded")
+# The phases of ``ConnectionsList.counts``; they add up to ``all``.
+PHASES = ("reading", "writing", "waiting", "timed_out", "upgraded")
+
+
+def connection_state(conn: Connection) -> str:
+    """One of ``STATES``, or ``"closed"`` for a connection no longer in the list."""
+    if conn.out_state == OUT_UPGRADED:
+        return "upgraded"
+    if not conn.tracked:  # a property: a ``Received`` record is in the list's table, not linked
+        return "closed"
+    if conn._active_next is not conn and conn._active_next is not None:
+        if conn.headers_completed:
+            return "reading_body"
+        return "reading_headers" if conn._begun else "new"
+    if conn.last_message_start != 0.0:
+        return "timed_out"  # left active without completing its message: expired
+    if conn.out_state == OUT_STALLED:
+        return "stalled"
+    return "handling" if conn.responding else "idle"
+
+
+class ConnectionsList(ListViews):
+    """Every connection of one worker: Node's ``all`` and ``active``, and the queues (module docstring)."""
+
+    __slots__ = (
+        "_active_root",
+        "_all_root",
+        "_clock",
+        "_n_active",
+        "_n_all",
+        "_n_headers_pending",
+        "_n_timed_out",
+        "body",
+        "closing",
+        "idle_queue",
+        "occupied",
+        "received",
+        "stalled",
+        "upgraded",
+    )
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # Sentinels: an empty list is a root linked to itself.
+        self._all_root = root = Connection()
+        root._all_prev = root._all_next = root
+        self._active_root = root = Connection()
+        root._active_prev = root._active_next = root
+        # The counts (see the invariants).
+        self._n_all = self._n_active = self._n_timed_out = self._n_headers_pending = 0
+        # Connections that count against the budget: those in ``all`` not
+        # evicted (closed to make room, not yet removed).  Read-only outside the list.
+        self.occupied = 0
+        self.body: Queue[Connection] = Queue("_body_link", "body_started")
+        self.stalled: Queue[Connection] = Queue("_out_link", "out_sampled")
+        self.closing: Queue[Connection] = Queue("_out_link", "out_since")
+        self.upgraded: Queue[Connection] = Queue("_out_link", "out_since")
+        # ``idle()`` is Node's view; this is the budget's queue (connlist.core.budget).
+        self.idle_queue: Heap[Connection] = Heap("_idle_entry", "idle_since")
+        # ASGI-only mode's requests without a body (see Received).
+        self.received: dict[int, tuple[float, Any]] = {}
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
+    # -- the links of all and active; connect, message_begin, message and
+    # message_complete write their appends and unlinks out (docs/benchmarks.md,
+    # "Where the remaining instructions go")
+
+    @staticmethod
+    def _active_unlink(conn: Connection) -> None:
+        prev = conn._active_prev
+        nxt = conn._active_next
+        prev._active_next = nxt
+        nxt._active_prev = prev
+        conn._active_prev = conn._active_next = conn
+
+    def _out_leave(self, conn: Connection) -> None:
+        """Out of ``stalled`` or ``closing`` (the one it is in), and its state with it.
+
+        (Never ``upgraded``: a record there is in no list of HTTP's, ``remove`` takes it out.)
+        """
+        (self.stalled if conn.out_state == OUT_STALLED else self.closing).unlink(conn)
+        conn.out_state = OUT_NONE
+
+    # -- events --------------------------------------------------------------
+
+    def connect(
+        self,
+        client: Address = None,
+        server: Address = None,
+        handle: ConnectionHandle | None = None,
+        id: int | None = None,
+    ) -> Connection:
+        """A new connection: joins ``all`` and ``active``; its clock starts now."""
+        now = self._clock()
+        conn = Connection(client, server, handle, now, id)
+        conn.last_message_start = now
+        # Appended to all and to active.
+        root = self._all_root
+        last = root._all_prev
+        conn._all_prev = last
+        conn._all_next = root
+        last._all_next = conn
+        root._all_prev = conn
+        root = self._active_root
+        last = root._active_prev
+        conn._active_prev = last
+        conn._active_next = root
+        last._active_next = conn
+        root._active_prev = conn
+        self._n_all += 1
+        self.occupied += 1
+        self._n_active += 1
+        self._n_headers_pending += 1
+        return conn
+
+    def message_begin(self, conn: Connection) -> None:
+        """The first byte of a request: clock restarted, moved to the tail of ``active``."""
+        if conn._all_next is None:
+            return  # removed (closed or upgraded), or never connected: never rejoin
+        nxt = conn._active_next
+        if nxt is not conn:
+            prev = conn._active_prev
+            prev._active_next = nxt
+            nxt._active_prev = prev
+            if conn.headers_completed:
+                self._n_headers_pending += 1
+                # A new message while a body was being received: that body is over.
+                self.body.unlink(conn)
+        else:
+            self._n_active += 1
+            self._n_headers_pending += 1
+            if conn.last_message_start != 0.0:
+                self._n_timed_out -= 1
+        conn.last_message_start = self._clock()
+        conn.headers_completed = False
+        conn._begun = True
+        root = self._active_root
+        last = root._active_prev
+        conn._active_prev = last
+        conn._active_next = root
+        last._active_next = conn
+        root._active_prev = conn
+
+    def headers_complete(self, conn: Connection, method: str | None = None, path: str | None = None) -> None:
+        """The request's headers are all in; with its ``method`` and ``path``, it goes to the app too."""
+        if not conn.headers_completed and conn._active_next is not conn and conn._active_next is not None:
+            self._n_headers_pending -= 1
+        conn.headers_completed = True
+        if method is not None:
+            conn._method = method
+            conn._path = path
+            self.response_begin(conn)
+
+    def message(self, conn: Connection) -> None:
+        """A whole request received at one instant and handed to the app: four events in one.
+
+        No clock is read.  On an idle connection nothing moves: one request
+        more, responding (what a feeder's hot path writes itself).  On a new
+        connection (its first request, whole in its first read) it leaves
+        ``active``; its idle time begins at ``response_complete``, which
+        queues it.
+        """
+        if conn.last_message_start == 0.0 and conn._all_next is not None:
+            conn.headers_completed = True
+            conn.requests += 1
+            conn.responding = True
+            return
+        nxt = conn._active_next
+        if nxt is conn or nxt is None or conn._begun or conn.headers_completed:
+            # Expired, removed, or not new: the events one by one.
+            self.message_begin(conn)
+            self.headers_complete(conn)
+            self.message_complete(conn)
+            self.response_begin(conn)
+            return
+        prev = conn._active_prev
+        prev._active_next = nxt
+        nxt._active_prev = prev
+        conn._active_prev = conn._active_next = conn
+        self._n_active -= 1
+        self._n_headers_pending -= 1
+        conn.last_message_start = 0.0
+        conn._begun = True
+        conn.headers_completed = True
+        conn.requests += 1
+        conn.responding = True
+
+    @staticmethod
+    def response_begin(conn: Connection) -> None:
+        """A received request went to the app: ``responding`` until ``response_complete``."""
+        if conn._all_next is not None:
+            conn.responding = True
+
+    def response_complete(self, conn: Connection) -> None:
+        """No response is unfinished on the connection any more: not ``responding``, idle from now.
+
+        An idle connection joins the idle queue here, if it is not in it,
+        keyed by when its idle time began.  A feeder that writes this event
+        out itself writes the same.
+        """
+        conn.responding = False
+        conn.idle_at = now = self._clock()
+        if conn._idle_entry is None and conn.last_message_start == 0.0 and conn._all_next is not None:
+            self.idle_queue.push(conn, now)
+
+    def message_complete(self, conn: Connection) -> None:
+        """The request is fully received: the connection leaves ``active`` and is idle."""
+        if conn._all_next is None:
+            return
+        started = conn.last_message_start
+        nxt = conn._active_next
+        if nxt is not conn:
+            prev = conn._active_prev
+            prev._active_next = nxt
+            nxt._active_prev = prev
+            conn._active_prev = conn._active_next = conn
+            self._n_active -= 1
+            if not conn.headers_completed:
+                self._n_headers_pending -= 1
+            else:
+                body = conn._body_link
+                if body.next is not body:
+                    self.body.unlink(conn)
+        elif conn.last_message_start != 0.0:
+            # Expired and not yet closed: its request is fully received after all.
+            self._n_timed_out -= 1
+        else:
+            return  # idle already: a second call for the same request counts nothing
+        conn.last_message_start = 0.0
+        conn.requests += 1
+        # Its idle time begins when its response ends (response_complete;
+        # 0: not yet, or it ended before this message did).
+        conn.idle_at = 0.0
+        if conn._idle_entry is None and not conn.responding:
+            # Its response ended first: keyed by the message's start, with no
+            # clock read, as no idle time began before it.  One still
+            # responding joins at response_complete; one still queued stays,
+            # keyed as early (connlist.core.budget).
+            self.idle_queue.push(conn, started)
+
+    def remove(self, conn: Connection) -> None:
+        """Closed: leaves every list it is in, for good.  Idempotent, safe in any state.
+
+        Its links are cleared (``NO_LINK``), not linked to itself: a record
+        linked to itself is a reference cycle, which only the cyclic
+        collector frees, and a record kept for long is in its oldest
+        generation; cleared, the record goes with its last reference.
+        """
+        last = conn._all_next
+        if last is None:
+            if conn.out_state == OUT_UPGRADED:
+                # An upgraded connection closed (its ring links are gone already).
+                self.upgraded.unlink(conn)
+                conn.out_state = OUT_NONE
+                self.occupied -= 1
+                conn._out_link.release()
+            return
+        prev = conn._all_prev
+        prev._all_next = last
+        last._all_prev = prev
+        nxt = conn._active_next
+        if nxt is not conn:
+            prev = conn._active_prev
+            prev._active_next = nxt
+            nxt._active_prev = prev
+            self._n_active -= 1
+            if not conn.headers_completed:
+                self._n_headers_pending -= 1
+        elif conn.last_message_start != 0.0:
+            self._n_timed_out -= 1
+        conn._all_prev = conn._all_next = conn._active_prev = conn._active_next = NO_LINK
+        self._n_all -= 1
+        if not conn.evicted:
+            self.occupied -= 1
+        # Nothing is left to finish on a removed record.
+        conn.responding = False
+        # The queues beyond Node's, which a connection per request never joins.
+        if conn._idle_entry is not None:
+            self.idle_queue.unlink(conn)
+        body = conn._body_link
+        if body is not UNQUEUED:  # its own: it was in ``body`` once
+            self.body.unlink(conn)
+            body.release()
+        if conn.out_state:
+            self._out_leave(conn)
+        out = conn._out_link
+        if out is not UNQUEUED:
+            out.release()
+
+    def upgrade(self, conn: Connection, method: str | None = None, path: str | None = None) -> None:
+        """Left HTTP (a websocket the server hands its handshake to): held in ``upgraded`` until removed.
+
+        It leaves ``all``'s ring and every HTTP list as at ``remove`` (so no
+        timeout applies and no HTTP event moves it), and joins the tail of
+        ``upgraded``, stamped now; it still counts in ``occupied``.  Its
+        ``last_message_start`` is that stamp (never 0: it is not idle, and
+        the view's ``duration`` is the websocket's), and its request's
+        ``method`` and ``path`` are kept if given.  Only a record in the
+        ring, not let go to make room, is upgraded: the others are left as
+        they are.
+        """
+        if conn._all_next is None or conn.evicted:
+            return
+        self.remove(conn)
+        self.occupied += 1
+        conn.out_state = OUT_UPGRADED
+        conn.out_since = conn.last_message_start = self._clock()
+        conn.headers_completed = True  # the upgrade request's, whole
+        if path is not None:
+            conn._method = method
+            conn._path = path
+        self.upgraded.append(conn)
+
+    # -- the connection budget ---------------------------------------------------
+
+    def evict(self, conn: Connection) -> None:
+        """Closed to make room: it no longer counts in ``occupied``, and is cut (``expire``) until removed."""
+        if conn._all_next is not None and not conn.evicted:
+            conn.evicted = True
+            self.occupied -= 1
+            self.expire(conn)
+            self.idle_queue.unlink(conn)
+
+    # -- the queues' events ---------------------------------------------------
+
+    def body_begin(self, conn: Connection, received: int = 0) -> None:
+        """The body's clock starts now, ``received`` bytes in (after ``100 Continue``): joins ``body``.
+
+        Only a request being received (active, headers complete) joins, once.
+        """
+        active = conn._active_next is not conn and conn._active_next is not None
+        if active and conn.headers_completed and not conn.receiving_body:
+            conn.body_started = self._clock()
+            conn.body_received = received
+            self.body.append(conn)
+
+    def body_bytes(self, conn: Connection, nbytes: int) -> None:
+        """``nbytes`` more of the body arrived (the server layer may add to ``body_received`` itself)."""
+        conn.body_received += nbytes
+
+    def expire(self, conn: Connection) -> None:
+        """Cut outside ``expired``'s walk: out of ``active`` and ``body`` (an idle one stamped), timed out."""
+        if conn._all_next is None:
+            return  # removed
+        if conn._active_next is not conn:
+            self._active_unlink(conn)
+            self._n_active -= 1
+            if not conn.headers_completed:
+                self._n_headers_pending -= 1
+            self.body.unlink(conn)
+        elif conn.last_message_start == 0.0:
+            # (Never one that is responding: connlist.core.budget hands out none.)
+            conn.last_message_start = self._clock()
+        else:
+            return
+        self._n_timed_out += 1
+
+    def stall(self, conn: Connection, pending: int, acked: tuple[int, int] | None = None) -> None:
+        """The client stopped taking the response (``pending`` bytes unsent): joins ``stalled``.
+
+        ``acked`` as for ``Connection.sample``.  Not a connection closing,
+        stalled already, or not tracked.
+        """
+        if conn.out_state == OUT_NONE and conn._all_next is not None:
+            conn.out_state = OUT_STALLED
+            conn.first_sample(self._clock(), pending, acked)
+            self.stalled.append(conn)
+
+    def unstall(self, conn: Connection) -> None:
+        """The response is flowing again: leaves ``stalled`` (nothing happens if it was not in it)."""
+        if conn.out_state == OUT_STALLED:
+            self._out_leave(conn)
+
+    def linger(self, conn: Connection) -> None:
+        """The enforcer closed the connection: it joins the tail of ``closing`` (leaving ``stalled``)."""
+        if conn._all_next is None or conn.out_state == OUT_CLOSING:
+            return
+        if conn.out_state == OUT_STALLED:
+            self._out_leave(conn)
+        conn.out_state = OUT_CLOSING
+        conn.out_since = self._clock()
+        self.closing.append(conn)
+
+    # -- counts --------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._n_all + len(self.received) + len(self.upgraded)
+
+    @property
+    def active_count(self) -> int:
+        return self._n_active
+
+    @property
+    def idle_count(self) -> int:
+        return self._n_all + len(self.received) - self._n_active - self._n_timed_out
+
+    @property
+    def timed_out_count(self) -> int:
+        """Expired connections not yet closed: in ``all``, neither active nor idle."""
+        return self._n_timed_out
+
+    @property
+    def headers_pending_count(self) -> int:
+        """Active connections whose headers are incomplete (new, or reading a request head)."""
+        return self._n_headers_pending
+
+    @property
+    def upgraded_count(self) -> int:
+        """Connections in ``upgraded``: websockets, from the handshake to the close."""
+        return len(self.upgraded)
+
+    @property
+    def stalled_count(self) -> int:
+        """Connections in ``stalled``: the client stopped taking the response."""
+        return len(self.stalled)
+
+    def counts(self) -> dict[str, int]:
+        """The view's exact counts: ``all``, ``idle``, ``active``, the ``PHASES`` and ``stalled``.
+
+        ``idle`` and ``active`` are Node's, of HTTP connections: an upgraded
+        one is neither (it is ``upgraded``, a phase).
+
+        O(1) but for ``writing`` and ``waiting`` (``idle_responding_count``).
+        ``stalled`` is not a phase (see "States").
+        """
+        n_active = self._n_active
+        n_idle = self.idle_count
+        reading = self._n_headers_pending
+        handling = self.idle_responding_count
+        return {
+            "all": len(self),
+            "idle": n_idle,
+            "active": n_active,
+            "reading": reading,
+            "writing": n_active - reading + handling,
+            "waiting": n_idle - handling,
+            "timed_out": self._n_timed_out,
+            "upgraded": len(self.upgraded),
+            "stalled": len(self.stalled),
+        }
+
+    # -- timeouts ------------------------------------------------------------
+
+    def expired(self, headers_timeout: float, request_timeout: float, limit: int = -1) -> list[Connection]:
+        """Unlink and return up to ``limit`` (-1: all) active connections that ran out of time (Node's rule).
+
+        0 disables a timeout; the pair is taken as Node's list takes it
+        (``kinds.effective_timeouts``).  The cost is that of the connections
+        older than the shorter timeout, not of all active ones.
+        """
+        headers_timeout, request_timeout = effective_timeouts(headers_timeout, request_timeout)
+        if not headers_timeout and not request_timeout:
+            return []
+        now = self._clock()
+        headers_deadline = now - headers_timeout if headers_timeout else -math.inf
+        request_deadline = now - request_timeout if request_timeout else -math.inf
+        # headers_timeout <= request_timeout: from here on, nothing can be expired.
+        young = headers_deadline if headers_timeout else request_deadline
+        expired: list[Connection] = []
+        root = self._active_root
+        node = root._active_next
+        while node is not root:
+            start = node.last_message_start
+            if start >= young:
+                break
+            nxt = node._active_next
+            if start < request_deadline or (not node.headers_completed and start < headers_deadline):
+                if len(expired) == limit:
+                    break
+                self._active_unlink(node)
+                if not node.headers_completed:
+                    self._n_headers_pending -= 1
+                else:
+                    self.body.unlink(node)
+                expired.append(node)
+            node = nxt
+        self._n_active -= len(expired)
+        self._n_timed_out += len(expired)
+        return expired
+
+    def next_deadline(self, headers_timeout: float, request_timeout: float) -> float | None:
+        """The earliest clock value at which some active connection can expire, or None.
+
+        The timeouts are taken as ``expired`` takes them.  The walk stops
+        where no later connection can have an earlier deadline.
+        """
+        headers_timeout, request_timeout = effective_timeouts(headers_timeout, request_timeout)
+        if not headers_timeout and not request_timeout:
+            return None
+        shortest = headers_timeout or request_timeout
+        best = math.inf
+        root = self._active_root
+        node = root._active_next
+        while node is not root:
+            start = node.last_message_start
+            # No later node can expire before ``start + shortest``.
+            if start + shortest >= best:
+                break
+            if headers_timeout and not node.headers_completed:
+                best = start + headers_timeout
+                break
+            if request_timeout:
+                best = min(best, start + request_timeout)
+            node = node._active_next
+        return None if best == math.inf else best

@@ -1,0 +1,676 @@
+"""Per-worker enforcement of every timeout, with one timer.
+
+Node.js checks its ConnectionsList every ``connectionsCheckingInterval``
+(30 s by default), so its ``408`` can come up to 30 s late.  connlist keeps one
+``loop.call_later`` timer per worker instead, armed at the earliest moment
+anything can be due:
+
+* a request's headers or request timeout (``ConnectionsList.next_deadline``
+  finds it near the head of the ordered ``active`` list);
+* a body's minimum rate (the bodies past their grace period, at the head of
+  ``body``; the others cannot be due before their grace ends);
+* a stalled response's next sample: a stalled connection is sampled every
+  ``send_timeout / 4`` and cut once it made no progress for its allowance
+  (``kinds.send_allowance``: ``send_timeout``, or longer for a client
+  whose window opens in large steps), so it is cut up to ``send_timeout /
+  4`` (plus the timer's lateness) after its allowance ran out.  Progress is
+  what the client acknowledged (``TCP_INFO``), or, where the kernel does not
+  tell, fewer bytes unsent;
+* a closed connection's linger (``LINGER``), after which it is aborted;
+* the next log summary, while one is pending;
+* an idle connection's keep-alive time, where the server integration times
+  uvicorn's keep-alive (``keep_alive_timed``: ``connlist.servers.uvicorn.keepalive``),
+  shortened under pressure (see below), and at least every
+  ``PRESSURE_TICK`` while pressed.  A connection idle for exactly its
+  time is due (uvicorn's rule), so the timer fires at that time, and a
+  sweep that the loop runs at or after the time it was armed for takes
+  that time as now: the deadline follows the loop's clock, as uvicorn's
+  own timer would (even a test's loop that only pretends time passed).
+
+After each sweep the timer is armed again, never further away than
+``Settings.shortest``: anything that starts a clock after the timer was armed
+(a connection, a request, a body, a stall) cannot be due before that, so it
+never has to move the timer, only to arm one if there is none (``watch``):
+while one is armed, an event costs one test.  Nor does an event that leaves
+nothing due cancel it (a connection per request would arm and cancel one
+each): the timer fires, the sweep finds nothing, and arms none, so a worker
+with nothing to watch has no timer after at most ``Settings.shortest``, and
+a loop with no timer of ours in its heap does less at each iteration
+(asyncio's loop reads its clock at every iteration while any timer is
+scheduled: docs/benchmarks.md, "Instructions per request, observing
+uvicorn").  Something can be due while a connection is active, stalled or
+closing, idle under a keep-alive the list times, or a log summary is
+pending.  The server layer's common case, a whole request in one read on
+an idle connection, never makes one active, so it never touches the timer.
+A close that starts a linger outside a sweep brings the timer forward.
+
+Cutting a connection off costs tens of microseconds (the ``408``, the
+transport, the callback), so a mass timeout is spread over loop iterations:
+one sweep spends at most ``SWEEP_TIME`` seconds closing, then yields to the loop
+and carries on at the next iteration, so requests of other clients are served
+in between.
+
+The connection budget (``max_connections``) is kept at connect, not by the
+timer: the server layer reports each new connection (``join``), and over
+the budget one connection goes, the first that exists of: the longest-idle
+keep-alive connection (closed), the oldest still sending its headers (``408``,
+then aborted), the body furthest behind the minimum rate (the same), and
+only when every connection is a request being served, the new one (``503``).
+Above ``PRESSURE_WATERMARK`` of the budget the enforcer is *pressed*: its
+sweeps shrink the headers timeout and the keep-alive idle time (``shrink``,
+linear down to ``PRESSURE_FLOOR`` at the budget) and pass them to the same
+ordered walks, so one timer still serves every deadline.
+
+The server layer (``connlist.servers.uvicorn.protocols``), or ``connlist.asgi.asgi_only`` in ASGI-only
+mode, feeds the list, and calls ``watch()`` after any event that can make
+something due (``message_begin``, ``stall``; ``join`` does at connect); what
+is due is closed through the connection's handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import math
+import os
+import resource
+import time
+from collections.abc import Callable
+
+from connlist.core.budget import body_slowest, headers_oldest, idle_oldest
+from connlist.core.connections import Connection, ConnectionHandle, ConnectionsList
+from connlist.core.kinds import (
+    ROOM_BY_NAME,
+    TIMEOUT_BY_NAME,
+    UPGRADE_REFUSED,
+    Kind,
+    RoomKind,
+    Settings,
+    TimeoutKind,
+    Totals,
+    deadline,
+)
+from connlist.core.logs import Summary, log, logger
+from connlist.core.records import Address
+from connlist.core.sweep import STEPS, reading_paused
+
+__all__ = [
+    "LINGER",
+    "PRESSURE_FLOOR",
+    "PRESSURE_WATERMARK",
+    "STATE_KEY",
+    "SWEEP_TIME",
+    "Enforcer",
+    "OnTimeout",
+    "shrink",
+]
+
+# The key under which the middleware hands its enforcer to the server's
+# protocols, in the ASGI lifespan state (uvicorn gives every protocol it).
+STATE_KEY = "connlist.core.enforcer"
+
+# How long a connection connlist closed may take to go (long enough for a
+# well-behaved client to read the 408) before it is aborted.
+LINGER = 1.0
+# Seconds of cutting-off work per loop iteration (the sweep's time, not the
+# connection budget), and how many connections are taken from a list at a
+# time between two looks at the clock.
+SWEEP_TIME = 0.008
+_BATCH = 32
+# An on_timeout callback that runs longer than this is warned about, once.
+SLOW_CALLBACK = 0.010
+
+# Pressure: above this share of max_connections the headers timeout and the
+# keep-alive idle time shrink, linearly, to PRESSURE_FLOOR seconds at the
+# budget (Envoy's overload manager, reduce_timeouts).
+PRESSURE_WATERMARK = 0.8
+PRESSURE_FLOOR = 2.0
+# While under pressure the timer fires at least this often, so that deadlines
+# moved earlier by a rising pressure are met within it.
+PRESSURE_TICK = 0.25
+# uvicorn's --timeout-keep-alive default, until a protocol tells its own.
+KEEP_ALIVE = 5.0
+# Bodies looked at for the slowest one, when no idle or header-reading
+# connection can make room.
+BODY_LOOK = 32
+# What asyncio (and uvloop) tell the loop's exception handler when accept fails for want of descriptors.
+_ACCEPT_ERRORS = ("socket.accept() out of system resource", "error status in uv_stream_t.listen callback")
+
+
+def shrink(timeout: float, pressure: float) -> float:
+    """``timeout`` under ``pressure`` (occupied / max_connections): the curve of docs/settings.md.
+
+    Unchanged up to ``PRESSURE_WATERMARK``, then linear down to
+    ``PRESSURE_FLOOR`` at 1.0 and beyond; a timeout at or below the floor,
+    or disabled (0), is never changed.
+    """
+    if pressure <= PRESSURE_WATERMARK or timeout <= PRESSURE_FLOOR:
+        return timeout
+    share = min((pressure - PRESSURE_WATERMARK) / (1.0 - PRESSURE_WATERMARK), 1.0)
+    return timeout - (timeout - PRESSURE_FLOOR) * share
+
+
+def _out_of_descriptors(exc: object) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _open(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` is not closed (a test's stand-in loop that cannot tell is taken as open)."""
+    is_closed = getattr(loop, "is_closed", None)
+    return is_closed is None or not is_closed()
+
+
+OnTimeout = Callable[[Connection, TimeoutKind], object]
+
+
+class Enforcer:
+    """One worker's ConnectionsList, its settings, its timer, its counters and its log summary.
+
+    The timer runs on ``loop`` if one is given (it uses ``call_later``,
+    ``call_soon`` and ``is_closed``: the tests give a mock loop and move
+    ``clock`` by hand), else on the loop running when it is armed.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        on_timeout: OnTimeout | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        linger: float = LINGER,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.connections = ConnectionsList(clock)
+        self.settings = Settings() if settings is None else settings
+        self.on_timeout = on_timeout
+        self.totals = Totals()
+        self.summary = Summary()
+        # "asgi" until a connlist protocol of the server announces itself
+        # (or the server's start tells which is in use: connlist.servers.integration).
+        self.mode = "asgi"
+        # Why the server integration is off, once that is known (None: it is
+        # on, or not known yet); and whether ASGI-only mode was logged.
+        self.integration_off: str | None = None
+        self.asgi_told = False
+        # The server_integration option in force ("auto", "required", "off").
+        self.server_integration = "auto"
+        # The list's clock.
+        self.clock = clock
+        self.linger = linger
+        self.loop = loop
+        self._timer: asyncio.TimerHandle | None = None
+        # When the armed timer fires (a clock value; inf: none is armed).
+        self.timer_at = math.inf
+        # Which arming the armed timer is: a timer that was replaced, yet
+        # still fires (a loop that cannot cancel), does nothing.
+        self._arming = 0
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
+        # A sweep that ran out of its budget continues at the next iteration.
+        self._continuing = False
+        self._soon: asyncio.Handle | None = None
+        # The rate step's, from the last sweep: the earliest rate deadline of
+        # the bodies it kept, and the end of the next grace period (see
+        # connlist.core.sweep.rate_expired).
+        self.rate_next: float | None = None
+        self.grace_end: float | None = None
+        # The keep-alive step's, from the last sweep that closed an idle
+        # connection: when (see connlist.core.sweep.KEEPALIVE_BATCH).
+        self.keepalive_closed_at = -math.inf
+        self._slow_callback_warned = False
+        self._failure_logged = False
+        # Above the watermark of the budget (see admit and pressure).
+        self.pressed = False
+        # uvicorn's keep-alive idle time (the protocol tells it: attach),
+        # and whether the list times it (the server layer says, at each
+        # protocol's making): else uvicorn's timers do, and the list only
+        # closes idle connections sooner under pressure.
+        self.keep_alive = KEEP_ALIVE
+        self.keep_alive_timed = False
+        self.attached_loop: asyncio.AbstractEventLoop | None = None
+        # The protocol class that told it the above and its mode (the server
+        # layer's, once per server and loop; None: none since the server started).
+        self.fed_by: type | None = None
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        self._settings = settings
+        # The headers timeout the last sweep applied (shortened under pressure).
+        self.headers_timeout_now = settings.headers_timeout
+        # Connections up to which join leaves admit out (no budget: all).
+        budget = settings.max_connections
+        self._quiet_below = budget * PRESSURE_WATERMARK if budget else math.inf
+        # The keep-alive idle time the last sweep applied (shortened under pressure).
+        self.idle_time_now = math.inf
+
+    @property
+    def headers_timeout(self) -> float:
+        return self.settings.headers_timeout
+
+    @property
+    def request_timeout(self) -> float:
+        return self.settings.request_timeout
+
+    def deadline(self, conn: Connection) -> tuple[str, float] | None:
+        """Which timeout cuts ``conn`` off first under this enforcer's settings, and when; or None.
+
+        ``connlist.core.kinds.deadline`` has the rules; the debug view shows it.
+        """
+        return deadline(conn, self.settings)
+
+    def configure(self, settings: Settings, *, on_timeout: OnTimeout | None) -> None:
+        """Take over another owner's settings (already validated); re-arm the timer."""
+        self.settings = settings
+        self.on_timeout = on_timeout
+        self.cancel()
+        self.watch()
+
+    # -- the timer -----------------------------------------------------------
+
+    def watch(self) -> None:
+        """Arm the timer if none is armed; call after ``connect``, ``message_begin`` and ``stall``."""
+        if self._timer is None and not self._continuing:
+            self._arm()
+
+    def _anything_due(self) -> bool:
+        connections = self.connections
+        return bool(
+            connections.active_count  # a body being received is active too
+            or connections.stalled_count
+            or connections.closing
+            or self.summary.pending
+            or self.pressed
+            or (self.keep_alive_timed and connections.idle_queue)
+        )
+
+    def cancel(self) -> None:
+        """Forget the timer (and a sweep waiting to carry on): a server is starting, or nothing is due."""
+        loop = self._timer_loop
+        live = loop is not None and _open(loop)
+        if self._timer is not None:
+            if live:
+                self._timer.cancel()
+            self._timer = None
+            self.timer_at = math.inf
+        if self._soon is not None:
+            if live:
+                self._soon.cancel()
+            self._soon = None
+            self._continuing = False
+        self._timer_loop = None
+
+    def bring_forward(self, when: float) -> None:
+        """Make sure the timer fires by ``when`` (a clock value): for clocks started outside a sweep."""
+        if self._continuing or (self._timer is not None and self.timer_at <= when):
+            return
+        self.cancel()
+        self._arm()
+
+    def wake_by(self, when: float) -> None:
+        """The timer fires at ``when`` at the latest: a connection idle under the keep-alive the list times.
+
+        The server layer calls it where a response leaves a connection idle,
+        only if the timer is armed for later (``timer_at``): in a busy worker
+        it is not, since it fires for the connection idle longest.  Armed
+        for exactly ``when``, so a loop that runs it has reached ``when``
+        (see ``_sweep``), unless that is further away than
+        ``Settings.shortest``, as no timer may be: then the sweep at that
+        time arms the next, for ``when`` if nothing comes before.
+        """
+        if self._continuing or when >= self.timer_at:
+            return
+        self.cancel()
+        now = self.clock()
+        shortest = self.settings.shortest
+        if shortest and when > now + shortest:
+            # Never further away than that: a connection that arrives while
+            # this timer is armed arms none of its own (``join``).
+            when = now + shortest
+        self._set_timer(now, when)
+
+    def _next_due(self, now: float) -> float | None:
+        """The earliest clock value at which anything can be due, or None if nothing can."""
+        self._apply_pressure()
+        candidates = [due for step in STEPS if (due := step.due(self, now)) is not None]
+        if self.pressed:
+            # Deadlines move earlier as the pressure rises.
+            candidates.append(now + PRESSURE_TICK)
+        if self.summary.pending:
+            candidates.append(self.summary.due)
+        return min(candidates) if candidates else None
+
+    def _apply_pressure(self) -> None:
+        """The headers timeout and keep-alive idle time the steps apply now: shrunk while pressed.
+
+        The idle time is infinite where nothing closes idle connections: the
+        keep-alive is uvicorn's to time, and the pressure does not shorten it.
+        """
+        keep_alive = self.keep_alive
+        idle_time = keep_alive if self.keep_alive_timed else math.inf
+        if self.pressed:
+            pressure = self.pressure
+            self.headers_timeout_now = shrink(self.settings.headers_timeout, pressure)
+            shrunk = shrink(keep_alive, pressure)
+            self.idle_time_now = shrunk if shrunk < keep_alive else idle_time
+        else:
+            self.headers_timeout_now = self.settings.headers_timeout
+            self.idle_time_now = idle_time
+
+    def _arm(self) -> None:
+        now = self.clock()
+        due = self._next_due(now)
+        shortest = self.settings.shortest
+        if due is None:
+            if not shortest or not self._anything_due():
+                return  # nothing can be due until a connection is active, stalled or closing
+            # A body that began since the last sweep (with no other timeout on).
+            due = now + shortest
+        elif shortest:
+            # Never later: what starts a clock after this cannot be due earlier than that.
+            due = min(due, now + shortest)
+        self._set_timer(now, due)
+
+    def _set_timer(self, now: float, due: float) -> None:
+        loop = self._loop()
+        delay = max(due - now, 0.0)
+        self._arming += 1
+        self._timer = loop.call_later(delay, self._sweep, self._arming)
+        self.timer_at = now + delay
+        self._timer_loop = loop
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """Where the timer runs: the given loop, else the protocols' (``attach``), else the running one."""
+        if self.loop is not None:
+            return self.loop
+        attached = self.attached_loop
+        if attached is not None and _open(attached):
+            return attached
+        return asyncio.get_running_loop()
+
+    def _sweep(self, arming: int = 0) -> None:
+        if arming and arming != self._arming:
+            return  # a timer replaced since, which its loop still ran
+        # The loop ran the timer: at least the time it was armed for has come.
+        floor = self.timer_at if arming else 0.0
+        self._timer = None
+        self.timer_at = math.inf
+        self._soon = None
+        self._continuing = False
+        if self._work(floor):
+            self.summary.flush(self.clock())
+            self._arm()
+        else:
+            # Out of budget: carry on at the next loop iteration, after the
+            # I/O that is ready (other clients) has been served.
+            self._continuing = True
+            loop = self._loop()
+            self._soon = loop.call_soon(self._sweep)
+            self._timer_loop = loop
+
+    def _work(self, floor: float = 0.0) -> bool:
+        """Cut off what is due, within ``SWEEP_TIME``; whether everything due was done.
+
+        ``floor``: the time the timer was armed for, if it fired (now is no earlier).
+        """
+        started = self.clock()
+        now = max(started, floor)
+        if self.pressed:
+            self.pressed = self.pressure > PRESSURE_WATERMARK
+        self._apply_pressure()
+        stop = started + SWEEP_TIME
+        return all(step.run(self, now, stop) for step in STEPS)
+
+    def drain(
+        self, take: Callable[[int], list[Connection]], act: Callable[[Connection], object], stop: float
+    ) -> bool:
+        """One step's loop (``sweep``): ``act`` on each batch ``take`` finds, until one is short.
+
+        Whether the list has nothing more due (False: the sweep's budget, ``stop``, ran out).
+        """
+        while True:
+            batch = take(_BATCH)
+            for conn in batch:
+                act(conn)
+            if len(batch) < _BATCH:
+                return True
+            if self.clock() > stop:
+                return False
+
+    # -- the connection budget ------------------------------------------------
+
+    @property
+    def pressure(self) -> float:
+        """Connections counted against ``max_connections``, as a share of it (0 without a budget)."""
+        budget = self.settings.max_connections
+        return self.connections.occupied / budget if budget else 0.0
+
+    def join(
+        self, client: Address = None, server: Address = None, handle: ConnectionHandle | None = None
+    ) -> Connection:
+        """A new connection: it joins the list, counted, within the budget (``admit``), and it is watched.
+
+        The server layer's one call per connection, at connect; the record
+        leaves the list at ``ConnectionsList.remove``.
+        """
+        connections = self.connections
+        record = connections.connect(client, server, handle)
+        self.totals.connections += 1
+        if connections.occupied > self._quiet_below:
+            self.admit(record)  # max_connections: may make room, or refuse this one
+        if self._timer is None and not self._continuing:
+            self._arm()
+        return record
+
+    def admit(self, record: Connection) -> None:
+        """A new connection joined the list: make room if the worker is over its budget.
+
+        Called by ``join``, once per connection, over ``PRESSURE_WATERMARK``.
+        Over ``max_connections``, one connection goes, the first of these
+        that exists (each found in O(1) from the head of a list, see
+        ConnectionsList): the longest-idle keep-alive connection (closed, as
+        nginx reuses connections); the oldest connection still sending its
+        headers, or connected and silent (``408``, then aborted); the body
+        furthest behind ``body_min_rate``; and only if every other
+        connection is a request being served, the new one, refused with
+        ``503``.  A request being served is never cut to make room.  Crossing
+        ``PRESSURE_WATERMARK`` of the budget starts the shorter timeouts.
+        """
+        if self.connections.occupied > self._settings.max_connections:
+            self._make_room(record)
+        if not self.pressed:
+            self.pressed = True
+            self.bring_forward(self.clock() + PRESSURE_TICK)
+
+    def _make_room(self, record: Connection) -> None:
+        connections = self.connections
+        settings = self.settings
+        kind: RoomKind
+        victim = idle_oldest(connections, self.clock())
+        if victim is not None:
+            kind = "idle"
+        else:
+            victim = headers_oldest(connections, record)
+            if victim is not None:
+                kind = "headers"
+            elif settings.body_min_rate and (
+                victim := body_slowest(
+                    connections, settings.body_min_rate, self.clock(), BODY_LOOK, reading_paused
+                )
+            ):
+                kind = "body"
+            else:
+                victim, kind = record, "refused"
+        self.count(ROOM_BY_NAME[kind], victim)
+        connections.evict(victim)
+        handle = victim.handle
+        if handle is not None:
+            if kind == "idle":
+                # Closed, never aborted: one that will not close now is already
+                # closing, flushing its last response (``Connection: close``),
+                # and an abort is a reset that would drop that response.
+                self.call(handle.connlist_close_idle)
+            elif kind == "refused":
+                self.call(handle.connlist_refuse)
+            else:
+                # The 408 is written first: a client that sent a request head in time reads why.
+                self.call(handle.connlist_close_expired)
+                self.call(handle.connlist_abort)
+        self.watch()
+
+    def upgrade(self, record: Connection, method: str | None = None, path: str | None = None) -> bool:
+        """An upgrade request (a websocket), complete, that the server is about to hand over: may it?
+
+        Within ``max_upgraded`` (0: no share of their own) the record is held
+        as ``upgraded`` (``ConnectionsList.upgrade``, with the request's
+        ``method`` and ``path`` for the view), its handle is dropped (the
+        enforcer can never cut a websocket: none is in a list it walks), and
+        this answers True: the server hands it over, and its feeder removes
+        the record when the connection is lost.  Past the share, the request
+        is refused as ``admit`` refuses a connection (counted, let go, ``503``
+        and closed, before the handshake) and this answers False: the server
+        hands nothing over, and the app never sees it.  The budget already
+        counted the connection at ``join``.  A rare event: its cost is here,
+        not on a request's path.
+        """
+        if not self.admit_upgrade(record):
+            return False
+        self.hold_upgraded(record, method, path)
+        return True
+
+    def admit_upgrade(self, record: Connection) -> bool:
+        """``upgrade``'s first half: whether the share has room; if not, the request is refused (False)."""
+        connections = self.connections
+        limit = self._settings.max_upgraded
+        if limit and connections.upgraded_count >= limit:
+            self.count(UPGRADE_REFUSED, record)
+            connections.evict(record)
+            handle = record.handle
+            if handle is not None:
+                self.call(handle.connlist_refuse)
+            self.watch()
+            return False
+        return True
+
+    def hold_upgraded(self, record: Connection, method: str | None = None, path: str | None = None) -> None:
+        """``upgrade``'s second half, for a server layer that must finish the request's events first."""
+        self.connections.upgrade(record, method, path)
+        if record.upgraded:  # (one let go meanwhile is closing: it keeps its handle, for the linger)
+            record.handle = None
+            self.totals.upgrades += 1
+
+    def attach(self, loop: asyncio.AbstractEventLoop, keep_alive: float | None) -> None:
+        """The server's first connection on ``loop``: learn its keep-alive time, watch accept's failures.
+
+        asyncio and uvloop report an ``accept()`` that failed for want of
+        descriptors to the loop's exception handler, asyncio with a
+        traceback each time (and it stops accepting for a second).  The
+        first is logged once with the numbers; later ones are counted
+        (``accept_failures``), not logged.
+        """
+        if keep_alive is not None and keep_alive >= 0:
+            self.keep_alive = float(keep_alive)
+        if self.attached_loop is loop:
+            return
+        self.attached_loop = loop
+        get_handler = getattr(loop, "get_exception_handler", None)
+        if get_handler is None:
+            # A loop with only what the protocols use (uvicorn's own tests' MockLoop):
+            # no accept() to watch there.
+            return
+        previous = get_handler()
+
+        def handler(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+            if context.get("message") in _ACCEPT_ERRORS and _out_of_descriptors(context.get("exception")):
+                self._accept_failed(context.get("exception"))
+                return
+            if previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        loop.set_exception_handler(handler)
+
+    def _accept_failed(self, exc: object) -> None:
+        self.totals.accept_failures += 1
+        if self.totals.accept_failures > 1:
+            return
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        # Counted without opening one (listing /proc/self/fd would need a
+        # descriptor, and there is none); once per worker, so the cost is fine.
+        open_fds = sum(_is_open(fd) for fd in range(min(soft, 1 << 16)))
+        log.error(
+            "accept() failed for want of file descriptors (%s): %d connections tracked, "
+            "max_connections %d, RLIMIT_NOFILE %d, %d descriptors open. The budget leaves too few "
+            "descriptors to the rest of the worker: lower max_connections or raise the limit (ulimit -n). "
+            "Later failures are counted in the view (accept_failures), not logged.",
+            exc,
+            len(self.connections),
+            self.settings.max_connections,
+            soft,
+            open_fds,
+        )
+
+    # -- closing -------------------------------------------------------------
+
+    def count(self, kind: Kind, conn: Connection) -> None:
+        """Count ``conn`` in ``kind``'s total, and in the log summary (a DEBUG line)."""
+        totals = self.totals
+        setattr(totals, kind.counter, getattr(totals, kind.counter) + 1)
+        self.summary.add(kind.name, conn.client, self._detail(kind), room=kind.room)
+
+    def _detail(self, kind: Kind) -> Callable[[], str]:
+        """``kind``'s DEBUG line under this enforcer's settings, built only if it is written."""
+        return lambda: kind.message.format(s=self.settings, now=self.headers_timeout_now)
+
+    def record(self, conn: Connection, kind: TimeoutKind) -> None:
+        """Count a timeout, log it, and call ``on_timeout``."""
+        self.count(TIMEOUT_BY_NAME[kind], conn)
+        on_timeout = self.on_timeout
+        if on_timeout is not None:
+            conn.keep_request()  # the callback may keep the record
+            started = self.clock()
+            try:
+                on_timeout(conn, kind)
+            except Exception:
+                if self._failure_logged:
+                    self.summary.failures += 1
+                else:
+                    self._failure_logged = True
+                    logger.exception(
+                        "on_timeout callback failed; closing the connection anyway "
+                        "(later failures are counted in the summary)"
+                    )
+            elapsed = self.clock() - started
+            if elapsed > SLOW_CALLBACK and not self._slow_callback_warned:
+                self._slow_callback_warned = True
+                log.warning(
+                    "on_timeout took %.0f ms; it runs on the event loop and delays every "
+                    "connection behind it: keep it short (this warning is not repeated)",
+                    elapsed * 1000,
+                )
+
+    def cut(self, conn: Connection, kind: TimeoutKind) -> None:
+        """An expired connection: count, log, call back, then 408 (if possible) and close, and linger."""
+        self.record(conn, kind)
+        handle = conn.handle
+        if handle is not None:
+            self.call(handle.connlist_close_expired)
+            self.connections.linger(conn)
+
+    @staticmethod
+    def call(method: Callable[[], object]) -> None:
+        try:
+            method()
+        except Exception:  # pragma: no cover - a handle must not stop the sweep
+            logger.exception("closing a connection failed")

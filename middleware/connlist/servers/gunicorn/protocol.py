@@ -1,0 +1,492 @@
+"""gunicorn's own ASGI worker (``gunicorn -k asgi``): connlist's protocol, built on gunicorn's and checked.
+
+gunicorn's ``ASGIWorker`` serves every connection with the module global
+``gunicorn.workers.gasgi.ASGIProtocol``, which its ``_serve`` reads for each
+connection it accepts, after the ASGI lifespan startup.  So, as for uvicorn's
+config, ``ConnectionsMiddleware`` puts connlist's subclass there at the
+lifespan startup (``connlist.servers.gunicorn.start``), once the class passed
+its self-check (``connlist.servers.gunicorn.selfcheck``).
+
+How it tells the list's events from gunicorn's state
+----------------------------------------------------
+
+gunicorn's HTTP/1 path feeds each read to a callback parser
+(``_feed_callback_parser``): ``PythonProtocol``, or ``gunicorn_h1c``'s
+``H1CProtocol`` (``--http-parser fast``).  The parser builds a new request
+object when the headers are complete (``_current_request``), sets
+``is_complete`` when the message is complete, and then stops: what follows
+(a pipelined request) stays in its buffer until the connection loop has
+finished the response, resets the parser and feeds it that tail again.  So,
+around gunicorn's ``_feed_callback_parser``:
+
+=================================  ===========================================
+before the feed, at rest, parser   ``message_begin`` (the read's first byte;
+ready for a message, a byte not    a read of blank lines only begins nothing:
+CR or LF                           RFC 9112 lets a server skip them)
+``_current_request`` replaced      ``headers_complete`` and ``response_begin``
+``is_complete`` after the feed     ``message_complete``
+=================================  ===========================================
+
+A whole request in one read on an idle connection is the list's
+``message``: the feeder's own writes, as uvicorn's protocols do.  A request
+held in the parser's buffer while a response is written is timed from the
+moment gunicorn feeds it (as uvicorn's h11 protocol does).
+
+gunicorn arms its keep-alive timer (``_arm_keepalive_timer``) exactly when
+a connection becomes idle: after the response, once the application's call
+has returned.  connlist's class writes the response's end there instead
+(``response_complete``: the record is no longer responding, and idle from
+now) and lets the list time the keep-alive (``--keep-alive``), closing the
+connection with gunicorn's own handler (``_keepalive_timeout``).
+
+Whether a response began is read only when a request is cut while its body
+arrives (rare): from the request's task, which gunicorn's connection loop
+awaits (``_serve_http_request``'s ``task``, running ``_handle_http_request``,
+whose ``response_started`` says); a response under way gets no ``408``.
+Nothing of it runs per request.
+
+A cut marks the connection closed as gunicorn's own close does (``_closed``:
+the app's sends are dropped), tells the request's body receiver it is
+disconnected, wakes the connection loop and lets a send blocked on flow
+control go; the app's ``ClientDisconnect`` that follows is connlist's doing,
+and left out of gunicorn's log.
+
+HTTP/2 (over TLS, or h2c) and uWSGI connections are counted in the list and
+the budget as connections being served, and gunicorn's own rules time them:
+the headers, request, body-rate and keep-alive timeouts of connlist are
+HTTP/1's (the send timeout applies to all).  A websocket upgrade is the
+enforcer's to allow (``Enforcer.upgrade``): within ``max_upgraded`` the
+record is held as ``upgraded`` until the connection is lost (gunicorn keeps
+the same protocol object for the websocket, so its ``connection_lost``
+removes it, as for any connection); past it the request is answered ``503``
+and closed before gunicorn's websocket side runs, and the app never sees it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import ClientDisconnect
+
+from connlist.core.connections import Connection
+from connlist.core.logs import route_to_server
+from connlist.servers.seam import (
+    BETWEEN,
+    BODY,
+    HEADERS,
+    SLOTS,
+    UPGRADE_REFUSED,
+    UPGRADED,
+    Tracking,
+    TransportHandle,
+    enforcer_in,
+    headers_received,
+)
+
+# gunicorn ships no type hints: its names are Any to mypy.
+try:
+    from gunicorn.asgi import protocol as gunicorn_protocol  # type: ignore[import-untyped, import-not-found, unused-ignore]
+    from gunicorn.asgi.parser import PythonProtocol  # type: ignore[import-untyped, import-not-found, unused-ignore]
+except ImportError:  # pragma: no cover - gunicorn is not installed, or has no ASGI worker
+    gunicorn_protocol = None
+    PythonProtocol = None
+
+__all__ = ["EXTRA_SLOTS", "HOOKS", "STATELESS", "ASGITracking", "build", "mode_of_parser"]
+
+# The methods of gunicorn's protocol that connlist's class overrides or calls
+# (the self-check looks for each before it builds a class on them).
+HOOKS = (
+    "connection_made",
+    "connection_lost",
+    "data_received",
+    "pause_writing",
+    "resume_writing",
+    "_feed_callback_parser",
+    "_serve_http_request",
+    "_handle_http_request",
+    "_arm_keepalive_timer",
+    "_keepalive_timeout",
+    "_handle_websocket",
+    "_handle_h2c_upgrade",
+    "_handle_connection",
+    "_check_h1c_protocol_available",
+)
+
+# The attribute connlist's class adds to gunicorn's protocol, beyond ``connlist.servers.seam.SLOTS``:
+# the last request whose headers came in (its method and path, for the view).
+EXTRA_SLOTS = ("_connlist_last",)
+# How deep the connection loop's awaits are followed to the request's task.
+_AWAIT_DEPTH = 8
+
+_CRLF = b"\r\n"
+_BLANK = (13, 10)  # CR, LF
+
+# The lifespan state of the workers that have none (gunicorn's always has one): where their
+# fallback enforcer is kept, once per process.
+STATELESS: dict[str, Any] = {}
+
+
+def mode_of_parser(python: bool) -> str:
+    """The view's ``mode`` for gunicorn's python parser or its fast one (gunicorn_h1c)."""
+    return "gunicorn-python" if python else "gunicorn-fast"
+
+
+class _AfterCutLog:
+    """gunicorn's logger, as a connection connlist cut off sees it (``seam.AfterCut``'s rule).
+
+    gunicorn logs an application's exception with ``log.exception`` inside its
+    ``except``: the app's ``ClientDisconnect`` there is connlist's doing (its
+    body was cut short), so it is left out; everything else is logged.
+    """
+
+    __slots__ = ("_log",)
+
+    def __init__(self, log: Any) -> None:
+        self._log = log
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        if isinstance(sys.exc_info()[1], ClientDisconnect):
+            return
+        self._log.exception(msg, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+
+def _address(address: Any) -> Any:
+    """A transport's ``peername`` or ``sockname`` as ASGI has it: (host, port), or None."""
+    if isinstance(address, (tuple, list)) and len(address) >= 2:
+        return (address[0], address[1])
+    return address if isinstance(address, str) else None
+
+
+if TYPE_CHECKING:
+
+    class _Base:
+        """gunicorn's protocol as mypy sees it: untyped, every attribute Any."""
+
+        _closed: bool
+        log: Any
+
+        def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
+
+else:
+    _Base = object
+
+# gunicorn's class: its methods are called as ``_G.method(self)``, not through
+# ``super()``; those a connection or a request calls, through names on the
+# class ``build`` makes (``_connlist_base_*``), as uvicorn's are (docs/benchmarks.md).
+_G: Any = None if gunicorn_protocol is None else gunicorn_protocol.ASGIProtocol
+_SERVE_CODE = getattr(getattr(_G, "_serve_http_request", None), "__code__", None)
+
+
+class ASGITracking(Tracking, _Base):
+    """gunicorn's ASGI protocol, feeding connlist from what each read changed (see the module)."""
+
+    __slots__ = ()
+
+    connlist_mode = "gunicorn-python"
+    connlist_keepalive = True
+    connlist_keepalive_not = ""
+
+    _connlist_last: Any
+    # gunicorn's, named on the class (``build``).
+    _connlist_base_feed: Callable[[Any], bool]
+
+    def _connlist_tell(self, state: Any, loop: Any, keep_alive: float | None) -> Any:
+        """Once per loop (``Tracking._connlist_setup``): also what of gunicorn's settings the list can use."""
+        enforcer = enforcer_in(state)
+        if enforcer is not None and enforcer.attached_loop not in (None, loop):
+            # A timer armed on another loop (this process's earlier server) never fires on this one.
+            enforcer.cancel()
+        if isinstance(keep_alive, bool) or not isinstance(keep_alive, (int, float)):
+            keep_alive = None  # not a setting connlist can read: gunicorn times its keep-alive itself
+        return Tracking._connlist_tell(self, state, loop, keep_alive)
+
+    def _connlist_without_middleware(self) -> tuple[object, object]:
+        """No enforcer in the lifespan state: gunicorn's lifespan setting and the app it loaded."""
+        route_to_server()
+        return getattr(self.cfg, "asgi_lifespan", None), self.app
+
+    # -- the connection: joins the list; what is not HTTP/1 is served untimed --
+
+    def connection_made(self, transport: Any) -> None:
+        # No __init__ of connlist's: this is a connection's first call, and its setup.
+        state = getattr(self.worker, "state", STATELESS)
+        if state.__class__ is not dict and not isinstance(state, dict):
+            # A worker without gunicorn's lifespan state (an embedder's): the process's, kept out of scopes.
+            state = STATELESS
+        enforcer = Tracking._connlist_setup(self, state, self.worker.loop, self._keepalive)
+        self._connlist_last = None
+        self._connlist_base_made(transport)
+        get = transport.get_extra_info
+        client = get("peername")
+        if client.__class__ is not tuple or len(client) != 2:
+            client = _address(client)
+        server = get("sockname")
+        if server.__class__ is not tuple or len(server) != 2:
+            server = _address(server)
+        record = self._connlist_record = enforcer.join(client, server, self)
+        parser = self._callback_parser
+        if parser is None:
+            # HTTP/2 (ALPN, or h2c with prior knowledge) or uWSGI: counted, not timed.
+            self._connlist_untimed(record)
+        elif parser.__class__ is not PythonProtocol:
+            enforcer.mode = mode_of_parser(False)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            self._connlist_record  # noqa: B018
+        except AttributeError:
+            pass  # lost before it was made (as gunicorn's own tests lose one): it never joined
+        else:
+            self._connlist_remove()
+        self._connlist_base_lost(exc)
+
+    def _connlist_untimed(self, record: Connection) -> None:
+        """The connection leaves HTTP/1's timeouts: counted as one being served, never idle."""
+        connections = self._connlist.connections
+        if record.last_message_start != 0.0:
+            connections.message(record)  # out of ``active``, responding
+        record.responding = True
+        self._connlist_phase = UPGRADED
+
+    # -- the list's events, around gunicorn's feed of its callback parser ------
+
+    def _feed_callback_parser(self, data: Any) -> bool:
+        phase = self._connlist_phase
+        record = self._connlist_record
+        if record is None or phase >= UPGRADED:
+            return self._connlist_base_feed(data)
+        parser = self._callback_parser
+        if phase == BETWEEN:
+            if parser.is_complete or not data or (data[0] in _BLANK and not data.strip(_CRLF)):
+                # Held behind a response (a pipelined request: fed again
+                # once it is done), or blank lines: no message begins.
+                return self._connlist_base_feed(data)
+            request = self._current_request
+            fed = self._connlist_base_feed(data)
+            new = self._current_request
+            parser = self._callback_parser
+            if new is not request and parser is not None and parser.is_complete:
+                self._connlist_last = new
+                if self._h2c_upgrade_settings is None:
+                    # A whole request in one read: ConnectionsList.message.
+                    enforcer = self._connlist
+                    enforcer.totals.requests += 1
+                    if record.last_message_start == 0.0:
+                        # On an idle record: the feeder's own writes.
+                        record.requests += 1
+                        record.responding = True
+                    else:
+                        enforcer.connections.message(record)
+                    return fed
+            self._connlist.connections.message_begin(record)
+            self._connlist_events(record, HEADERS, request, fed)
+            return fed
+        if phase == BODY:
+            self._connlist_body_bytes(record, len(data))
+        request = self._current_request
+        fed = self._connlist_base_feed(data)
+        self._connlist_events(record, phase, request, fed)
+        return fed
+
+    def _connlist_events(self, record: Connection, phase: int, request: Any, fed: object) -> None:
+        """The events of the feed that just ended: the open message (at ``phase``) got its headers, ended."""
+        if not fed or self._closed:
+            return  # a malformed request: gunicorn answered it and is closing the connection
+        enforcer = self._connlist
+        connections = enforcer.connections
+        new = self._current_request
+        got_headers = phase == HEADERS and new is not request
+        if got_headers:
+            self._connlist_last = new
+            headers_received(record, enforcer)
+            phase = BODY
+        parser = self._callback_parser
+        if parser is None or self._h2c_upgrade_settings is not None:
+            # An upgrade to HTTP/2 (h2c): served on, untimed.
+            self._connlist_untimed(record)
+            return
+        if phase == BODY:
+            if parser.is_complete:
+                connections.message_complete(record)
+                phase = BETWEEN
+            elif (
+                not got_headers
+                and not record.receiving_body
+                and enforcer.settings.body_min_rate
+                and not self._body_receiver.expect_continue
+            ):
+                # The body after 100 Continue: its clock starts with its first bytes.
+                connections.body_begin(record, record.body_received)
+        self._connlist_settle(record, phase, got_headers and phase == BODY)
+
+    def _connlist_body_begin(self, record: Connection) -> None:
+        """A read ended with the request's headers complete and its body not: the minimum rate times it.
+
+        The body bytes of this read count too (gunicorn's body receiver still
+        holds them: the app's task has not run yet).  A client that asked for
+        ``100 Continue`` sends its body once gunicorn says so, at the app's
+        first ``receive()``: its body is timed from its first bytes (a later
+        read, ``_connlist_events``), the request timeout alone until then.
+        """
+        enforcer = self._connlist
+        if not enforcer.settings.body_min_rate:
+            return
+        receiver = self._body_receiver
+        record.body_received = receiver.buffered
+        if not receiver.expect_continue:
+            enforcer.connections.body_begin(record, record.body_received)
+
+    @staticmethod
+    def _connlist_body_bytes(record: Connection, n: int) -> None:
+        record.body_received += n
+
+    # -- the response, and the keep-alive the list times -----------------------
+
+    def _arm_keepalive_timer(self) -> None:
+        # The connection is idle from now (gunicorn's own moment): the list
+        # times its keep-alive, with gunicorn's --keep-alive and its handler.
+        # (Set by connection_made: a connection is idle only after a request.)
+        record: Connection = self._connlist_record  # type: ignore[assignment]
+        enforcer = self._connlist
+        # ConnectionsList.response_complete: idle from now, in the idle queue.
+        enforcer.connections.response_complete(record)
+        if not enforcer.keep_alive_timed:
+            _G._arm_keepalive_timer(self)
+            return
+        due = record.idle_at + self._keepalive
+        if due < enforcer.timer_at:
+            enforcer.wake_by(due)
+
+    def connlist_close_keepalive(self) -> None:
+        self._keepalive_timeout()
+
+    # The closes connlist decides outside a timeout wake gunicorn's connection
+    # loop, as its own close does: else it waits for the next request until
+    # gunicorn's grace period after the loss cancels it.
+
+    def connlist_close_idle(self) -> bool:
+        closed = TransportHandle.connlist_close_idle(self)
+        if closed:
+            self._connlist_wake()
+        return closed
+
+    def connlist_close(self) -> None:
+        TransportHandle.connlist_close(self)
+        self._connlist_wake()
+
+    def connlist_refuse(self) -> None:
+        TransportHandle.connlist_refuse(self)
+        self._connlist_wake()
+
+    def _connlist_wake(self) -> None:
+        self._closed = True
+        ready = self._request_ready
+        if ready is not None:  # (None: not HTTP/1, no loop waits for a request)
+            ready.set()
+
+    # -- upgrades --------------------------------------------------------------
+
+    async def _handle_websocket(self, request: Any, sockname: Any, peername: Any) -> None:
+        # A websocket is never timed out (Node: its parser is freed): held as
+        # upgraded until the connection is lost, or refused with 503.
+        self._connlist_phase = UPGRADED
+        record = self._connlist_record
+        if record is not None and not self._connlist.upgrade(record, request.method, request.path):
+            self._connlist_phase = UPGRADE_REFUSED
+            return
+        await _G._handle_websocket(self, request, sockname, peername)
+
+    async def _handle_h2c_upgrade(self, request: Any) -> None:
+        self._connlist_untimed(self._connlist_record)  # type: ignore[arg-type]  # set by connection_made
+        await _G._handle_h2c_upgrade(self, request)
+
+    # -- what the enforcer's handle reads of gunicorn's state ------------------
+
+    def _connlist_response_written(self, record: Connection) -> bool:
+        # gunicorn reads a request only once the previous response is done:
+        # while headers arrive, nothing of a response is under way.
+        return record.headers_completed and self._connlist_response_started() is not False
+
+    def _connlist_response_started(self) -> object:
+        """Whether the response to the request being served began: True, False, or None (no loop).
+
+        The connection loop (``_task``) awaits ``_serve_http_request``, whose
+        ``task`` runs ``_handle_http_request``, whose local
+        ``response_started`` says; a finished request's locals are gone: its
+        response was complete.  A loop awaiting anything else serves no
+        request.  Read only at a cut.
+        """
+        task = self._task
+        awaited = None if task is None else task.get_coro()
+        if getattr(awaited, "cr_frame", None) is None:
+            return None
+        for _ in range(_AWAIT_DEPTH):
+            frame = getattr(awaited, "cr_frame", None)
+            if frame is not None and frame.f_code is _SERVE_CODE:
+                request_task = frame.f_locals.get("task")
+                request = None if request_task is None else request_task.get_coro()
+                frame = getattr(request, "cr_frame", None)
+                return request is not None and (frame is None or frame.f_locals.get("response_started"))
+            awaited = getattr(awaited, "cr_await", None)
+        return False
+
+    def _connlist_responding(self) -> bool:
+        record = self._connlist_record
+        return record is not None and record.responding
+
+    def _connlist_mark_cut(self) -> None:
+        """Closed as gunicorn's own close marks it: the app's sends dropped, its receive disconnected."""
+        if self._closed:
+            return
+        self._closed = True
+        self.log = _AfterCutLog(self.log)
+        receiver = self._body_receiver
+        if receiver is not None:
+            receiver.signal_disconnect()
+        for finishing in self._finishing_calls.values():
+            if finishing is not None:
+                finishing.signal_disconnect()
+        ready = self._request_ready
+        if ready is not None:
+            ready.set()  # the connection loop sees _closed and ends
+        flow = self._flow_control
+        if flow is not None:
+            flow.resume_writing()  # a send waiting to drain returns (and drops what follows)
+
+    def connlist_request(self) -> tuple[str | None, str | None]:
+        request = self._connlist_last
+        if request is None:
+            return None, None
+        return getattr(request, "method", None), getattr(request, "path", None)
+
+    def connlist_reading_paused(self) -> bool:
+        return bool(self._reading_paused)
+
+
+def build(base: type) -> type[Any]:
+    """connlist's class on gunicorn's ``base``: the mixin's methods, connlist's slots, the base's it calls.
+
+    gunicorn caches whether gunicorn_h1c is there on the class it is
+    called on, and reads the cache on its own class (by name): called first
+    on a subclass, the cache would be the subclass's, and gunicorn's
+    ``--http-parser auto`` would take the python parser.  So gunicorn's own
+    class fills its cache first.
+    """
+    base._check_h1c_protocol_available()  # type: ignore[attr-defined]
+    namespace = {
+        "__slots__": SLOTS + EXTRA_SLOTS,
+        "__module__": __name__,
+        "__qualname__": "ASGIProtocol",
+        "__doc__": ASGITracking.__doc__,
+        "_connlist_base_made": getattr(base, "connection_made", None),
+        "_connlist_base_lost": getattr(base, "connection_lost", None),
+        "_connlist_base_feed": getattr(base, "_feed_callback_parser", None),
+    }
+    return type("ASGIProtocol", (ASGITracking, base), namespace)

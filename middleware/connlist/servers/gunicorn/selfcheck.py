@@ -1,0 +1,337 @@
+"""The self-check of connlist's gunicorn class: gunicorn's ASGI protocol driven through a conversation.
+
+``connlist.servers.gunicorn.protocol`` leans on parts of gunicorn's protocol that are
+not public API: its methods ``_feed_callback_parser``,
+``_arm_keepalive_timer``, ``_keepalive_timeout``, ``_handle_websocket``; the
+locals of ``_serve_http_request`` and ``_handle_http_request``; and its state
+(``_callback_parser`` and its ``is_complete``, ``_current_request``,
+``_body_receiver``, ``_closed``, ``_request_ready``, ``_keepalive_handle``,
+``_keepalive``).  A gunicorn
+release may change any of them without failing loudly, so before connlist's
+class is put in gunicorn's worker, this module checks it, once per process:
+
+1. The methods connlist hooks are there, and the locals it reads at a cut.
+2. A conversation with no socket: the protocol built as gunicorn's worker
+   builds it (a stand-in worker with gunicorn's own ``Config``, the lifespan
+   state holding a private ``Enforcer`` on a clock of its own), on a
+   memory transport, through a request split over reads, a whole one, a
+   body in two reads (timed by the minimum rate), a response written before
+   the body is read, two pipelined requests, a websocket upgrade, a
+   connection lost mid-request, a headers timeout (a ``408``, the
+   connection loop ended) and the keep-alive the list times (no gunicorn
+   timer armed; gunicorn's own close at ``--keep-alive``).  After each step
+   the connection's record and what was written are compared with what must
+   be.
+
+Any difference is a failure, described in one sentence; an exception
+anywhere is one too.  The start (``connlist.servers.gunicorn.start``) then
+leaves gunicorn's own class in place (ASGI-only mode) with one ERROR line.
+The conversation runs on an event loop of its own in a short-lived thread
+(the lifespan's loop is running); it writes nothing to gunicorn's logs and
+leaves no timer behind.  It takes a few milliseconds, once per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any, cast
+
+from connlist.core.connections import Connection, connection_state
+from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.kinds import resolve
+from connlist.servers.uvicorn.selfcheck import CheckFailed, MemoryTransport, Result, run_on_own_loop
+
+__all__ = ["check_static", "run_in_thread"]
+
+HEADERS_TIMEOUT = 10.0
+REQUEST_TIMEOUT = 30.0
+KEEP_ALIVE = 2
+LIMIT = 10.0
+
+GET = b"GET /a?x=1 HTTP/1.1\r\nHost: t\r\n\r\n"
+POST = b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
+EARLY = b"POST /early HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
+UPGRADE = (
+    b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+class _SilentLog:
+    """gunicorn's logger as the check's protocols get it: nothing reaches the server's log."""
+
+    access_log_enabled = False
+
+    def _nothing(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    debug = info = warning = error = exception = critical = access = _nothing
+
+
+class _Worker:
+    """What gunicorn's ASGI protocol reads of its worker (``gunicorn.workers.gasgi.ASGIWorker``)."""
+
+    def __init__(self, cfg: Any, app: Any, state: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.cfg = cfg
+        self.log = _SilentLog()
+        self.asgi = app
+        self.state = state
+        self.loop = loop
+        self.nr_conns = 0
+        self.nr = 0
+        self.max_requests = sys.maxsize
+        self.alive = True
+
+
+class _Transport(MemoryTransport):
+    """The memory transport, with what gunicorn's protocol asks of a socket's transport."""
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+
+async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The check's application: reads the body and answers; /early answers without reading it."""
+    if scope["type"] != "http":
+        return
+    if scope["path"] != "/early":
+        more = True
+        while more:  # (a disconnect has no more_body)
+            more = (await receive()).get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def require(ok: object, failure: str) -> None:
+    """One rule of the check: ``failure`` (one sentence) unless ``ok``."""
+    if not ok:
+        raise CheckFailed(failure)
+
+
+def check_static(base: type, hooks: tuple[str, ...]) -> None:
+    """What can be checked without running the protocol: the hooked methods, the locals read at a cut."""
+    missing = [name for name in hooks if not callable(getattr(base, name, None))]
+    require(
+        not missing,
+        f"{base.__module__}.{base.__qualname__} has no {', '.join(f'`{name}`' for name in missing)}",
+    )
+    for method, local in (("_serve_http_request", "task"), ("_handle_http_request", "response_started")):
+        code = getattr(getattr(base, method), "__code__", None)
+        names = () if code is None else code.co_varnames + code.co_cellvars
+        require(local in names, f"gunicorn's `ASGIProtocol.{method}` has no local `{local}`")
+
+
+class _Script:
+    """One conversation, on the running loop."""
+
+    def __init__(self, cls: type, parser: str) -> None:
+        from gunicorn.config import Config  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+        self.cls = cls
+        self.parser = parser
+        self.now = 1000.0
+        self.enforcer = Enforcer(
+            resolve(headers_timeout=HEADERS_TIMEOUT, request_timeout=REQUEST_TIMEOUT, body_min_rate=1.0),
+            clock=lambda: self.now,
+        )
+        cfg = Config()
+        cfg.set("keepalive", KEEP_ALIVE)
+        cfg.set("http_parser", parser)
+        cfg.set("accesslog", None)
+        self.worker = _Worker(cfg, _app, {STATE_KEY: self.enforcer}, asyncio.get_running_loop())
+        self.protocols: list[tuple[Any, _Transport]] = []
+        self.steps: list[str] = []
+
+    def connect(self) -> tuple[Any, _Transport]:
+        protocol = self.cls(self.worker)
+        transport = _Transport()
+        transport.protocol = protocol
+        protocol.connection_made(transport)
+        self.protocols.append((protocol, transport))
+        return protocol, transport
+
+    @staticmethod
+    def record(protocol: Any) -> Connection:
+        record = getattr(protocol, "_connlist_record", None)
+        require(isinstance(record, Connection), "a connection made was not tracked")
+        return cast("Connection", record)
+
+    async def until(self, done: Any) -> None:
+        """Let the connection's task run until ``done()`` (a few rounds of the loop at most)."""
+        for _ in range(50):
+            if done():
+                return
+            await asyncio.sleep(0)
+
+    async def feed(self, protocol: Any, data: bytes, done: Any = None) -> None:
+        protocol.data_received(data)
+        await self.until(done or (lambda: False))
+
+    def expect(self, step: str, record: Connection, state: str, requests: int | None = None) -> None:
+        self.steps.append(step)
+        got = connection_state(record)
+        require(got == state, f"after {step}, the connection is {got}, where it must be {state}")
+        require(
+            requests is None or record.requests == requests,
+            f"after {step}, the connection counts {record.requests} requests, not {requests}",
+        )
+
+    @staticmethod
+    def responses(transport: _Transport) -> int:
+        return bytes(transport.written).count(b"HTTP/1.1 200 ")
+
+    def idle(self, protocol: Any, record: Connection, transport: _Transport, n: int) -> Any:
+        return lambda: self.responses(transport) == n and not record.responding
+
+    async def run(self) -> None:
+        enforcer = self.enforcer
+        protocol, transport = self.connect()
+        record = self.record(protocol)
+        self.expect("a connection", record, "new", 0)
+        require(
+            enforcer.mode == f"gunicorn-{self.parser}",
+            f"gunicorn's {self.parser} parser was taken for {enforcer.mode!r}",
+        )
+        require(
+            enforcer.keep_alive == KEEP_ALIVE and enforcer.keep_alive_timed,
+            "the list did not take gunicorn's keep-alive time (`_keepalive`) over",
+        )
+        # A request split over two reads.
+        await self.feed(protocol, GET[:12])
+        self.expect("a request's first bytes", record, "reading_headers", 0)
+        await self.feed(protocol, GET[12:], self.idle(protocol, record, transport, 1))
+        self.expect("the rest of the request, and its response", record, "idle", 1)
+        require(
+            (record.method, record.path) == ("GET", "/a"),
+            f"the request's method and path read {record.method!r} {record.path!r}",
+        )
+        # The keep-alive: the list's, not a gunicorn timer.
+        require(
+            getattr(protocol, "_keepalive_handle", None) is None,
+            "gunicorn armed its own keep-alive timer at the end of a response",
+        )
+        require(
+            record.idle_at == self.now and enforcer.timer_at == self.now + KEEP_ALIVE,
+            "the end of a response did not leave the keep-alive to connlist's list",
+        )
+        # A whole request in one read.
+        await self.feed(protocol, GET, self.idle(protocol, record, transport, 2))
+        self.expect("a whole request", record, "idle", 2)
+        # A body in two reads, timed by the minimum rate.
+        await self.feed(protocol, POST + b"0123")
+        self.expect("a request whose body is incomplete", record, "reading_body", 2)
+        require(
+            record.receiving_body and record.body_received == 4,
+            "a body that arrives over two reads was not timed by the minimum rate",
+        )
+        require(
+            not protocol._connlist_response_written(record),
+            "a request whose app waits for its body was taken for one being answered",
+        )
+        await self.feed(protocol, b"456789", self.idle(protocol, record, transport, 3))
+        self.expect("the rest of the body", record, "idle", 3)
+        # Two pipelined requests in one read.
+        await self.feed(protocol, GET + GET, self.idle(protocol, record, transport, 5))
+        self.expect("two pipelined requests", record, "idle", 5)
+        # The keep-alive timeout, closed by gunicorn's handler.
+        self.now += KEEP_ALIVE
+        enforcer._sweep()
+        require(
+            transport.closing and protocol._closed,
+            "the keep-alive timeout did not close the connection with gunicorn's handler",
+        )
+        self.steps.append("the keep-alive timeout")
+        protocol.connection_lost(None)
+        require(not record.tracked, "a connection lost stayed in the list")
+        await self.early()
+        await self.upgrade()
+        await self.headers_timeout()
+
+    async def early(self) -> None:
+        """A response before the body: no 408 may follow it."""
+        protocol, transport = self.connect()
+        record = self.record(protocol)
+        await self.feed(protocol, EARLY + b"01", lambda: self.responses(transport) == 1)
+        self.expect("a response before the request's body", record, "reading_body", 0)
+        require(
+            protocol._connlist_response_written(record),
+            "a response written before the body was not seen (`_handle_http_request`'s `response_started`)",
+        )
+        protocol.connection_lost(None)
+
+    async def upgrade(self) -> None:
+        protocol, transport = self.connect()
+        record = self.record(protocol)
+        # Until gunicorn's websocket side answered (the app, which accepts none, ran).
+        await self.feed(protocol, UPGRADE, lambda: bool(transport.written))
+        upgraded = connection_state(record) == "upgraded"
+        require(upgraded, "a websocket upgrade did not hold the connection as upgraded")
+        self.steps.append("a websocket upgrade")
+        protocol.connection_lost(None)
+        require(not record.tracked, "a websocket's connection lost did not take it out of the list")
+
+    async def headers_timeout(self) -> None:
+        protocol, transport = self.connect()
+        record = self.record(protocol)
+        await self.feed(protocol, GET[:10])
+        self.expect("a request's first bytes", record, "reading_headers", 0)
+        self.now += HEADERS_TIMEOUT + 1
+        expired = self.enforcer.connections.expired(HEADERS_TIMEOUT, REQUEST_TIMEOUT)
+        require(
+            expired == [record],
+            f"a headers timeout found {len(expired)} connections expired, not the one",
+        )
+        protocol.connlist_close_expired()
+        task = protocol._task
+        await self.until(lambda: task is None or task.done())
+        require(
+            bytes(transport.written).startswith(b"HTTP/1.1 408 ") and transport.closing,
+            "a connection past the headers timeout was not answered 408 and closed",
+        )
+        require(
+            task is None or task.done(),
+            "the connection loop of a connection cut at the headers timeout did not end",
+        )
+        protocol.connection_lost(None)
+        require(not record.tracked, "a connection cut at the headers timeout stayed in the list")
+        self.steps.append("a headers timeout")
+
+    async def close(self) -> None:
+        self.enforcer.cancel()
+        for protocol, _transport in self.protocols:
+            record = getattr(protocol, "_connlist_record", None)
+            if record is not None and record.tracked:
+                protocol.connection_lost(None)
+        for protocol, _transport in self.protocols:
+            task = getattr(protocol, "_task", None)
+            if task is not None and not task.done():
+                task.cancel()
+        await asyncio.sleep(0)
+        self.enforcer.cancel()
+
+
+async def check_protocol(cls: type, parser: str) -> Result:
+    started = time.perf_counter()
+    try:
+        script = _Script(cls, parser)
+    except Exception as exc:
+        return Result(f"the scripted conversation raised {type(exc).__name__}: {exc}")
+    try:
+        await script.run()
+    except CheckFailed as failed:
+        return Result(str(failed), seconds=time.perf_counter() - started)
+    except Exception as exc:
+        return Result(f"the scripted conversation raised {type(exc).__name__}: {exc}")
+    finally:
+        await script.close()
+    return Result(None, seconds=time.perf_counter() - started, steps=script.steps)
+
+
+def run_in_thread(cls: type, parser: str) -> Result:
+    """``check_protocol`` on a new event loop in a short-lived thread (the caller's loop may be running)."""
+    return run_on_own_loop(lambda: check_protocol(cls, parser), LIMIT, "connlist-gunicorn-selfcheck")

@@ -1,0 +1,329 @@
+"""gunicorn's ASGI worker at its start: connlist's class put in place, found in place, or off and why.
+
+gunicorn's ``ASGIWorker._serve`` runs the ASGI lifespan startup, then
+listens with ``loop.create_server(lambda: ASGIProtocol(self), ...)``: the
+lambda reads the module global ``gunicorn.workers.gasgi.ASGIProtocol`` for
+each connection.  The lifespan's ``receive`` is a method of gunicorn's
+``LifespanManager``, whose ``state`` is the worker's; the worker itself is
+the one whose ``_serve`` is the task awaiting the startup.  So at the
+lifespan startup ``ConnectionsMiddleware`` asks ``turn_on`` (through
+``connlist.servers.integration``, whose ``Server`` this module is), which reads that
+global and, by the ``server_integration`` policy:
+
+* connlist's class (``-k connlist.gunicorn.ASGIWorker`` put it there): on;
+* gunicorn's own ``ASGIProtocol``: connlist's class is built on it and
+  checked (``connlist.servers.gunicorn.selfcheck``) and put in its place; on a
+  failed check gunicorn's stays, with one ERROR line (or, ``"required"``,
+  the worker refuses to start);
+* any other class (an embedder's): left alone, off.
+
+Each worker process does this for itself (the global is the process's).
+Everything read here is gunicorn's, not public API, and read defensively:
+where it is not as expected, nothing is changed and the mode is ASGI-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+import threading
+from typing import Any
+
+from connlist.core.logs import follow_uvicorn_logger, log, route_to_server
+from connlist.servers import integration
+from connlist.servers.integration import FELL_BACK, OFF, Start, off
+
+__all__ = [
+    "TESTED_GUNICORN",
+    "advice_without_lifespan",
+    "for_server",
+    "gunicorn_master",
+    "resolve",
+    "server_config",
+    "turn_on",
+    "unconfirmed",
+]
+
+# The gunicorn release connlist's class is tested with (its ASGI worker is stable since 25.1).
+TESTED_GUNICORN = "27.0.1"
+# The modules and names connlist builds on and swaps.
+PROTOCOL_MODULE = "gunicorn.asgi.protocol"
+WORKER_MODULE = "gunicorn.workers.gasgi"
+NAME = "ASGIProtocol"
+
+_lock = threading.RLock()
+# The build and check, once per process: (connlist's class or None, gunicorn's class or None, result).
+_built: tuple[type[Any] | None, type | None, Any] | None = None
+
+
+def _gunicorn_version() -> str:
+    return str(getattr(sys.modules.get("gunicorn"), "__version__", "?"))
+
+
+def parser_name(cfg: Any) -> str:
+    """The HTTP/1 parser gunicorn's protocol will take for ``cfg``: "python" or "fast" (gunicorn_h1c).
+
+    gunicorn's own rule (``ASGIProtocol._setup_callback_parser``): ``python``,
+    ``fast``, or ``auto``: the fast one where gunicorn_h1c (with its limits)
+    is installed and no option it cannot honour is set.  The first
+    connection tells for sure, and sets the view's mode if this differs.
+    """
+    setting = getattr(cfg, "http_parser", "auto")
+    if setting == "python":
+        return "python"
+    if setting == "fast":
+        return "fast"
+    try:
+        base = importlib.import_module(PROTOCOL_MODULE).ASGIProtocol
+        available = base._check_h1c_protocol_available() and base._h1c_has_limits
+    except Exception:
+        return "python"
+    flags = [getattr(cfg, flag, False) for flag in getattr(base, "_FAST_PARSER_INCOMPATIBLE_FLAGS", ())]
+    if available and not any(flags) and getattr(cfg, "proxy_protocol", "off") == "off":
+        return "fast"
+    return "python"
+
+
+def _build() -> tuple[type[Any] | None, type | None, Any]:
+    from connlist.servers.gunicorn import protocol as gunicorn_asgi
+    from connlist.servers.gunicorn import selfcheck as gunicorn_asgi_check
+    from connlist.servers.uvicorn.selfcheck import CheckFailed, Result
+
+    base: type | None = None
+    try:
+        module = importlib.import_module(PROTOCOL_MODULE)
+        base = getattr(module, NAME, None)
+        if not isinstance(base, type):
+            raise CheckFailed(f"{PROTOCOL_MODULE} has no class {NAME}")
+        gunicorn_asgi_check.check_static(base, gunicorn_asgi.HOOKS)
+        try:
+            cls = gunicorn_asgi.build(base)
+        except TypeError as exc:
+            raise CheckFailed(f"connlist's class cannot be built on gunicorn's {NAME}: {exc}") from None
+    except CheckFailed as failed:
+        return None, base, Result(str(failed))
+    except ImportError as exc:
+        return None, base, Result(f"gunicorn has no {PROTOCOL_MODULE} ({exc})")
+    result = gunicorn_asgi_check.run_in_thread(cls, "python")
+    if result.passed and parser_name(_FastConfig()) == "fast":
+        result = gunicorn_asgi_check.run_in_thread(cls, "fast")
+    if not result.passed:
+        return None, base, result
+    integration.record_pass(cls)
+    return cls, base, result
+
+
+class _FastConfig:
+    """A config that asks for the fast parser where it is installed (``parser_name``'s ``auto``)."""
+
+    http_parser = "auto"
+
+
+def checked() -> tuple[type[Any] | None, type | None, Any]:
+    """``_build``'s outcome, built once per process (the worker class and the lifespan share it)."""
+    global _built
+    with _lock:
+        if _built is None:
+            _built = _build()
+        return _built
+
+
+def _failure_text(failure: str) -> tuple[str, str]:
+    from connlist.servers.uvicorn.protocols import _connlist_version
+
+    what = (
+        f"connlist {_connlist_version()} does not work with gunicorn {_gunicorn_version()} "
+        f"({NAME}: {failure})"
+    )
+    advice = (
+        f"connlist is tested with gunicorn {TESTED_GUNICORN}: pin gunicorn to it (pip install "
+        f"'gunicorn=={TESTED_GUNICORN}'), or upgrade connlist."
+    )
+    return what, advice
+
+
+def _reason(failure: str) -> str:
+    return f"gunicorn {_gunicorn_version()}: {NAME}: {failure}"
+
+
+def _say_off(failure: str, refuse: str) -> None:
+    what, advice = _failure_text(failure)
+    _route()
+    log.error(
+        "the server integration is off: %s. gunicorn's ASGI worker keeps its own protocol and connlist runs "
+        "in ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but the "
+        "headers timeout and the send timeout are not enforced. %s %s",
+        what,
+        advice,
+        refuse,
+    )
+
+
+def for_server(*, required: bool) -> tuple[type[Any] | None, str | None]:
+    """connlist's class for gunicorn's worker, or why not (the ERROR line logged unless ``required``)."""
+    cls, base, result = checked()
+    if cls is not None:
+        return cls, None
+    failure = result.failure or ""
+    if base is not None:
+        integration.record_failure(base, _reason(failure))
+    if required:
+        what, advice = _failure_text(failure)
+        return None, f"{what}. {advice}"
+    _say_off(
+        failure,
+        f'Set server_integration="required" (or {integration.REQUIRE_ENV}=1) to refuse to start instead.',
+    )
+    return None, _reason(failure)
+
+
+# The exit status of a refusal to start: gunicorn's for a worker that failed to boot (its master stops).
+REFUSAL_STATUS = 3
+
+
+def resolve() -> type[Any]:
+    """The class ``connlist.gunicorn.ASGIProtocol`` names: connlist's, or gunicorn's in its place."""
+    integration.require_integration()  # a bad value stops the start here, naming the variable
+    cls, base, result = checked()
+    if cls is not None:
+        return cls
+    failure = result.failure or ""
+    if integration.require_integration():
+        what, advice = _failure_text(failure)
+        _route()
+        log.error(
+            "refusing to start (%s=1): the server integration would be off: %s. %s",
+            integration.REQUIRE_ENV,
+            what,
+            advice,
+        )
+        raise SystemExit(REFUSAL_STATUS)
+    if base is None:
+        raise ImportError(f"gunicorn has no {PROTOCOL_MODULE}.{NAME}: {failure}")
+    integration.record_failure(base, _reason(failure))
+    _say_off(failure, f"Set {integration.REQUIRE_ENV}=1 to refuse to start instead.")
+    return base
+
+
+def _route() -> None:
+    """connlist's lines go where gunicorn's worker writes its own (its error log)."""
+    follow_uvicorn_logger("gunicorn.error")
+    route_to_server()
+
+
+# -- the Server of connlist.servers.integration ----------------------------------------
+
+
+def server_config(receive: Any, state: object = None) -> Any:
+    """The gunicorn ASGI worker whose lifespan is starting, or None.
+
+    The lifespan's ``receive`` is a method of gunicorn's ``LifespanManager``;
+    its ``state`` (or the scope's, where an app between the server and the
+    middleware wrapped ``receive``) is the worker's.  The worker is the
+    ``self`` of the ``_serve`` task that awaits the startup.
+    """
+    gasgi = sys.modules.get(WORKER_MODULE)
+    if gasgi is None:
+        return None
+    owner = getattr(receive, "__self__", None)
+    owner_state = getattr(owner, "state", None)
+    if state is None:
+        state = owner_state
+    if state is None:
+        return None
+    worker_class = getattr(gasgi, "ASGIWorker", None)
+    if not isinstance(worker_class, type):
+        return None
+    try:
+        tasks = asyncio.all_tasks()
+    except RuntimeError:  # no running loop
+        return None
+    for task in tasks:
+        frame = getattr(task.get_coro(), "cr_frame", None)
+        worker = None if frame is None else frame.f_locals.get("self")
+        if isinstance(worker, worker_class) and getattr(worker, "state", None) is state:
+            return worker
+    return None
+
+
+def gunicorn_master(config: Any) -> int | None:
+    """The pid of the gunicorn master whose ASGI worker ``config`` is."""
+    ppid = getattr(config, "ppid", None)
+    return ppid if isinstance(ppid, int) else None
+
+
+def turn_on(config: Any, policy: str) -> Start:
+    """At the lifespan startup: put connlist's class in gunicorn's worker where allowed, or say why not."""
+    _route()
+    gasgi = sys.modules.get(WORKER_MODULE)
+    current = getattr(gasgi, NAME, None)
+    cfg = getattr(config, "cfg", None)
+    parser = parser_name(cfg)
+    mode = getattr(current, "connlist_mode", None)
+    if isinstance(mode, str):
+        log.info(
+            "server integration on (gunicorn %s, asgi worker, %s parser, from the worker class)",
+            _gunicorn_version(),
+            parser,
+        )
+        _warn_untimed(cfg)
+        return Start(f"gunicorn-{parser}")
+    failure = integration.failure(current if isinstance(current, type) else None)
+    if failure is not None:
+        return off(policy, failure, FELL_BACK)
+    if policy == "off":
+        return Start(None, OFF, 'set server_integration="auto" (the default) to let connlist turn it on')
+    own = getattr(sys.modules.get(PROTOCOL_MODULE), NAME, None)
+    if current is None or current is not own:
+        name = f"{getattr(current, '__module__', '?')}.{getattr(current, '__qualname__', current)}"
+        reason = (
+            f"gunicorn's ASGI worker serves with {name}, neither gunicorn's own ASGIProtocol nor "
+            "connlist's, so connlist leaves it alone"
+        )
+        return off(policy, reason, "serve with gunicorn -k asgi and gunicorn's own protocol")
+    ours, failure = for_server(required=policy == "required")
+    if ours is None:
+        assert failure is not None
+        return off(policy, failure, FELL_BACK)
+    setattr(gasgi, NAME, ours)
+    log.info("server integration on (gunicorn %s, asgi worker, %s parser)", _gunicorn_version(), parser)
+    _warn_untimed(cfg)
+    return Start(f"gunicorn-{parser}")
+
+
+def _warn_untimed(cfg: Any) -> None:
+    """One WARNING where gunicorn serves HTTP/2 or uWSGI too: what connlist does not time there."""
+    others = []
+    if "h2" in (getattr(cfg, "http_protocols", None) or ()):
+        others.append("HTTP/2")
+    if getattr(cfg, "protocol", "http") == "uwsgi":
+        others.append("uWSGI")
+    if others:
+        log.warning(
+            "gunicorn serves %s connections too: connlist counts them in the list and the connection budget "
+            "(which never lets them go) and applies the send timeout, but the headers, request, body-rate "
+            "and keep-alive timeouts are HTTP/1's; gunicorn's own limits apply to them",
+            " and ".join(others),
+        )
+
+
+def advice_without_lifespan() -> str:
+    """What to do when the first request came before any lifespan startup."""
+    return (
+        "add ConnectionsMiddleware to the app the server serves, not to a mounted one, and keep gunicorn's "
+        "--asgi-lifespan auto or on (or serve with -k connlist.gunicorn.ASGIWorker)"
+    )
+
+
+def unconfirmed(mode: str) -> tuple[str, str]:
+    """Why the first request did not come through the class the startup gave (``mode``), what to do."""
+    reason = (
+        f"gunicorn {_gunicorn_version()} served a request through another protocol than connlist's ({mode}), "
+        f"which the lifespan startup put in {WORKER_MODULE}.{NAME}"
+    )
+    advice = (
+        f"connlist is tested with gunicorn {TESTED_GUNICORN}: serve with -k connlist.gunicorn.ASGIWorker, "
+        f"pin gunicorn to {TESTED_GUNICORN}, or upgrade connlist."
+    )
+    return reason, advice

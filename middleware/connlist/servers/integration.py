@@ -1,0 +1,157 @@
+"""The server integration at the server's start, for any server: the policy, and what the server says.
+
+At the ASGI lifespan startup ``ConnectionsMiddleware`` asks the server's
+integration (``connlist.servers.selection.find``) to turn itself on, by the ``server_integration``
+option.  Where the option is ``"off"`` the server is never touched.
+``"required"`` turns "off" into a refusal to start.  The environment
+variable ``CONNLIST_REQUIRE_INTEGRATION`` is the operator's override and
+wins when set: ``1`` makes it ``"required"``, ``0`` makes ``"required"``
+``"auto"``.
+
+A server's start-up side is a module that implements ``Server``
+(``connlist.servers.uvicorn.start`` is uvicorn's); its protocol classes record
+here whether their self-check passed (``record_pass``, ``record_failure``),
+so that a server that does not tell its protocol can still be told about.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple, Protocol
+
+__all__ = [
+    "FELL_BACK",
+    "NO_LIFESPAN",
+    "OFF",
+    "POLICIES",
+    "REQUIRE_ENV",
+    "Server",
+    "Start",
+    "check_policy",
+    "checked",
+    "effective_policy",
+    "failure",
+    "off",
+    "record_failure",
+    "record_pass",
+    "require_integration",
+]
+
+REQUIRE_ENV = "CONNLIST_REQUIRE_INTEGRATION"
+
+# The server_integration option's values.
+POLICIES = ("auto", "required", "off")
+
+
+# What failed, by the class the server was given instead (its own).
+_failures: dict[type, str] = {}
+# connlist's protocol classes that passed their check.
+_passed: set[type] = set()
+
+
+def _required_by_env() -> bool | None:
+    """``$CONNLIST_REQUIRE_INTEGRATION``: True for ``1``, False for ``0``, None when unset or empty."""
+    value = os.environ.get(REQUIRE_ENV, "").strip()
+    if value == "":
+        return None
+    if value in ("0", "1"):
+        return value == "1"
+    raise ValueError(f"{REQUIRE_ENV} must be 1 (refuse to start without the integration) or 0, got {value!r}")
+
+
+def require_integration() -> bool:
+    """``$CONNLIST_REQUIRE_INTEGRATION``: ``1`` refuses to start without the integration; ``0``: fall back."""
+    return _required_by_env() is True
+
+
+def check_policy(value: object) -> str:
+    """The ``server_integration`` option, checked."""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"server_integration must be one of {', '.join(map(repr, POLICIES))}, got {type(value).__name__}"
+        )
+    if value not in POLICIES:
+        raise ValueError(f"server_integration must be one of {', '.join(map(repr, POLICIES))}, got {value!r}")
+    return value
+
+
+def effective_policy(option: str) -> str:
+    """The option as the operator's environment leaves it (the variable wins when set)."""
+    required = _required_by_env()
+    if required:
+        return "required"
+    if required is False and option == "required":
+        return "auto"
+    return option
+
+
+def record_failure(stand_in: type, reason: str) -> None:
+    """The server was given ``stand_in`` (its own class) because connlist's failed its check: ``reason``."""
+    _failures[stand_in] = reason
+
+
+def record_pass(cls: type) -> None:
+    """connlist's protocol class ``cls`` passed its check in this process."""
+    _passed.add(cls)
+
+
+def failure(cls: type | None) -> str | None:
+    """Why ``cls`` stands in for connlist's protocol whose check failed; None if it does not."""
+    return None if cls is None else _failures.get(cls)
+
+
+def checked() -> bool | str | None:
+    """What the checks in this process say: True if a class passed, else the first failure, else None."""
+    if _passed:
+        return True
+    if _failures:
+        return next(iter(_failures.values()))
+    return None
+
+
+# The advice where connlist's protocol failed its check (its ERROR line says what to do).
+FELL_BACK = "connlist's protocol fell back to uvicorn's (see connlist's ERROR line)"
+OFF = 'server_integration is "off"'
+NO_LIFESPAN = (
+    "the ASGI lifespan did not reach this middleware before its first request (the lifespan is off, or "
+    "the middleware is on a mounted app), and connlist turns the integration on at the lifespan's startup"
+)
+
+
+class Start(NamedTuple):
+    """What ``Server.turn_on`` found: the mode if the integration is on, else why not and what to do."""
+
+    mode: str | None
+    reason: str | None = None
+    advice: str | None = None
+    # The refusal's words where the policy is "required" and the integration is off.
+    refusal: str | None = None
+
+
+def off(policy: str, reason: str, advice: str) -> Start:
+    """The integration is off for ``reason``: a refusal where the ``policy`` is "required"."""
+    refusal = None
+    if policy == "required":
+        refusal = (
+            f"the server integration is off and it is required, so the server refuses to start: {reason}"
+        )
+    return Start(None, reason, advice, refusal)
+
+
+class Server(Protocol):
+    """A server integration's start-up side: a module of ``SERVERS`` (``connlist.servers.uvicorn.start``)."""
+
+    def server_config(self, receive: Any, state: object = None) -> Any:
+        """The config of the server whose lifespan is starting (found from its ``receive``), or None."""
+
+    def gunicorn_master(self, config: Any) -> int | None:
+        """The pid of the gunicorn master whose worker runs the server, or None."""
+
+    def turn_on(self, config: Any, policy: str) -> Start:
+        """Turn the integration on where the server allows (``config`` may be None), or say why not."""
+
+    def advice_without_lifespan(self) -> str:
+        """What to do when the first request came before any lifespan startup."""
+
+    def unconfirmed(self, mode: str) -> tuple[str, str]:
+        """Why the first request did not come through the protocol the startup gave (``mode``), what to do."""

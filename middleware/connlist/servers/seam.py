@@ -1,0 +1,550 @@
+"""What any server integration needs: the feeder's contract, and the parts of it that are not the server's.
+
+A server integration feeds the worker's ``ConnectionsList`` from inside the
+server, where it sees what the ASGI app never does: a connection before its
+first byte, a request's headers arriving, a response the client stopped
+taking.  ``connlist.servers.uvicorn.protocols`` is the one connlist ships; an integration for
+another asyncio server (hypercorn, zttp) implements the same contract,
+``Feeder``, and takes the rest from here:
+
+* ``enforcer_in``: the enforcer ``ConnectionsMiddleware`` hands over in the
+  ASGI lifespan state, under ``STATE_KEY``;
+* ``RESPONSE_408`` and ``RESPONSE_503``: what a connection cut at a timeout,
+  or refused at ``max_connections``, is answered before it is closed;
+* ``TransportHandle``: the handle methods the enforcer calls to close a
+  connection, for a protocol that writes to an asyncio transport; the
+  server's part is three methods that read its own request state;
+* ``AfterCut``: the logger a request of a cut connection is given, so that
+  the app's ``ClientDisconnect`` (connlist's doing, not the app's failure)
+  is not logged as an error;
+* ``Tracking``: the feeder's duties that read nothing of the server's, as
+  a base of its protocol: the enforcer at start (``fallback_enforcer``,
+  with its one line, where no middleware handed one over), the connection
+  joining the list and leaving it, a body's bytes, where a read left the
+  message (``settle``: the timer follows), and the stalls of flow control.
+
+What stays in the integration is what only the server has: how it tells
+the list's events from its own state (its ``data_received``), and what its
+request cycles say (the body so far, whether a response is under way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import sys
+from collections.abc import Callable, MutableMapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+
+from starlette.requests import ClientDisconnect
+
+from connlist.core.connections import Connection, ConnectionHandle
+from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.logs import log
+
+try:  # Linux: the bytes in a socket's send queue that the peer has not acknowledged
+    import fcntl
+    import termios
+
+    _OUTQ: int | None = termios.TIOCOUTQ  # SIOCOUTQ
+except (ImportError, AttributeError):  # pragma: no cover - not Linux
+    _OUTQ = None
+
+__all__ = [
+    "BETWEEN",
+    "BODY",
+    "HEADERS",
+    "RESPONSE_408",
+    "RESPONSE_503",
+    "SLOTS",
+    "STATE_KEY",
+    "UPGRADED",
+    "UPGRADE_REFUSED",
+    "AfterCut",
+    "Feeder",
+    "ListOwner",
+    "Tracking",
+    "TransportHandle",
+    "declares_middleware",
+    "enforcer_in",
+    "fallback_enforcer",
+    "headers_received",
+]
+
+RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+# A new connection refused at max_connections, every connection being a request being served.
+RESPONSE_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+# Linux's TCP_INFO (include/uapi/linux/tcp.h, struct tcp_info): the bytes the
+# peer acknowledged (tcpi_bytes_acked, a __u64 at offset 120, since Linux
+# 4.1) and the window it advertises now (tcpi_snd_wnd, a __u32 at offset
+# 228, in newer kernels; 0 where the kernel's struct is shorter).
+_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
+_TCP_INFO_LEN = 232
+_BYTES_ACKED = struct.Struct("=Q")
+_BYTES_ACKED_AT = 120
+_SND_WND = struct.Struct("=I")
+_SND_WND_AT = 228
+# SO_LINGER on with a zero timeout: close() then resets the connection and
+# the kernel drops what is queued for it (nginx's reset_timedout_connection).
+_LINGER_ZERO = struct.pack("ii", 1, 0)
+
+
+def enforcer_in(state: MutableMapping[str, Any]) -> Enforcer | None:
+    """The enforcer ``ConnectionsMiddleware`` put in the lifespan ``state``; None without one."""
+    # (Not checked: it runs for every connection, and only the middleware writes the key.)
+    return cast("Enforcer | None", state.get(STATE_KEY))
+
+
+def fallback_enforcer(state: MutableMapping[str, Any], lifespan: object, app: object) -> Enforcer:
+    """No middleware handed an enforcer over: this worker's own, put in ``state``, and one line why.
+
+    Which case it is comes from the server's ``lifespan`` setting ("on",
+    "off", "auto" or None where the server does not tell) and from the
+    ``app`` it loaded: a Starlette app whose middleware stack was never
+    built, or was built with ConnectionsMiddleware in it, had its lifespan
+    fail; one without ConnectionsMiddleware declared simply has none.  A
+    lifespan that failed is an ``ERROR``: uvicorn's default ``--lifespan
+    auto`` takes any exception raised while Starlette builds its middleware
+    (another middleware that cannot be built; a bad connlist option fails
+    the startup instead) for an app without a lifespan, and serves on, and
+    every request will fail the same way.
+    """
+    enforcer = Enforcer()
+    state[STATE_KEY] = enforcer
+    declared = declares_middleware(app)
+    defaults = (
+        f"the server enforces the default timeouts (headers {enforcer.headers_timeout:g}s, "
+        f"request {enforcer.request_timeout:g}s)"
+    )
+    if lifespan == "off":
+        # The middleware adopts the fallback at its first request (and says so).
+        log.warning(
+            "the ASGI lifespan is off, so no ConnectionsMiddleware handed over its settings; "
+            "%s until the first request. Leave the lifespan on (uvicorn's default, auto, runs it).",
+            defaults,
+        )
+    elif declared is False or lifespan == "on":
+        # (With --lifespan on, a failed lifespan would have stopped the server.)
+        log.warning(
+            "no ConnectionsMiddleware in the ASGI lifespan state; %s. Add "
+            "ConnectionsMiddleware to the app, with the lifespan on, to configure them and serve the "
+            "debug endpoint.",
+            defaults,
+        )
+    elif declared:
+        log.error(
+            "the app's ASGI lifespan failed, so its ConnectionsMiddleware never started "
+            "(uvicorn's --lifespan auto takes an exception at startup, such as a middleware that cannot "
+            "be built, for a lifespan the app does not support); %s and every request may fail with that "
+            "exception. Serve with --lifespan on to see it and stop at start.",
+            defaults,
+        )
+    else:
+        log.error(
+            "no ConnectionsMiddleware in the ASGI lifespan state: the app has none, or its "
+            "lifespan failed (uvicorn's --lifespan auto takes an exception at startup, such as a "
+            "middleware that cannot be built, for a lifespan the app does not support); %s. Serve "
+            "with --lifespan on to see the exception and stop at start.",
+            defaults,
+        )
+    return enforcer
+
+
+class ListOwner:
+    """What owns the worker's list and hands it to the server in its lifespan state: the middleware.
+
+    The servers look for it in the app they loaded (``declares_middleware``)
+    without importing the ASGI side, which sits above them.
+    """
+
+    __slots__ = ()
+
+
+def declares_middleware(app: Any) -> bool | None:
+    """Whether the app the server loaded has a ConnectionsMiddleware; None if it cannot be told.
+
+    Follows ``.app`` through the server's own wrappers (uvicorn's proxy
+    headers, its message logger) and other middlewares to a
+    ConnectionsMiddleware or a Starlette app; a Starlette app's declared
+    middleware (``user_middleware``) says.  Once per worker, at its first
+    connection.
+    """
+    from starlette.applications import Starlette
+
+    for _ in range(32):  # bounded: a cycle of .app attributes must not stop a worker
+        if isinstance(app, ListOwner):
+            return True
+        if isinstance(app, Starlette):
+            # What Starlette builds its stack from, whether or not it was built.
+            return any(isinstance(m.cls, type) and issubclass(m.cls, ListOwner) for m in app.user_middleware)
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
+
+
+class Feeder(ConnectionHandle, Protocol):
+    """A server integration's protocol object: it feeds the list, and is each connection's handle.
+
+    Its duties, each the one place where its event is seen:
+
+    1. **Mode.**  When the server starts using it, it sets
+       ``enforcer.mode`` to its ``connlist_mode`` (the view's ``mode``: any
+       value but ``"asgi"`` says the integration is in use), and takes the
+       enforcer from the lifespan state (``enforcer_in``) or, without one,
+       makes its own and says so once.
+    2. **Connections.**  At connect: ``enforcer.join(client, server,
+       self)`` (the list, the count, the budget and the timer in one call).
+       When the connection is lost: ``connections.remove(record)``.  An
+       upgrade request (a websocket), once complete and before the server
+       hands it over: ``enforcer.upgrade(record, method, path)``, which
+       holds it as ``upgraded`` (True: hand it over, and remove the record
+       when the upgraded connection is lost) or refuses it with ``503``
+       past ``max_upgraded`` (False: hand nothing over; the app never sees
+       it).
+    3. **Requests.**  The list's events in order, each at the instant the
+       server saw it: ``message_begin`` (a request's first byte),
+       ``headers_complete`` then ``response_begin`` (the request goes to the
+       app), ``message_complete`` (its last byte), ``response_complete`` (no
+       response unfinished); or ``message`` for a whole request seen at
+       once.  On a hot path, two of them may be the feeder's own writes
+       (``connlist.core.connections``): ``record.requests += 1`` and
+       ``record.responding = True`` for a whole request on an idle record,
+       ``record.responding = False`` for ``response_complete``.  ``totals.requests +=
+       1`` once per request whose headers are complete.  ``enforcer.watch()`` after
+       ``message_begin`` and a stall (nothing after ``message_complete``:
+       the timer, once armed, finds for itself that nothing is due).
+    4. **Bodies and stalls.**  ``body_begin`` / ``body_bytes`` where the
+       minimum rate applies; ``stall`` when the transport asks it to pause
+       writing, ``unstall`` when it resumes.
+    5. **Handle.**  The methods of ``ConnectionHandle`` (``TransportHandle``
+       has them for an asyncio transport): the enforcer calls them to cut,
+       close and sample the connection, on the event loop.
+
+    The counts are explicit increments by the one feeder that sees the
+    event (``connlist.asgi.asgi_only`` is the other, in ASGI-only mode), so they stay
+    exact when one feeder takes over from the other at a lifespan restart.
+    """
+
+    connlist_mode: ClassVar[str]
+    # Whether the class leaves the keep-alive timeout to the list (the
+    # sweep's ``keepalive`` step) instead of a server timer per response;
+    # why not, if it does not.
+    connlist_keepalive: ClassVar[bool] = False
+    connlist_keepalive_not: ClassVar[str] = "the server times it"
+
+
+class TransportHandle:
+    """``ConnectionHandle`` for a protocol that writes to an asyncio transport (mixed into it).
+
+    The protocol provides ``transport``, ``_connlist`` (the enforcer) and
+    ``_connlist_record`` (None before connect), and these three, which read
+    the server's request state: ``_connlist_response_written(record)``
+    (whether a 408 now would corrupt the response stream), and
+    ``_connlist_responding()`` and ``_connlist_mark_cut()``.
+    """
+
+    __slots__ = ()
+
+    transport: Any
+    _connlist: Enforcer
+    _connlist_record: Connection | None
+
+    def _connlist_response_written(self, record: Connection) -> bool:
+        raise NotImplementedError
+
+    def _connlist_responding(self) -> bool:
+        raise NotImplementedError
+
+    def _connlist_mark_cut(self) -> None:
+        raise NotImplementedError
+
+    def _connlist_linger(self) -> None:
+        """A close connlist decided outside a sweep: abort the connection if it has not gone in time."""
+        record = self._connlist_record
+        if record is not None:
+            enforcer = self._connlist
+            enforcer.connections.linger(record)
+            enforcer.bring_forward(enforcer.clock() + enforcer.linger)
+
+    def connlist_close_expired(self) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        record = self._connlist_record
+        if record is not None and not self._connlist_response_written(record):
+            transport.write(RESPONSE_408)
+        self._connlist_mark_cut()
+        # A close waits for the write buffer to drain, which a client that
+        # reads nothing never lets happen: the enforcer aborts it after the linger.
+        transport.close()
+
+    def connlist_close_idle(self) -> bool:
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._connlist_responding():
+            return False
+        transport.close()
+        self._connlist_linger()
+        return True
+
+    def connlist_close_keepalive(self) -> None:
+        # A server whose keep-alive connlist times closes it its own way (uvicorn: its handler).
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+
+    def connlist_close(self) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+            self._connlist_linger()
+
+    def connlist_abort(self) -> None:
+        transport = self.transport
+        if transport is not None:
+            self._connlist_mark_cut()
+            # A cut is a release: without this the kernel keeps the socket
+            # (FIN-WAIT-1) and everything queued for a client that reads
+            # nothing, for as long as the client keeps the connection.  With
+            # it, the close that abort() makes sends a reset, and the client
+            # sees ECONNRESET, not a response that seems to end.  (asyncio's
+            # transport closes its socket at the next iteration, uvloop's
+            # handle at once: both after this.)
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                # (Closed meanwhile, or not a socket: the abort alone, then.)
+                with contextlib.suppress(OSError, AttributeError, TypeError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
+            transport.abort()
+
+    def connlist_refuse(self) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(RESPONSE_503)
+            transport.close()
+            self._connlist_linger()
+
+    def connlist_acked(self) -> tuple[int, int] | None:
+        if _TCP_INFO is None:
+            return None
+        transport = self.transport
+        sock = None if transport is None else transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_LEN)
+        except (OSError, AttributeError, TypeError):  # closed meanwhile, or a socket without TCP_INFO
+            return None
+        if len(info) < _BYTES_ACKED_AT + 8:
+            return None  # a kernel before 4.1
+        window = _SND_WND.unpack_from(info, _SND_WND_AT)[0] if len(info) >= _SND_WND_AT + 4 else 0
+        return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_AT)[0], window
+
+    def connlist_pending(self) -> int:
+        transport = self.transport
+        if transport is None:
+            return 0
+        pending: int = transport.get_write_buffer_size()
+        if _OUTQ is not None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                try:
+                    queued = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
+                except (OSError, ValueError):  # closed meanwhile (fileno() is -1), or no send queue
+                    pass
+                else:
+                    pending += struct.unpack("i", queued)[0]
+        return pending
+
+
+class AfterCut:
+    """A server's logger, as a request of a connection connlist cut off sees it.
+
+    The app's ``ClientDisconnect`` there is expected (its body was cut
+    short), so the server's "Exception in ASGI application" for it is left
+    out; everything else goes to the server's logger as before.
+    """
+
+    __slots__ = ("_logger",)
+
+    def __init__(self, logger: Any) -> None:
+        self._logger = logger
+
+    def error(self, msg: object, *args: object, **kwargs: Any) -> None:
+        if isinstance(kwargs.get("exc_info"), ClientDisconnect):
+            return
+        self._logger.error(msg, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+
+# Where the message being received on a connection stands (``Tracking._connlist_phase``).
+BETWEEN = 0  # no message open: a new or idle connection
+HEADERS = 1  # message begun, headers incomplete
+BODY = 2  # headers complete, message incomplete
+UPGRADED = 3  # handed over to another protocol (a websocket): no HTTP event follows
+UPGRADE_REFUSED = 4  # an upgrade refused with 503 at max_upgraded: closing, no HTTP event follows
+
+# The attributes ``Tracking`` adds to the server's protocol.
+SLOTS = ("_connlist", "_connlist_phase", "_connlist_record")
+
+
+def headers_received(record: Connection, enforcer: Enforcer) -> None:
+    """A request's headers are complete: it goes to the app (or is queued behind the running one)."""
+    connections = enforcer.connections
+    connections.headers_complete(record)
+    connections.response_begin(record)
+    enforcer.totals.requests += 1
+
+
+class Tracking(TransportHandle):
+    """The feeder's duties that read nothing of the server's, as a base of its asyncio protocol.
+
+    The server's protocol provides ``transport``, ``client`` and ``server``
+    (the peer's and its own address), sets ``connlist_mode``, calls
+    ``_connlist_setup`` before the connection joins (when it is made, or at
+    ``connection_made``, as uvicorn's do), and implements the rest of
+    ``Feeder``: from its ``data_received``, the list's events of each read,
+    then ``_connlist_settle``; ``_connlist_body_begin`` (what its request
+    cycle says of the body so far); ``connlist_request``;
+    ``_connlist_without_middleware``; and ``TransportHandle``'s three.
+    """
+
+    # Declared on the class built on the server's (``SLOTS``), not here: a
+    # mixin with slots of its own cannot be combined with a server protocol
+    # that has ``__slots__`` too ("multiple bases have instance lay-out
+    # conflict").  Slots, not instance attributes, because two more keys
+    # in uvicorn's instance dict unshare its keys and slow down every
+    # attribute access of uvicorn's own code (docs/benchmarks.md,
+    # "The request path's tricks, each measured").
+    if TYPE_CHECKING:
+        __slots__ = SLOTS
+    else:
+        __slots__ = ()
+
+    connlist_mode: ClassVar[str]
+    # Whether the class leaves the keep-alive timeout to the list (the
+    # sweep's ``keepalive`` step) instead of a server timer per response;
+    # why not, if it does not.
+    connlist_keepalive: ClassVar[bool] = False
+    connlist_keepalive_not: ClassVar[str] = "the server times it"
+
+    # Provided by the server's protocol.
+    transport: Any
+    # The server's connection_made and connection_lost, where its class's
+    # own replace Tracking's (connlist.servers.uvicorn.protocols names them on the class it builds).
+    _connlist_base_made: Callable[[Any], None]
+    _connlist_base_lost: Callable[[Exception | None], None]
+    client: tuple[str, int] | None
+    server: tuple[str, int | None] | None
+
+    # Per worker: the enforcer and its list (shared by every connection).
+    _connlist: Enforcer
+    # Per connection: this connection's record (None until connection_made),
+    # and where the message being received on it stands (BETWEEN, ...).
+    _connlist_record: Connection | None
+    _connlist_phase: int
+
+    def _connlist_setup(
+        self, state: MutableMapping[str, Any], loop: Any, keep_alive: float | None
+    ) -> Enforcer:
+        """At the connection's start, before ``join``: its enforcer (the lifespan ``state``'s, or a fallback).
+
+        What the protocol tells the enforcer (``_connlist_tell``) is the same
+        for every protocol of a server: told once, it costs a connection
+        three tests.
+        """
+        enforcer = state.get(STATE_KEY)
+        if enforcer is None or enforcer.fed_by is not type(self) or enforcer.attached_loop is not loop:
+            enforcer = self._connlist_tell(state, loop, keep_alive)
+        self._connlist = enforcer
+        self._connlist_record = None
+        self._connlist_phase = BETWEEN
+        return enforcer
+
+    def _connlist_tell(
+        self, state: MutableMapping[str, Any], loop: Any, keep_alive: float | None
+    ) -> Enforcer:
+        """The server's first protocol of this class on this loop: the enforcer learns its mode and loop."""
+        enforcer = enforcer_in(state)
+        if enforcer is None:
+            enforcer = fallback_enforcer(state, *self._connlist_without_middleware())
+        enforcer.mode = self.connlist_mode
+        # Once per loop: the loop's accept failures, and the server's keep-alive time.
+        if loop is not None and enforcer.attached_loop is not loop:
+            enforcer.attach(loop, keep_alive)
+        enforcer.keep_alive_timed = self.connlist_keepalive and bool(keep_alive and keep_alive > 0)
+        enforcer.fed_by = type(self)
+        return enforcer
+
+    def _connlist_without_middleware(self) -> tuple[object, object]:
+        """No middleware handed an enforcer over: the server's lifespan setting and the app it loaded.
+
+        Once per worker (``fallback_enforcer`` says which case it is).
+        """
+        return None, None
+
+    # -- asyncio.Protocol: the connection joins the list, and leaves it -------
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._connlist_record = self._connlist.join(self.client, self.server, self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connlist_remove()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _connlist_remove(self) -> None:
+        record = self._connlist_record
+        if record is not None:
+            self._connlist.connections.remove(record)
+            # Break the protocol <-> record cycle; a removed record needs no handle.
+            record.handle = None
+
+    def connlist_request(self) -> tuple[str | None, str | None]:
+        raise NotImplementedError
+
+    def connlist_reading_paused(self) -> bool:
+        raise NotImplementedError
+
+    # -- the body-rate feature's hooks (requests with a body only) -----------
+
+    def _connlist_body_begin(self, record: Connection) -> None:
+        """A read ended with the request's headers complete and its body not: the minimum rate times it."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _connlist_body_bytes(record: Connection, n: int) -> None:
+        """A later read of ``n`` bytes (framing included, and maybe the next request's first) for the body.
+
+        Called for each read received while a request's body is incomplete,
+        before its events: O(1), one addition.
+        """
+        record.body_received += n
+
+    def _connlist_settle(self, record: Connection, phase: int, body_begins: bool) -> None:
+        """Where a read (or a finished response) left the message being received; the timer follows."""
+        if body_begins:
+            self._connlist_body_begin(record)
+        self._connlist_phase = phase
+        if phase != BETWEEN:
+            self._connlist.watch()  # the connection is active: it can expire
+
+    # -- the send timeout: fed by flow control, which runs only under back-pressure
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        record = self._connlist_record
+        enforcer = self._connlist
+        if record is not None and enforcer.settings.send_timeout:
+            enforcer.connections.stall(record, self.connlist_pending(), self.connlist_acked())
+            enforcer.watch()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        record = self._connlist_record
+        if record is not None:
+            self._connlist.connections.unstall(record)

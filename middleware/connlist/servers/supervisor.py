@@ -1,0 +1,37 @@
+"""Which server master supervises this worker, as the server tells it (for the workers' view).
+
+uvicorn's supervisor (``--workers``, ``--reload``) spawns its workers with
+``multiprocessing``, which says who the parent is.  gunicorn forks its
+workers: connlist's worker classes, and the middleware when gunicorn's own
+ASGI worker tells its master, call ``supervised_by`` in the worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+__all__ = ["supervised_by", "supervisor_pid"]
+
+# Set by connlist.servers.gunicorn.workers's worker classes, in the worker, before the app loads.
+_master_pid: int | None = None
+
+
+def supervised_by(master_pid: int) -> None:
+    """Declare this process a worker of the server master ``master_pid`` (connlist's gunicorn workers)."""
+    global _master_pid
+    _master_pid = master_pid
+
+
+def supervisor_pid() -> int | None:
+    """The pid of this worker's server master, or None if this process is not a worker of one."""
+    ppid = os.getppid()
+    if ppid <= 1:
+        return None  # orphaned (the master died): no group to join
+    if _master_pid is not None:
+        return ppid if _master_pid == ppid else None
+    parent = multiprocessing.parent_process()
+    # uvicorn --workers (and --reload) spawn their workers with multiprocessing.
+    if parent is not None and parent.pid == ppid:
+        return ppid
+    return None

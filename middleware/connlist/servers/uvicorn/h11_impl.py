@@ -1,0 +1,173 @@
+"""connlist's uvicorn h11 protocol: the list's events from h11's state machine, after each read.
+
+uvicorn's h11 protocol runs h11's state machine: a new cycle for each
+``Request`` event (headers complete), and h11's ``their_state`` leaves
+``SEND_BODY`` when the message is complete.  A message begins at its first
+byte: a read while no request is open, or bytes h11 already buffered
+(``trailing_data``) once a request ends.  With h11, a pipelined request that
+arrives while the response to the previous one is still being written is held
+unread by h11 (uvicorn pauses reading); it is timed from the moment the server
+reads it.  httptools parses it at once, so it is timed from its first byte, as
+in Node.js.
+
+``connlist.servers.uvicorn.protocols`` builds the class uvicorn runs on this mixin and checks
+it before uvicorn gets it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import h11
+
+from connlist.servers.seam import BETWEEN as _BETWEEN
+from connlist.servers.seam import BODY as _BODY
+from connlist.servers.seam import HEADERS as _HEADERS
+from connlist.servers.seam import UPGRADED as _UPGRADED
+from connlist.servers.seam import Tracking
+from connlist.servers.seam import headers_received as _headers_received
+from connlist.servers.uvicorn import cycle as _cycle
+from connlist.servers.uvicorn import keepalive as _keepalive
+from connlist.servers.uvicorn import websocket as _websocket
+
+try:
+    from uvicorn.protocols.http import h11_impl
+except ImportError:  # pragma: no cover - a uvicorn that moved it: the self-check reports it
+    h11_impl = None  # type: ignore[assignment]
+
+__all__ = ["H11Tracking"]
+
+# What mypy checks the mixin against: uvicorn's class.  At run time the
+# mixin derives from object, and ``connlist.servers.uvicorn.protocols`` puts uvicorn's class after it.
+if TYPE_CHECKING:
+    _H11Base = h11_impl.H11Protocol
+else:
+    _H11Base = object
+
+# uvicorn's class as a module global: its methods are called as ``_H11.method(self)``, not through
+# ``super()`` (docs/benchmarks.md, "The request path's tricks, each measured").
+_H11: Any = None if h11_impl is None else h11_impl.H11Protocol
+# uvicorn's on_response_complete, less its keep-alive timer if it is a form
+# connlist knows (connlist.servers.uvicorn.keepalive), else as it is.
+# (A uvicorn without the method fails the self-check before any is called.)
+_KEEPALIVE, _KEEPALIVE_NOT = _keepalive.replacement("h11", getattr(_H11, "on_response_complete", None))
+_on_response_complete: Any = _KEEPALIVE or getattr(_H11, "on_response_complete", None)
+
+
+class H11Tracking(Tracking, _H11Base):
+    """uvicorn's h11 protocol, feeding connlist by observing h11's state machine (see above)."""
+
+    __slots__ = ()
+
+    connlist_mode = "uvicorn-h11"
+    connlist_keepalive = _KEEPALIVE is not None
+    connlist_keepalive_not = _KEEPALIVE_NOT
+
+    # What it reads of uvicorn's cycle and protocol, as the httptools protocol does.
+    _connlist_without_middleware = _cycle.without_middleware
+    _connlist_body_begin = _cycle.body_begin
+    _connlist_after_continue = _cycle.after_continue
+    _connlist_response_written = _cycle.response_written
+    _connlist_responding = _cycle.responding
+    _connlist_cycles = _cycle.cycles
+    _connlist_mark_cut = _cycle.mark_cut
+    connlist_close_keepalive = _cycle.close_keepalive
+    connlist_request = _cycle.request
+    connlist_reading_paused = _cycle.reading_paused
+
+    def connection_made(self, transport: Any) -> None:
+        self._connlist_base_made(transport)
+        enforcer = self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
+        self._connlist_record = enforcer.join(self.client, self.server, self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connlist_remove()
+        self._connlist_base_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        phase = self._connlist_phase
+        cycle = self.cycle
+        if phase:
+            record = self._connlist_record
+            if phase == _BODY and record is not None:
+                self._connlist_body_bytes(record, len(data))
+            _H11.data_received(self, data)
+            self._connlist_events(phase, cycle)
+            return
+        _H11.data_received(self, data)
+        # The common case: a whole request in this read, nothing after it.
+        if self.cycle is not cycle:
+            h11_conn = self.conn
+            if h11_conn.their_state is h11.DONE and not h11_conn.trailing_data[0]:
+                record = self._connlist_record
+                if record is not None and record.last_message_start == 0.0:
+                    # ConnectionsList.message on an idle record (as httptools').
+                    record.requests += 1
+                    record.responding = True
+                    self._connlist.totals.requests += 1
+                    return
+                if record is not None and cycle is None:
+                    # The first read of a new connection: a whole request.
+                    enforcer = self._connlist
+                    enforcer.connections.message(record)
+                    enforcer.totals.requests += 1
+                    return
+        self._connlist_events(_BETWEEN, cycle)
+
+    def _connlist_events(self, phase0: int, cycle0: Any) -> None:
+        """The list events of what h11 just processed (a read, or what a finished response let in)."""
+        record = self._connlist_record
+        phase = self._connlist_phase
+        if record is None or phase >= _UPGRADED:
+            return  # upgraded (the record is held until the websocket closes), or refused
+        enforcer = self._connlist
+        connections = enforcer.connections
+        their_state = self.conn.their_state
+        new_request = self.cycle is not cycle0
+        if new_request:
+            # h11 produced a new Request: one at most per call, because h11
+            # pauses at the end of each request until its response is done.
+            if phase == _BODY:
+                # The open request ended first (its response was already
+                # complete, so h11 went on to the next one).
+                connections.message_complete(record)
+                phase = _BETWEEN
+            if phase != _HEADERS:
+                # Its first byte was held by h11 (pipelining), or the previous
+                # request ended and this one began within the same call.
+                connections.message_begin(record)
+            _headers_received(record, enforcer)
+            phase = _BODY
+        if phase == _BODY and their_state is not h11.SEND_BODY:
+            connections.message_complete(record)
+            phase = _BETWEEN
+        if phase == _BETWEEN and their_state is h11.IDLE and self.conn.trailing_data[0]:
+            # The next request's first bytes are buffered: it has begun.
+            connections.message_begin(record)
+            phase = _HEADERS
+        self._connlist_settle(record, phase, phase == _BODY and (new_request or phase0 != _BODY))
+
+    def on_response_complete(self) -> None:
+        phase = self._connlist_phase
+        cycle = self.cycle
+        _on_response_complete(self)
+        record = self._connlist_record
+        if record is not None:
+            # A finished response lets h11 go on to what it held.
+            self._connlist_events(phase, cycle)
+            if not self._connlist_responding():
+                if _KEEPALIVE is None:
+                    # uvicorn's own method: the idle time begins now (with
+                    # connlist's, it began where its timer would have been armed).
+                    self._connlist.connections.response_complete(record)
+                else:
+                    record.responding = False
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        # Held as upgraded until the websocket closes, or refused with 503 (uvicorn.websocket).
+        _websocket.hand_over(
+            self,
+            lambda: _H11.handle_websocket_upgrade(self, event),
+            event.method.decode("ascii", "replace"),
+            _websocket.request_path(event.target),
+        )

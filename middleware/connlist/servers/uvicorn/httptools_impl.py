@@ -1,0 +1,409 @@
+"""connlist's uvicorn httptools protocol: the list's events from what each read changed in uvicorn's state.
+
+uvicorn's httptools protocol makes a new ``scope`` dict when a message begins
+(``on_message_begin``), a new ``RequestResponseCycle`` when its headers are
+complete (``on_headers_complete``; the cycle holds its scope), and sets the
+cycle's ``more_body`` to False when the message is complete.  A cycle created
+while an earlier response is unfinished is queued (``pipeline``, newest on the
+left) instead of started.  So, comparing ``scope``, ``cycle`` and the pipeline
+before and after uvicorn's ``data_received``:
+
+=====================  =============================================================
+list event             seen after a read as
+=====================  =============================================================
+connect                ``connection_made``
+message_begin          a scope that was not there before the read (one per scope
+                       begun: the pipeline tells how many cycles are new)
+headers_complete       a new cycle (the first belongs to the message that was
+                       reading its headers, if any)
+message_complete       ``cycle.more_body`` is False, or a later message began
+upgrade                a websocket upgrade (``connlist.servers.uvicorn.websocket``)
+remove                 ``connection_lost``; after an upgrade, the websocket's
+=====================  =============================================================
+
+Every event of one read happens at the same instant, so the events are
+replayed in order at the end of the read.  The common case, a whole request in
+one read on an idle connection, is ``ConnectionsList.message``: a few
+attribute updates, no link moved, no clock read.  Method and path are not
+copied: the view asks the protocol (``connlist_request``), which has them in
+its last cycle's scope.
+
+One case hides the end of a message from uvicorn's state: an app that
+responds before it has read the whole body.  uvicorn then ignores the rest of
+the body (``on_body`` and ``on_message_complete`` return early once the
+response is complete), so ``more_body`` stays True.  For the reads of such a
+body, and only for them, connlist lends uvicorn a stand-in cycle
+(``_BodyTail``) that drops the body and records ``more_body``.
+
+``connlist.servers.uvicorn.protocols`` builds the class uvicorn runs on this mixin and checks
+it before uvicorn gets it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from connlist.core.connections import Connection
+from connlist.core.enforcer import Enforcer
+from connlist.servers.seam import BETWEEN as _BETWEEN
+from connlist.servers.seam import BODY as _BODY
+from connlist.servers.seam import HEADERS as _HEADERS
+from connlist.servers.seam import UPGRADE_REFUSED as _UPGRADE_REFUSED
+from connlist.servers.seam import UPGRADED as _UPGRADED
+from connlist.servers.seam import Tracking
+from connlist.servers.seam import headers_received as _headers_received
+from connlist.servers.uvicorn import cycle as _cycle
+from connlist.servers.uvicorn import keepalive as _keepalive
+from connlist.servers.uvicorn import websocket as _websocket
+
+try:
+    from uvicorn.protocols.http import httptools_impl
+except ImportError:  # httptools is not installed
+    httptools_impl = None  # type: ignore[assignment]
+
+__all__ = ["HttpToolsTracking"]
+
+
+def _end_open_message(
+    record: Connection,
+    enforcer: Enforcer,
+    phase0: int,
+    got_headers: bool,
+    begun: int,
+    upgraded: bool,
+    cycle: Any,
+) -> int:
+    """httptools: the events of the message that was open when a read began; where it stands after.
+
+    ``phase0`` is where it stood (``_HEADERS`` or ``_BODY``), ``got_headers``
+    whether its headers came in, ``begun`` how many messages began after it
+    in the read, ``cycle`` uvicorn's newest cycle.
+    """
+    # Its headers came in: a new cycle, or the upgrade (which makes none) if it was the last.
+    if got_headers or (upgraded and not begun and phase0 == _HEADERS):
+        _headers_received(record, enforcer)
+        phase0 = _BODY
+    # It ended if a later message began, or (as the last) if its body is in.
+    if begun or (phase0 == _BODY and (upgraded or not cycle.more_body)):
+        enforcer.connections.message_complete(record)
+        return _BETWEEN
+    return phase0
+
+
+def _begun_messages(
+    record: Connection,
+    enforcer: Enforcer,
+    with_headers: int,
+    begun: int,
+    upgraded: bool,
+    cycle: Any,
+    last: int,
+) -> int:
+    """httptools: the events of the ``begun`` messages a read began; where the last stands after.
+
+    The first ``with_headers`` of them got their headers (each a cycle); the
+    one after them, if any, is still reading its headers, unless the read
+    ended in an upgrade: then it is the upgrade request (whole, but no
+    cycle).  ``last`` is where the connection stood before them.
+    """
+    connections = enforcer.connections
+    for i in range(begun):
+        connections.message_begin(record)
+        if i < with_headers:
+            _headers_received(record, enforcer)
+            if i < begun - 1 or not cycle.more_body:
+                connections.message_complete(record)
+                last = _BETWEEN
+            else:
+                last = _BODY
+        elif upgraded:
+            _headers_received(record, enforcer)
+            connections.message_complete(record)
+        else:
+            last = _HEADERS
+    return last
+
+
+class _Discard:
+    """A body that keeps nothing: ``+=`` drops the bytes and the length stays 0."""
+
+    __slots__ = ()
+
+    def __iadd__(self, data: bytes) -> _Discard:
+        return self
+
+    def __len__(self) -> int:
+        return 0
+
+
+class _NoEvent:
+    __slots__ = ()
+
+    def set(self) -> None:
+        pass
+
+
+_DISCARD = _Discard()
+_NO_EVENT = _NoEvent()
+
+
+class _BodyTail:
+    """Lent to uvicorn's httptools protocol as ``cycle`` while the rest of an unread body arrives.
+
+    The real cycle's response is complete, so uvicorn ignores the body and
+    never marks the message complete.  This one is not complete until the
+    message is: uvicorn's ``on_body`` drops the bytes into ``_DISCARD``,
+    ``on_message_complete`` sets ``more_body`` to False, and from then on it
+    is complete, so a request that follows in the same read is started, not
+    queued.  It is in place only during ``data_received``.
+    """
+
+    __slots__ = ("body", "more_body")
+    message_event = _NO_EVENT
+
+    def __init__(self) -> None:
+        self.body = _DISCARD
+        self.more_body = True
+
+    @property
+    def response_complete(self) -> bool:
+        return not self.more_body
+
+
+class _Pipeline(deque[Any]):
+    """uvicorn's queue of pipelined requests, which also knows the request running ahead of them.
+
+    uvicorn starts a request's app at once if the previous response is
+    complete, else queues it here; the one running is then referenced by
+    nobody but its task.  A connection connlist cuts off must mark it
+    disconnected too (see ``connlist.servers.uvicorn.cycle.mark_cut``), so the queue
+    notes it when the first request is queued (the cycle uvicorn compared
+    with, its local ``existing_cycle``) and whenever uvicorn starts the next.
+    Both happen only with pipelining: a request that is not queued costs
+    nothing more.
+    """
+
+    # Unset until pipelining (read with getattr): made per connection, the
+    # queue runs no __init__ of its own.
+    __slots__ = ("running",)
+    running: Any
+
+    def appendleft(self, item: Any) -> None:
+        if not self:
+            # Called from uvicorn's on_headers_complete (rare: pipelining only).
+            self.running = sys._getframe(1).f_locals.get("existing_cycle")
+        super().appendleft(item)
+
+    def pop(self) -> Any:  # type: ignore[override]  # deque.pop takes no index
+        item = super().pop()
+        self.running = item[0]  # uvicorn starts it now
+        return item
+
+
+# What mypy checks the mixin against: uvicorn's class.  At run time the
+# mixin derives from object, and ``connlist.servers.uvicorn.protocols`` puts uvicorn's class after it.
+if TYPE_CHECKING:
+    _HttpToolsBase = httptools_impl.HttpToolsProtocol
+else:
+    _HttpToolsBase = object
+
+
+if httptools_impl is not None:
+    # uvicorn's class: its methods that every read and every response go
+    # through are called as ``_HttpTools.method(self)``, not through
+    # ``super()`` (docs/benchmarks.md, "The request path's tricks, each
+    # measured").  (A release that lacks one fails the self-check before any
+    # is called.)
+    _HttpTools: Any = httptools_impl.HttpToolsProtocol
+    # uvicorn's on_response_complete, less its keep-alive timer if it is a
+    # form connlist knows (connlist.servers.uvicorn.keepalive), else as it is.
+    # (A uvicorn without the method fails the self-check before any is called.)
+    _KEEPALIVE, _KEEPALIVE_NOT = _keepalive.replacement(
+        "httptools", getattr(_HttpTools, "on_response_complete", None)
+    )
+    _TIMED = _keepalive.TIMED_BY_LIST
+
+    class HttpToolsTracking(Tracking, _HttpToolsBase):
+        """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""
+
+        __slots__ = ()
+
+        connlist_mode = "uvicorn-httptools"
+        connlist_keepalive = _KEEPALIVE is not None
+        connlist_keepalive_not = _KEEPALIVE_NOT
+
+        # What it reads of uvicorn's cycle and protocol, as the h11 protocol does.
+        _connlist_without_middleware = _cycle.without_middleware
+        _connlist_body_begin = _cycle.body_begin
+        _connlist_after_continue = _cycle.after_continue
+        _connlist_mark_cut = _cycle.mark_cut
+        connlist_close_keepalive = _cycle.close_keepalive
+        connlist_request = _cycle.request
+        connlist_reading_paused = _cycle.reading_paused
+
+        def connection_made(self, transport: Any) -> None:
+            # uvicorn's (the base's, named on the class by connlist.servers.uvicorn.protocols._subclass).
+            self._connlist_base_made(transport)
+            enforcer = self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
+            self.pipeline = _Pipeline()  # (no __init__ of ours: uvicorn passes its arguments by keyword)
+            self._connlist_record = enforcer.join(self.client, self.server, self)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._connlist_remove()
+            self._connlist_base_lost(exc)
+
+        def _connlist_cycles(self) -> list[Any]:
+            # The queued ones, the one running ahead of them, the newest.
+            pipeline = self.pipeline
+            cycles = [cycle for cycle, _ in pipeline]
+            running = getattr(pipeline, "running", None)
+            for cycle in (running, self.cycle):
+                if cycle is not None:
+                    cycles.append(cycle)
+            return cycles
+
+        def data_received(self, data: bytes) -> None:
+            cycle = self.cycle
+            if self._connlist_phase:
+                self._connlist_read(data, self.scope, cycle)
+                return
+            if self.timeout_keep_alive_task is _TIMED:  # type: ignore[comparison-overlap]
+                # What uvicorn's data_received cancels first: nothing to
+                # cancel, this read ends the idle time by itself.  Dropped
+                # here, uvicorn's cancel is a None test, not a call.
+                self.timeout_keep_alive_task = None
+            _HttpTools.data_received(self, data)
+            # The common case: no message was open, and one request began,
+            # got its headers and completed in this read, with none queued.
+            new = self.cycle
+            if new is not cycle and not new.more_body and new.scope is self.scope and not self.pipeline:
+                # Set by connection_made, before any read; a read never comes
+                # after connection_lost or an upgrade, so the record is tracked.
+                record: Connection = self._connlist_record  # type: ignore[assignment]
+                if record.last_message_start == 0.0:
+                    # ConnectionsList.message on an idle record: one request
+                    # more, responding; the feeder's own writes, on which no
+                    # count of the list depends (connlist.core.connections).
+                    record.requests += 1
+                    record.responding = True
+                    self._connlist.totals.requests += 1
+                    return
+                if cycle is None:
+                    # The first read of a new connection: a whole request.
+                    enforcer = self._connlist
+                    enforcer.connections.message(record)
+                    enforcer.totals.requests += 1
+                    return
+            # Between messages, the last scope is the last cycle's.
+            self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle)
+
+        def _connlist_read(self, data: bytes, scope: Any, cycle: Any) -> None:
+            """A read while a message is open (or after an upgrade)."""
+            phase = self._connlist_phase
+            if phase == _BODY:
+                record = self._connlist_record
+                if record is not None:
+                    self._connlist_body_bytes(record, len(data))
+                if cycle.response_complete and cycle.more_body:
+                    # The app responded before the body was in: see _BodyTail.
+                    tail: Any = _BodyTail()
+                    self.cycle = tail
+                    try:
+                        _HttpTools.data_received(self, data)
+                    finally:
+                        if self.cycle is tail:
+                            self.cycle = cycle
+                    if not tail.more_body:
+                        cycle.more_body = False
+                    self._connlist_events(phase, scope, cycle)
+                    return
+            _HttpTools.data_received(self, data)
+            if phase < _UPGRADED:
+                self._connlist_events(phase, scope, cycle)
+
+        def _connlist_events(self, phase0: int, scope0: Any, cycle0: Any) -> None:
+            """Replay the list events of the read that just ended, from uvicorn's state before and after.
+
+            In order: the message open at the read's start (``phase0``) gets
+            its headers and ends; then the messages begun in the read, each
+            begun, given its headers and ended, but the last, which may still
+            be reading its headers or body; then where the read left the
+            connection (or, after an upgrade, its removal).
+            """
+            record = self._connlist_record
+            if record is None or self._connlist_phase == _UPGRADE_REFUSED:
+                return  # (refused: let go and closing, its events are over)
+            enforcer = self._connlist
+            upgraded = self._connlist_phase == _UPGRADED
+            scope = self.scope
+            cycle = self.cycle
+            new_cycles = self._connlist_new_cycles(cycle0, cycle)
+            # The open message's headers came in: the first new cycle is its.
+            open_got_headers = phase0 == _HEADERS and new_cycles > 0
+            begun_with_headers = new_cycles - open_got_headers
+            # A message begun here and still reading its headers (or upgraded: no cycle).
+            partial = scope is not scope0 and (cycle is None or cycle.scope is not scope)
+            begun = begun_with_headers + partial
+            last = _BETWEEN
+            if phase0 != _BETWEEN:
+                last = _end_open_message(record, enforcer, phase0, open_got_headers, begun, upgraded, cycle)
+            last = _begun_messages(record, enforcer, begun_with_headers, begun, upgraded, cycle, last)
+            if upgraded:
+                # The upgrade request's events are in: held as upgraded until
+                # its websocket, which holds the record, closes.
+                enforcer.hold_upgraded(record, self.scope.get("method"), _websocket.request_path(self.url))
+                return
+            # A body began in this read: a message begun here, or the open
+            # one's, if its headers came in (it was not in its body before).
+            body_begins = last == _BODY and bool(begun or phase0 != _BODY or open_got_headers)
+            self._connlist_settle(record, last, body_begins)
+
+        def _connlist_new_cycles(self, cycle0: Any, cycle: Any) -> int:
+            """How many cycles the read made, from the newest before it (``cycle0``) and after (``cycle``).
+
+            The queued ones newer than cycle0, and the one started directly
+            if cycle0 was complete (then nothing was queued before the read).
+            """
+            if cycle is cycle0:
+                return 0
+            n = 0
+            for queued, _app in self.pipeline:  # newest first
+                if queued is cycle0:
+                    return n
+                n += 1
+            if cycle0 is None or cycle0.response_complete:
+                n += 1
+            return n
+
+        if _KEEPALIVE is not None:
+            # uvicorn's method less its timer, which also writes what the
+            # method below writes (connlist.servers.uvicorn.keepalive): one call.
+            on_response_complete = _KEEPALIVE
+        else:
+
+            def on_response_complete(self) -> None:
+                _HttpTools.on_response_complete(self)
+                # self.cycle is the newest request's: if uvicorn has just
+                # started a pipelined one, or any is still queued, it is not complete.
+                if self.cycle.response_complete:
+                    record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
+                    self._connlist.connections.response_complete(record)
+
+        def handle_websocket_upgrade(self) -> None:
+            # Handed over, or refused with 503 (connlist.servers.uvicorn.websocket); held
+            # as upgraded once the read's events are replayed (_connlist_events).
+            hand = _HttpTools.handle_websocket_upgrade
+            _websocket.hand_over(self, lambda: hand(self), None, None, hold=False)
+
+        def _connlist_response_written(self, record: Connection) -> bool:
+            # With requests queued behind it, the running request is an
+            # earlier one, whose response may be on the wire: never a 408.
+            return bool(self.pipeline) or _cycle.response_written(self, record)
+
+        def _connlist_responding(self) -> bool:
+            return bool(self.pipeline) or _cycle.responding(self)
+
+else:  # pragma: no cover - httptools missing
+    HttpToolsTracking = None  # type: ignore[misc]

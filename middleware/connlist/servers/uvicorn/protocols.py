@@ -1,0 +1,356 @@
+"""uvicorn protocols that feed the worker's ConnectionsList, as Node.js's HTTP server does.
+
+``ConnectionsMiddleware`` puts them in place of uvicorn's own at the ASGI
+lifespan startup (``connlist.servers.uvicorn.start``), so an app served as usual
+(``uvicorn app:app``, ``fastapi run``) runs them.  They can also be named
+outright as uvicorn's HTTP implementation::
+
+    uvicorn app:app --http connlist.uvicorn:HttpToolsProtocol
+    uvicorn.run(app, http=connlist.uvicorn.HttpToolsProtocol)
+
+They subclass uvicorn's own protocols and *observe* them: everything
+(parsing, keep-alive, pipelining, flow control, websockets) stays uvicorn's,
+and connlist looks at uvicorn's state after each ``data_received`` to tell
+which of the list's events happened in that read.  No parser callback is
+overridden: httptools calls four of them for every request, and each Python
+frame added there costs more than all of connlist's bookkeeping.
+
+The protocols' own modules say how each tells the list's events from
+uvicorn's state: ``connlist.servers.uvicorn.httptools_impl`` (what each read changed in
+the protocol's scope, cycle and pipeline) and ``connlist.servers.uvicorn.h11_impl``
+(h11's state machine); ``connlist.servers.uvicorn.cycle`` has what both read of
+uvicorn's request cycle, and ``connlist.servers.seam`` what reads nothing of
+uvicorn's (the connection joining the list and leaving it, flow control,
+the handle's transport methods).
+
+The ``ConnectionsMiddleware`` owns the list and hands it over in the ASGI
+lifespan state, which uvicorn gives every protocol it creates.  With no
+middleware (or with the lifespan off) the protocol still enforces the default
+timeouts on a list of its own and logs once that it does so.
+
+When uvicorn changes
+--------------------
+
+The protocols read parts of uvicorn that are not public API.  So the
+names ``HttpToolsProtocol``, ``H11Protocol`` and ``AutoProtocol`` are not
+plain classes: the first lookup of each (uvicorn's ``Config.load``, before
+the server starts) builds connlist's class on uvicorn's and checks it in
+memory (``connlist.servers.uvicorn.selfcheck``).  If the check fails, the name is uvicorn's
+own class: the server serves as with ``--http httptools`` (ASGI-only mode),
+and one ERROR line says what failed, what is lost and what to do
+(``CONNLIST_REQUIRE_INTEGRATION=1``: the import fails instead).  The classes
+that pass are exactly the protocols' code; nothing of the check runs per
+request.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import threading
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+from connlist.core.logs import follow_uvicorn_logger, log, logger, route_to_server
+from connlist.servers import integration
+from connlist.servers.seam import SLOTS
+from connlist.servers.uvicorn import selfcheck as uvicorn_selfcheck
+from connlist.servers.uvicorn.cycle import HOOKS
+from connlist.servers.uvicorn.h11_impl import H11Tracking
+from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
+from connlist.servers.uvicorn.start import TESTED_RANGE, TESTED_UVICORN
+
+try:
+    from uvicorn.protocols.http import h11_impl
+except ImportError:  # pragma: no cover - a uvicorn that moved it: the self-check reports it
+    h11_impl = None  # type: ignore[assignment]
+try:
+    from uvicorn.protocols.http import httptools_impl
+except ImportError:  # httptools is not installed
+    httptools_impl = None  # type: ignore[assignment]
+
+__all__ = ["AutoProtocol", "H11Protocol", "HttpToolsProtocol"]
+
+# -- the classes handed to uvicorn: built, checked, or uvicorn's own ----------
+#
+# ``connlist.uvicorn:HttpToolsProtocol`` and the others are looked up by
+# uvicorn (``Config.load``) before the server starts.  The first lookup of
+# each builds connlist's class on uvicorn's and checks it
+# (``connlist.servers.uvicorn.selfcheck``); if anything fails, the name gives uvicorn's own
+# class instead, and one ERROR line says what failed and what is lost.  So
+# each class is checked once per process, when it is first used, and only
+# the ones used are checked.
+
+_PARSERS = {
+    # parser -> (the module of uvicorn's class, the class's name, connlist's mixin)
+    "httptools": ("uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol", HttpToolsTracking),
+    "h11": ("uvicorn.protocols.http.h11_impl", "H11Protocol", H11Tracking),
+}
+# connlist's name for each parser's class.
+_NAMES = {"httptools": "HttpToolsProtocol", "h11": "H11Protocol"}
+# Each parser's class as a --http flag gets it (connlist's, or uvicorn's in its place).
+_resolved: dict[str, type[Any]] = {}
+# Each parser's build and check (_checked), shared by the flag and the automatic path.
+_built: dict[str, tuple[type[Any] | None, type | None, uvicorn_selfcheck.Result]] = {}
+_lock = threading.RLock()
+_newer_warned = False
+
+# The outcome of each parser's check, once it ran (connlist.servers.uvicorn.selfcheck.Result).
+CHECKS: dict[str, uvicorn_selfcheck.Result] = {}
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """The leading numbers of a version: "0.55.0rc1" -> (0, 55, 0)."""
+    return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def _connlist_version() -> str:
+    try:
+        return metadata.version("connlist")
+    except metadata.PackageNotFoundError:  # pragma: no cover - not installed (a source tree)
+        from connlist.core.version import __version__
+
+        return __version__
+
+
+def _subclass(name: str, mixin: type, base: type) -> type[Any]:
+    """connlist's protocol: the mixin's methods over uvicorn's class, with connlist's slots.
+
+    The slots are declared here, on the one class that has uvicorn's as a
+    base, so that a uvicorn protocol with ``__slots__`` of its own is no
+    layout conflict (see ``connlist.servers.seam.Tracking``).  The base's
+    ``connection_made`` and ``connection_lost`` are named here too, for the
+    mixin's to call: a method of the class, not ``super()``, which costs a
+    connection more (docs/benchmarks.md, "A connection per request").
+    """
+    namespace = {
+        "__slots__": SLOTS,
+        "__module__": __name__,
+        "__qualname__": name,
+        "__doc__": mixin.__doc__,
+        # (A base without them fails the self-check, which looks for both, before any is called.)
+        "_connlist_base_made": getattr(base, "connection_made", None),
+        "_connlist_base_lost": getattr(base, "connection_lost", None),
+    }
+    return type(name, (mixin, base), namespace)
+
+
+def _build(parser: str) -> tuple[type[Any] | None, type | None, uvicorn_selfcheck.Result]:
+    """connlist's class for ``parser`` built on uvicorn's and checked (once per process, see _checked).
+
+    Returns (connlist's class if it passed, uvicorn's class if found, the check's result).
+    """
+    module_name, base_name, mixin = _PARSERS[parser]
+    name = _NAMES[parser]
+    base: type | None = None
+    cls: type[Any] | None = None
+    try:
+        module = importlib.import_module(module_name)
+        base = getattr(module, base_name, None)
+        if not isinstance(base, type):
+            raise uvicorn_selfcheck.CheckFailed(f"{module_name} has no class {base_name}")
+        uvicorn_selfcheck.check_static(base, HOOKS, parser)
+        try:
+            cls = _subclass(name, mixin, base)
+        except TypeError as exc:
+            raise uvicorn_selfcheck.CheckFailed(
+                f"connlist's class cannot be built on uvicorn's {name}: {exc}"
+            ) from None
+    except uvicorn_selfcheck.CheckFailed as failed:
+        result = uvicorn_selfcheck.Result(str(failed))
+    except ImportError as exc:
+        result = uvicorn_selfcheck.Result(f"uvicorn has no {module_name} ({exc})")
+    else:
+        result = uvicorn_selfcheck.run_in_thread(cls, base, parser)
+    CHECKS[parser] = result
+    if result.logger_name:
+        # connlist's lines go wherever uvicorn's protocols write theirs.
+        follow_uvicorn_logger(result.logger_name)
+    if not result.passed:
+        return None, base, result
+    assert cls is not None
+    integration.record_pass(cls)
+    _warn_if_newer()
+    _warn_keepalive(cls, parser)
+    return cls, base, result
+
+
+def _checked(parser: str) -> tuple[type[Any] | None, type | None, uvicorn_selfcheck.Result]:
+    """``_build``'s outcome for ``parser``, built once per process: both paths below share it."""
+    with _lock:
+        built = _built.get(parser)
+        if built is None:
+            built = _built[parser] = _build(parser)
+        return built
+
+
+def _integrate(parser: str) -> type[Any]:
+    """The class a ``--http connlist.uvicorn:...`` flag names: connlist's, or uvicorn's in its place."""
+    integration.require_integration()  # a bad value stops the start here, naming the variable
+    cls, base, result = _checked(parser)
+    if cls is not None:
+        return cls
+    return _fall_back(parser, base, result.failure or "")
+
+
+def for_server(parser: str, *, required: bool) -> tuple[type[Any] | None, str | None]:
+    """The automatic path: connlist's class for the server's own ``parser`` protocol, or why not.
+
+    The middleware calls it at the lifespan startup when the server runs
+    uvicorn's own ``parser`` class (``connlist.servers.uvicorn.start.turn_on``).  On a
+    failed check the reason is recorded for the view, and the ERROR line is
+    logged unless ``required``, where the middleware's refusal to start
+    says it instead.
+    """
+    cls, base, result = _checked(parser)
+    if cls is not None:
+        return cls, None
+    failure = result.failure or ""
+    reason = _reason(parser, failure)
+    if base is not None:
+        integration.record_failure(base, reason)
+    if required:
+        what, advice = _failure_text(parser, failure)
+        return None, f"{what}. {advice}"
+    _say_off(
+        parser,
+        failure,
+        "keeps",
+        f'Set server_integration="required" (or {integration.REQUIRE_ENV}=1) to refuse to start instead.',
+    )
+    return None, reason
+
+
+def _warn_if_newer() -> None:
+    global _newer_warned
+    if _newer_warned or _version(uvicorn.__version__) <= _version(TESTED_UVICORN[1]):
+        return
+    _newer_warned = True
+    route_to_server()
+    logger.warning(
+        "connlist %s is tested with uvicorn %s; this is %s; the self-check passed",
+        _connlist_version(),
+        TESTED_RANGE,
+        uvicorn.__version__,
+    )
+
+
+def _warn_keepalive(cls: type[Any], parser: str) -> None:
+    """One WARNING where uvicorn keeps its timer per response: its method is not a form connlist knows."""
+    if getattr(cls, "connlist_keepalive", False):
+        return
+    route_to_server()
+    logger.warning(
+        "uvicorn %s's %s.on_response_complete: %s, so uvicorn times its keep-alive itself "
+        "(a timer per response, as without connlist); connlist's other protections are on. "
+        "connlist %s knows the forms of uvicorn %s",
+        uvicorn.__version__,
+        _NAMES[parser],
+        getattr(cls, "connlist_keepalive_not", "") or "it is not one of the forms connlist knows",
+        _connlist_version(),
+        TESTED_RANGE,
+    )
+
+
+# The exit status of a refusal to start: uvicorn's own for a failed startup,
+# and gunicorn's for a worker that failed to boot (its master then stops).
+REFUSAL_STATUS = 3
+
+
+def _failure_text(parser: str, failure: str) -> tuple[str, str]:
+    """What failed, and what to do: the ERROR line's and the refusal's words."""
+    what = (
+        f"connlist {_connlist_version()} does not work with uvicorn {uvicorn.__version__} "
+        f"({_NAMES[parser]}: {failure})"
+    )
+    advice = (
+        f"connlist is tested with uvicorn {TESTED_RANGE}: pin uvicorn to that range (pip install "
+        f"'uvicorn>={TESTED_UVICORN[0]},<={TESTED_UVICORN[1]}'), or upgrade connlist."
+    )
+    return what, advice
+
+
+def _fall_back(parser: str, base: type | None, failure: str) -> type[Any]:
+    """uvicorn's own class instead of connlist's, and the one ERROR line (or the refusal to start)."""
+    if integration.require_integration():
+        # One line, the server's own exit status for a failed start, no traceback.
+        what, advice = _failure_text(parser, failure)
+        route_to_server()
+        log.error(
+            "refusing to start (%s=1): the server integration would be off: %s. %s",
+            integration.REQUIRE_ENV,
+            what,
+            advice,
+        )
+        raise SystemExit(REFUSAL_STATUS)
+    if base is None:
+        # uvicorn moved its protocol: its own name for it is the stand-in.
+        from uvicorn.config import HTTP_PROTOCOLS
+        from uvicorn.importer import import_from_string
+
+        base = import_from_string(HTTP_PROTOCOLS[parser])
+    assert base is not None
+    integration.record_failure(base, _reason(parser, failure))
+    _say_off(parser, failure, "runs", f"Set {integration.REQUIRE_ENV}=1 to refuse to start instead.")
+    return base
+
+
+def _reason(parser: str, failure: str) -> str:
+    """Why the integration is off after a failed check, as the view and the page show it."""
+    return f"uvicorn {uvicorn.__version__}: {_NAMES[parser]}: {failure}"
+
+
+def _say_off(parser: str, failure: str, verb: str, refuse: str) -> None:
+    """The one ERROR line of a failed check: what failed, what is lost, what to do, how to stop instead."""
+    what, advice = _failure_text(parser, failure)
+    route_to_server()
+    log.error(
+        "the server integration is off: %s. The server %s uvicorn's own %s protocol and connlist runs in "
+        "ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but the "
+        "headers timeout and the send timeout are not enforced. %s %s",
+        what,
+        verb,
+        parser,
+        advice,
+        refuse,
+    )
+
+
+def _resolve(parser: str) -> type[Any]:
+    with _lock:
+        cls = _resolved.get(parser)
+        if cls is None:
+            cls = _resolved[parser] = _integrate(parser)
+        return cls
+
+
+def _needs_httptools(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - httptools missing
+    raise RuntimeError(
+        "connlist.uvicorn:HttpToolsProtocol needs httptools: pip install 'connlist[httptools]', "
+        "or use connlist.uvicorn:H11Protocol"
+    )
+
+
+if TYPE_CHECKING:
+    # What the names give when the check passes (mypy's view).
+    class HttpToolsProtocol(HttpToolsTracking, httptools_impl.HttpToolsProtocol):
+        pass
+
+    class H11Protocol(H11Tracking, h11_impl.H11Protocol):
+        pass
+
+    AutoProtocol: type[Any]
+else:
+
+    def __getattr__(name: str) -> Any:
+        """``HttpToolsProtocol``, ``H11Protocol``, ``AutoProtocol``: checked when first looked up."""
+        if name == "HttpToolsProtocol":
+            return _needs_httptools if httptools_impl is None else _resolve("httptools")
+        if name == "H11Protocol":
+            return _resolve("h11")
+        if name == "AutoProtocol":
+            # httptools when it is installed, else h11, as uvicorn's ``--http auto``.
+            return _resolve("h11" if httptools_impl is None else "httptools")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

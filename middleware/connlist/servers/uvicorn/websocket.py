@@ -1,0 +1,138 @@
+"""uvicorn's websocket hand-over: an upgraded connection stays in the list until its websocket closes.
+
+uvicorn's HTTP protocols (httptools and h11 alike) hand a complete upgrade
+request to a websocket protocol of their ``ws_protocol_class`` (``--ws``:
+websockets, websockets-sansio, wsproto, or a class of the user's): in
+``handle_websocket_upgrade`` they make one, call its ``connection_made``
+with the transport, ``transport.set_protocol`` it, and feed it the request.
+From then on the transport reports to that protocol: the HTTP protocol's
+``connection_lost`` is never called, so the HTTP protocol cannot remove the
+record when the websocket closes.
+
+So, for the hand-over only, connlist lends uvicorn a maker of that class's
+protocols in its place, and puts the class back at once: the maker builds
+a subclass of it (``holding``: made once per class, ``Held`` before it)
+that holds the list and the record from its construction, and whose
+``connection_lost`` removes the record before the class's own runs.  Nothing else of the websocket protocol
+changes: its handshake, its ping and pong (which find dead peers), its
+shutdown stay uvicorn's.  asyncio and uvloop report a lost connection from
+the loop (``call_soon``), never inside ``handle_websocket_upgrade``, so the
+record is in place before the loss can be reported.
+
+Before the hand-over the enforcer decides (``Enforcer.upgrade``): within
+``max_upgraded`` the record is held as ``upgraded``; past it the request is
+answered ``503`` and closed, and nothing is handed over (the app never sees
+it).  Were the transport's protocol not the one lent after the hand-over (a
+uvicorn that hands over otherwise), the record leaves the list at once, as
+before connlist counted websockets, and one ``WARNING`` says so (a
+transport that cannot tell its protocol, as uvicorn's own tests' mock, is
+taken at its word); the self-check (``connlist.servers.uvicorn.selfcheck``) fails
+on such a uvicorn first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from connlist.core.connections import Connection, ConnectionsList
+from connlist.core.logs import log
+from connlist.servers.seam import UPGRADE_REFUSED, UPGRADED
+
+__all__ = ["Held", "hand_over", "holding", "request_path"]
+
+
+class Held:
+    """Mixed in before a server's websocket protocol class: the connection leaves the list when lost."""
+
+    # The list and the record, from the hand-over until the loss (None: not held).
+    _connlist_held: tuple[ConnectionsList, Connection] | None = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        held = self._connlist_held
+        if held is not None:
+            self._connlist_held = None
+            held[0].remove(held[1])
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+# The classes ``holding`` made, by the class they extend.
+_HOLDING: dict[type, type] = {}
+_warned = False
+
+
+def holding(cls: type) -> type:
+    """``cls`` with ``Held`` before it (one per class, kept): what uvicorn makes for the hand-over."""
+    made = _HOLDING.get(cls)
+    if made is None:
+        made = _HOLDING[cls] = type(
+            cls.__name__, (Held, cls), {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        )
+    return made
+
+
+def request_path(target: bytes) -> str:
+    """The path of a request target as the view shows it (no query string)."""
+    return target.split(b"?", 1)[0].decode("latin-1")
+
+
+def hand_over(
+    protocol: Any, hand: Callable[[], None], method: str | None, path: str | None, *, hold: bool = True
+) -> None:
+    """The upgrade request is complete: ``hand`` (uvicorn's own hand-over) runs if the enforcer lets it.
+
+    ``protocol`` is connlist's uvicorn HTTP protocol in its
+    ``handle_websocket_upgrade``; its phase becomes ``UPGRADED``, or
+    ``UPGRADE_REFUSED`` (the enforcer answered ``503``): no HTTP event of
+    the connection follows either.  The record is held as upgraded here,
+    or, with ``hold`` False, by the caller once it has replayed the read's
+    events (``Enforcer.hold_upgraded``: httptools' protocol).
+    """
+    record: Connection | None = protocol._connlist_record
+    if record is None:  # pragma: no cover - set at connection_made, before any read
+        hand()
+        return
+    enforcer = protocol._connlist
+    if not enforcer.admit_upgrade(record):
+        protocol._connlist_phase = UPGRADE_REFUSED
+        return
+    protocol._connlist_phase = UPGRADED
+    cls = protocol.ws_protocol_class
+    held_class = holding(cls)
+    held = (enforcer.connections, record)
+    made: list[Held] = []
+
+    def make(*args: Any, **kwargs: Any) -> Held:
+        websocket: Held = held_class(*args, **kwargs)
+        websocket._connlist_held = held
+        made.append(websocket)
+        return websocket
+
+    protocol.ws_protocol_class = make
+    try:
+        hand()
+    finally:
+        protocol.ws_protocol_class = cls
+    if hold:
+        enforcer.hold_upgraded(record, method, path)
+    websocket = made[-1] if made else None
+    # (A transport that cannot tell its protocol, uvicorn's tests' mock, is taken at its word.)
+    get_protocol = getattr(protocol.transport, "get_protocol", None)
+    taken = websocket if get_protocol is None else get_protocol()
+    if websocket is None or taken is not websocket:
+        for other in made:
+            other._connlist_held = None
+        enforcer.connections.remove(record)
+        _warn_once(taken)
+
+
+def _warn_once(taken: object) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning(
+            "uvicorn did not hand the upgraded connection to the websocket protocol connlist lent it "
+            "(the transport reports to %s): websockets leave the list at their upgrade, uncounted by "
+            "max_connections and max_upgraded. Report it with your uvicorn version.",
+            type(taken).__name__,
+        )

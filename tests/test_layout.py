@@ -1,0 +1,194 @@
+"""The package's shape: four parts, each importing only the parts below it, and the public names.
+
+The import graph is read from the source, so that it counts every import:
+at the top of a module, inside a function, under ``TYPE_CHECKING``, and by
+string (``importlib.import_module("connlist....")``, or a ``"module:attr"``
+a server is told to import).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+import re
+
+import pytest
+
+import connlist
+
+PACKAGE = pathlib.Path(connlist.__file__).parent
+
+# The parts, lowest first.  A module may import its own part and the parts below.
+PARTS = ["core", "servers", "observe", "asgi"]
+# Inside ``servers``: the neutral seam, below each server, below the selection of servers.
+NEUTRAL = {"connlist.servers.seam", "connlist.servers.integration", "connlist.servers.selfcheck"}
+SERVERS = {"uvicorn", "gunicorn"}
+PUBLIC = {"connlist", "connlist.uvicorn", "connlist.gunicorn", "connlist.prometheus", "connlist.otel"}
+# A whole string naming a module of the package, with an attribute or not: an import by string.
+BY_STRING = re.compile(r"^(connlist(?:\.\w+)*)(?::\w+)?$")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _target(name: str) -> str | None:
+    """The package's module ``name`` is, or is inside of (``connlist.core.kinds.deadline`` -> its module)."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            ids.add(id(first.value))
+    return ids
+
+
+def imports(module: str) -> set[str]:
+    """The package's modules that ``module`` imports, in any of the ways above."""
+    tree = ast.parse(MODULES[module].read_text())
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    docstrings = _docstrings(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            # ``from connlist.servers import integration`` imports the submodule.
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            match = BY_STRING.match(node.value)
+            if match:
+                names = [match.group(1)]
+        for name in names:
+            target = _target(name)
+            # A module's own package (its ``__init__``) is not an import of it.
+            if target is not None and target != module and not module.startswith(target + "."):
+                found.add(target)
+    return found
+
+
+GRAPH = {module: imports(module) for module in MODULES}
+
+
+def part(module: str) -> int:
+    """The rank of the part ``module`` is in; the public names rank above every part."""
+    if module in PUBLIC:
+        return len(PARTS)
+    return PARTS.index(module.split(".")[1])
+
+
+def test_the_tree_is_four_parts_and_the_public_names():
+    top = {path.name for path in PACKAGE.iterdir() if path.suffix == ".py"}
+    assert top == {"__init__.py", "uvicorn.py", "gunicorn.py", "prometheus.py", "otel.py"}
+    assert {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists()} == set(PARTS)
+    assert {
+        path.name for path in (PACKAGE / "servers").iterdir() if (path / "__init__.py").exists()
+    } == SERVERS
+
+
+def test_the_graph_reads_every_kind_of_import():
+    # The reader itself, on modules whose imports are known: a function's import,
+    # a TYPE_CHECKING import, and an import by string.
+    assert "connlist.observe.page" in GRAPH["connlist.observe.debug"]
+    assert "connlist.servers.uvicorn.protocols" in GRAPH["connlist.uvicorn"]
+    assert "connlist.servers.uvicorn.start" in GRAPH["connlist.servers.selection"]
+    assert "connlist.servers.uvicorn.protocols" in GRAPH["connlist.servers.gunicorn.workers"]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_part_imports_only_the_parts_below_it(module):
+    higher = sorted(target for target in GRAPH[module] if part(target) > part(module))
+    assert higher == [], f"{module} (part {part(module)}) imports higher parts: {higher}"
+
+
+def _server(module: str) -> str | None:
+    """The server whose subpackage ``module`` is in, or None."""
+    names = module.split(".")
+    return names[2] if len(names) > 2 and names[1] == "servers" and names[2] in SERVERS else None
+
+
+def test_the_neutral_seam_imports_no_server():
+    for module in NEUTRAL & set(MODULES):
+        assert {_server(target) for target in GRAPH[module]} <= {None}, module
+    # uvicorn's protocols are what connlist's gunicorn workers serve with; uvicorn knows nothing of gunicorn.
+    for module in MODULES:
+        if _server(module) == "uvicorn":
+            assert "gunicorn" not in {_server(target) for target in GRAPH[module]}, module
+
+
+def test_the_import_graph_has_no_circle():
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        if module in path:
+            raise AssertionError("an import circle: " + " -> ".join([*path[path.index(module) :], module]))
+        if module in done:
+            return
+        path.append(module)
+        for target in sorted(GRAPH[module]):
+            visit(target)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(GRAPH):
+        visit(module)
+
+
+def test_the_public_import_paths():
+    from gunicorn.util import load_class
+    from uvicorn.importer import import_from_string
+
+    import connlist.otel
+    import connlist.prometheus
+    from connlist import ConnectionsMiddleware
+    from connlist.asgi.middleware import ConnectionsMiddleware as Defined
+
+    assert ConnectionsMiddleware is Defined
+    # As uvicorn's --http and gunicorn's -k load them.
+    for name in ("HttpToolsProtocol", "H11Protocol", "AutoProtocol"):
+        cls = import_from_string(f"connlist.uvicorn:{name}")
+        assert isinstance(cls, type) and cls is getattr(importlib.import_module("connlist.uvicorn"), name)
+    import uvicorn.protocols.http.h11_impl as h11_impl
+
+    assert issubclass(import_from_string("connlist.uvicorn:H11Protocol"), h11_impl.H11Protocol)
+    from gunicorn.asgi.protocol import ASGIProtocol
+    from gunicorn.workers.gasgi import ASGIWorker
+
+    assert issubclass(load_class("connlist.gunicorn.ASGIWorker"), ASGIWorker)
+    assert issubclass(importlib.import_module("connlist.gunicorn").ASGIProtocol, ASGIProtocol)
+    for name in ("UvicornWorker", "UvicornH11Worker"):
+        assert load_class(f"connlist.gunicorn.{name}").__name__ == name
+    for public, defined in (
+        (connlist.prometheus, "connlist.observe.prometheus"),
+        (connlist.otel, "connlist.observe.otel"),
+    ):
+        module = importlib.import_module(defined)
+        assert public.__all__ == module.__all__
+        assert all(getattr(public, name) is getattr(module, name) for name in public.__all__)
+    with pytest.raises(AttributeError, match="no attribute '_resolve'"):
+        importlib.import_module("connlist.uvicorn")._resolve  # noqa: B018 - the private names stay private
