@@ -8,7 +8,7 @@ uvicorn runs the ASGI lifespan before it listens, and reads its config's
 is), which reads the server's protocol class and, by the
 ``server_integration`` policy:
 
-* connlist's class (``--http connlist.servers.uvicorn.protocols:...``, connlist's gunicorn
+* connlist's class (``--http connlist.uvicorn:...``, connlist's gunicorn
   workers): the integration is on;
 * uvicorn's own ``HttpToolsProtocol`` or ``H11Protocol`` (what ``--http
   auto``, ``httptools`` and ``h11`` resolve to: ``uvicorn app:app``,
@@ -142,7 +142,7 @@ def turn_on(config: Any, policy: str) -> Start:
         name = f"{cls.__module__}.{cls.__qualname__}"
         reason = (
             f"the server's HTTP protocol is {name}, neither uvicorn's own httptools or h11 protocol "
-            "nor one of connlist.servers.uvicorn.protocols's, so connlist leaves it alone"
+            "nor one of connlist.uvicorn's, so connlist leaves it alone"
         )
         return off(policy, reason, _advice_foreign())
     from connlist.servers.uvicorn import protocols as connlist_uvicorn
@@ -201,7 +201,7 @@ def _advice_foreign() -> str:
         return f"serve with gunicorn {_UVICORN_WORKERS}, or with {_ASGI_WORKER}"
     return (
         "serve with uvicorn's own protocol (--http auto, httptools or h11), or base your protocol "
-        "on connlist.servers.uvicorn.protocols's HttpToolsProtocol or H11Protocol"
+        "on connlist.uvicorn's HttpToolsProtocol or H11Protocol"
     )
 
 
