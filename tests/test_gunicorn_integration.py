@@ -23,11 +23,11 @@ from starlette.requests import ClientDisconnect
 
 from connlist.core import logs
 from connlist.core.enforcer import STATE_KEY, Enforcer
-from connlist.servers import integration
+from connlist.servers import integration, seam
 from connlist.servers.gunicorn import protocol as gunicorn_asgi
 from connlist.servers.gunicorn import selfcheck as gunicorn_asgi_check
 from connlist.servers.gunicorn import start as gunicorn_asgi_start
-from connlist.servers.uvicorn.selfcheck import CheckFailed, Result
+from connlist.servers.selfcheck import CheckFailed, Result
 
 GUNICORNS = gunicorn_protocol.ASGIProtocol
 
@@ -66,7 +66,7 @@ def passing(monkeypatch: pytest.MonkeyPatch) -> type[Any]:
 def test_the_self_check_passes_on_the_installed_gunicorn(parser: str) -> None:
     if parser == "fast":
         pytest.importorskip("gunicorn_h1c")
-    cls = gunicorn_asgi.build(GUNICORNS)
+    cls = gunicorn_asgi.prepare(GUNICORNS)
     result = gunicorn_asgi_check.run_in_thread(cls, parser)
     assert result.passed, result.failure
     assert "a headers timeout" in result.steps and "the keep-alive timeout" in result.steps
@@ -76,11 +76,11 @@ def test_the_self_check_passes_on_the_installed_gunicorn(parser: str) -> None:
 def test_the_self_check_names_a_missing_hook() -> None:
     stripped = type("Stripped", (), {"connection_made": lambda self, t: None})
     with pytest.raises(CheckFailed, match=r"Stripped has no `connection_lost`, `data_received`"):
-        gunicorn_asgi_check.check_static(stripped, gunicorn_asgi.HOOKS)
+        gunicorn_asgi_check.check_static(stripped, gunicorn_asgi_check.HOOKS)
 
 
 def test_a_class_that_fails_its_conversation_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Silent(gunicorn_asgi.build(GUNICORNS)):  # type: ignore[misc]
+    class Silent(gunicorn_asgi.prepare(GUNICORNS)):  # type: ignore[misc]
         # A gunicorn whose loop no longer arms the keep-alive where connlist hooks it.
         def _arm_keepalive_timer(self) -> None:
             pass
@@ -700,7 +700,7 @@ def test_addresses_as_asgi_has_them(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_check_reports_what_stopped_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    cls = gunicorn_asgi.build(GUNICORNS)
+    cls = gunicorn_asgi.prepare(GUNICORNS)
 
     class Broken(cls):  # type: ignore[misc, valid-type]
         def connection_made(self, transport: Any) -> None:
@@ -739,17 +739,31 @@ def test_the_start_where_gunicorn_is_not_as_expected(monkeypatch: pytest.MonkeyP
     assert gunicorn_asgi_start.parser_name(type("Cfg", (), {"http_parser": "auto"})()) == "python"
     monkeypatch.setattr(gunicorn_asgi_start, "PROTOCOL_MODULE", module)
 
-    # A class that cannot be built on gunicorn's.
-    def unbuildable(base: type) -> type:
-        raise TypeError("multiple bases have instance lay-out conflict")
-
-    monkeypatch.setattr(gunicorn_asgi, "build", unbuildable)
+    # A class that cannot be built on gunicorn's: its class statement fails at its module's import.
+    package = sys.modules["connlist.servers.gunicorn"]
+    monkeypatch.delitem(sys.modules, gunicorn_asgi.__name__)
+    monkeypatch.delattr(package, "protocol")
+    monkeypatch.setattr(seam, "SLOTS", ("connlist_mode",))
     cls, base, result = gunicorn_asgi_start._build()
     assert cls is None and base is GUNICORNS
     assert result.failure == (
         "connlist's class cannot be built on gunicorn's ASGIProtocol: "
-        "multiple bases have instance lay-out conflict"
+        "'connlist_mode' in __slots__ conflicts with class variable"
     )
+    monkeypatch.setitem(sys.modules, gunicorn_asgi.__name__, gunicorn_asgi)
+    monkeypatch.setattr(package, "protocol", gunicorn_asgi, raising=False)
+    monkeypatch.setattr(seam, "SLOTS", gunicorn_asgi.SLOTS)
+    # gunicorn's module global replaced since connlist's class was built on it.
+    other = type("Other", (GUNICORNS,), {})
+    monkeypatch.setattr(gunicorn_protocol, "ASGIProtocol", other)
+    cls, base, result = gunicorn_asgi_start._build()
+    assert cls is None and base is other
+    assert result.failure is not None
+    assert result.failure.startswith(
+        "connlist's class cannot be built on gunicorn's ASGIProtocol: connlist's class is built on "
+        "gunicorn.asgi.protocol.ASGIProtocol, not"
+    )
+    monkeypatch.setattr(gunicorn_protocol, "ASGIProtocol", GUNICORNS)
     # No gunicorn class to fall back on: the name cannot be given at all.
     monkeypatch.setattr(gunicorn_asgi_start, "_built", (None, None, Result("gone")))
     with pytest.raises(ImportError, match=r"gunicorn has no gunicorn\.asgi\.protocol\.ASGIProtocol: gone"):

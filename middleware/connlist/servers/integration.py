@@ -12,12 +12,18 @@ A server's start-up side is a module that implements ``Server``
 (``connlist.servers.uvicorn.start`` is uvicorn's); its protocol classes record
 here whether their self-check passed (``record_pass``, ``record_failure``),
 so that a server that does not tell its protocol can still be told about.
+
+Where the integration is off, every line that says so (the middleware's
+WARNING, a failed check's ERROR line, uvicorn-worker's) says what is lost
+in the same words: ``asgi_only``, composed from the table of timeout kinds.
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any, NamedTuple, Protocol
+
+from connlist.core.kinds import TIMEOUT_KINDS
 
 __all__ = [
     "FELL_BACK",
@@ -27,6 +33,9 @@ __all__ = [
     "REQUIRE_ENV",
     "Server",
     "Start",
+    "asgi_only",
+    "asgi_only_kept",
+    "asgi_only_lost",
     "check_policy",
     "checked",
     "effective_policy",
@@ -116,6 +125,33 @@ NO_LIFESPAN = (
     "the ASGI lifespan did not reach this middleware before its first request (the lifespan is off, or "
     "the middleware is on a mounted app), and connlist turns the integration on at the lifespan's startup"
 )
+
+
+# What a server integration enforces beyond the timeouts' table, and ASGI-only mode cannot.
+BUDGET = "connection budget"
+
+
+def asgi_only_kept() -> list[str]:
+    """The timeouts ASGI-only mode still enforces (it sees a request once its headers are in)."""
+    return [kind.label for kind in TIMEOUT_KINDS if kind.asgi]
+
+
+def asgi_only_lost() -> list[str]:
+    """What only the server integration enforces: the timeouts ASGI-only mode cannot, and the budget.
+
+    The server's keep-alive (no setting of connlist's) is left out: in
+    ASGI-only mode the server times it itself.
+    """
+    return [kind.label for kind in TIMEOUT_KINDS if not kind.asgi and kind.setting is not None] + [BUDGET]
+
+
+def asgi_only() -> str:
+    """ASGI-only mode in one clause, for every line that says the integration is off: what stays, what not."""
+    lost = [f"the {label}" for label in asgi_only_lost()]
+    return (
+        f"ASGI-only mode: request bodies are still timed ({', '.join(asgi_only_kept())}), but "
+        f"{', '.join(lost[:-1])} and {lost[-1]} are not enforced"
+    )
 
 
 class Start(NamedTuple):

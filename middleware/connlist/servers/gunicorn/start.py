@@ -31,6 +31,7 @@ import threading
 from typing import Any
 
 from connlist.core.logs import follow_uvicorn_logger, log, route_to_server
+from connlist.core.version import __version__
 from connlist.servers import integration
 from connlist.servers.integration import FELL_BACK, OFF, Start, off
 
@@ -86,9 +87,8 @@ def parser_name(cfg: Any) -> str:
 
 
 def _build() -> tuple[type[Any] | None, type | None, Any]:
-    from connlist.servers.gunicorn import protocol as gunicorn_asgi
     from connlist.servers.gunicorn import selfcheck as gunicorn_asgi_check
-    from connlist.servers.uvicorn.selfcheck import CheckFailed, Result
+    from connlist.servers.selfcheck import CheckFailed, Result
 
     base: type | None = None
     try:
@@ -96,10 +96,13 @@ def _build() -> tuple[type[Any] | None, type | None, Any]:
         base = getattr(module, NAME, None)
         if not isinstance(base, type):
             raise CheckFailed(f"{PROTOCOL_MODULE} has no class {NAME}")
-        gunicorn_asgi_check.check_static(base, gunicorn_asgi.HOOKS)
+        gunicorn_asgi_check.check_static(base, gunicorn_asgi_check.HOOKS)
         try:
-            cls = gunicorn_asgi.build(base)
-        except TypeError as exc:
+            # connlist's class statement runs here, at its module's first import.
+            from connlist.servers.gunicorn import protocol as gunicorn_asgi
+
+            cls = gunicorn_asgi.prepare(base)
+        except (TypeError, ValueError, AttributeError) as exc:
             raise CheckFailed(f"connlist's class cannot be built on gunicorn's {NAME}: {exc}") from None
     except CheckFailed as failed:
         return None, base, Result(str(failed))
@@ -130,12 +133,7 @@ def checked() -> tuple[type[Any] | None, type | None, Any]:
 
 
 def _failure_text(failure: str) -> tuple[str, str]:
-    from connlist.servers.uvicorn.protocols import _connlist_version
-
-    what = (
-        f"connlist {_connlist_version()} does not work with gunicorn {_gunicorn_version()} "
-        f"({NAME}: {failure})"
-    )
+    what = f"connlist {__version__} does not work with gunicorn {_gunicorn_version()} ({NAME}: {failure})"
     advice = (
         f"connlist is tested with gunicorn {TESTED_GUNICORN}: pin gunicorn to it (pip install "
         f"'gunicorn=={TESTED_GUNICORN}'), or upgrade connlist."
@@ -152,9 +150,9 @@ def _say_off(failure: str, refuse: str) -> None:
     _route()
     log.error(
         "the server integration is off: %s. gunicorn's ASGI worker keeps its own protocol and connlist runs "
-        "in ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but the "
-        "headers timeout and the send timeout are not enforced. %s %s",
+        "in %s. %s %s",
         what,
+        integration.asgi_only(),
         advice,
         refuse,
     )
