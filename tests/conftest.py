@@ -5,15 +5,23 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fakes import FakeClock, MockLoop
-from tests.servers import close_sockets
-
-# uvicorn's two HTTP parsers: a test that takes ``parser`` runs on each.
-PARSERS = ["httptools", "h11"]
+from tests.servers import GUNICORN_PARSERS, PARSERS, close_sockets
 
 
+# The parsers, each once: a test that takes ``parser`` (uvicorn's) or
+# ``gunicorn_parser`` runs on each; a test that needs the list itself (a
+# module-scoped fixture's params, a product with another parameter) takes
+# ``tests.servers.PARSERS`` or ``GUNICORN_PARSERS``.
 @pytest.fixture(params=PARSERS)
 def parser(request: pytest.FixtureRequest) -> str:
-    """``"httptools"`` or ``"h11"``: the names of ``tests.servers.PLAIN`` and ``INTEGRATED``."""
+    """uvicorn's ``"httptools"`` or ``"h11"``: the names of ``tests.servers.PLAIN`` and ``INTEGRATED``."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture(params=GUNICORN_PARSERS)
+def gunicorn_parser(request: pytest.FixtureRequest) -> str:
+    """gunicorn's ``--http-parser``: ``"python"``, and ``"fast"`` where gunicorn_h1c is installed."""
     name: str = request.param
     return name
 

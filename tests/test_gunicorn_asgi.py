@@ -29,7 +29,7 @@ pytest.importorskip("gunicorn.workers.gasgi")
 
 from websockets.sync.client import connect as ws_connect
 
-from tests.servers import EARLY, LATE, connect, is_408, read_response, read_until_closed
+from tests.servers import EARLY, GUNICORN_PARSERS, LATE, connect, is_408, read_response, read_until_closed
 from tests.subprocesses import Process, exits_at_start, get_json, gunicorn_command, run_server, server_env
 
 HEADERS_TIMEOUT = 0.5
@@ -38,13 +38,6 @@ KEEP_ALIVE = 1
 WORKERS = 2
 GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 OPTIONS = {"headers_timeout": HEADERS_TIMEOUT, "request_timeout": REQUEST_TIMEOUT}
-
-try:
-    import gunicorn_h1c  # noqa: F401
-except ImportError:
-    PARSERS = ["python"]
-else:
-    PARSERS = ["python", "fast"]
 
 
 def command(
@@ -71,7 +64,7 @@ def views(port: int, workers: int, tries: int = 100) -> dict[int, dict[str, Any]
     return answers
 
 
-@pytest.fixture(scope="module", params=PARSERS)
+@pytest.fixture(scope="module", params=GUNICORN_PARSERS)
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     parser: str = request.param
     log = tmp_path_factory.mktemp("gunicorn-asgi") / "gunicorn.log"
@@ -300,7 +293,7 @@ def test_connlist_worker_class_with_the_lifespan_off(tmp_path: Path) -> None:
         env=env(),
     ) as server:  # fmt: skip
         # gunicorn's --http-parser auto: the fast one where it is installed.
-        assert get_json(server.port, "/_connections")["mode"] == f"gunicorn-{PARSERS[-1]}"
+        assert get_json(server.port, "/_connections")["mode"] == f"gunicorn-{GUNICORN_PARSERS[-1]}"
         started = time.monotonic()
         _cut_at(connect(server.port), started, HEADERS_TIMEOUT)
 
@@ -323,7 +316,7 @@ SEND_TIMEOUT = 1.0
 BUDGET = 4
 
 
-@pytest.fixture(scope="module", params=PARSERS)
+@pytest.fixture(scope="module", params=GUNICORN_PARSERS)
 def hardened(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     log = tmp_path_factory.mktemp("gunicorn-asgi-hardened") / "gunicorn.log"
     options = {

@@ -62,12 +62,9 @@ def passing(monkeypatch: pytest.MonkeyPatch) -> type[Any]:
     return cls
 
 
-@pytest.mark.parametrize("parser", ["python", "fast"])
-def test_the_self_check_passes_on_the_installed_gunicorn(parser: str) -> None:
-    if parser == "fast":
-        pytest.importorskip("gunicorn_h1c")
+def test_the_self_check_passes_on_the_installed_gunicorn(gunicorn_parser: str) -> None:
     cls = gunicorn_asgi.prepare(GUNICORNS)
-    result = gunicorn_asgi_check.run_in_thread(cls, parser)
+    result = gunicorn_asgi_check.run_in_thread(cls, gunicorn_parser)
     assert result.passed, result.failure
     assert "a headers timeout" in result.steps and "the keep-alive timeout" in result.steps
     assert result.seconds < 1.0

@@ -109,7 +109,6 @@ CASES = (
 CLOSES = 4
 
 
-@pytest.mark.parametrize("parser", ["httptools", "h11"])
 @pytest.mark.parametrize("server", list(APPS))
 def test_closed_at_the_keep_alive_time(server: str, parser: str, tmp_path: Path) -> None:
     with run_server(
@@ -128,7 +127,6 @@ def test_closed_at_the_keep_alive_time(server: str, parser: str, tmp_path: Path)
     assert "keep-alive" not in log, log
 
 
-@pytest.mark.parametrize("parser", ["httptools", "h11"])
 @pytest.mark.parametrize("server", list(APPS))
 def test_keep_alive_zero_closes_after_the_response(server: str, parser: str, tmp_path: Path) -> None:
     with run_server(_command(APPS[server], parser, 0), tmp_path / "server.log", ready_path="/") as running:
