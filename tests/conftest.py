@@ -4,6 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from connlist.servers import integration
 from tests.fakes import FakeClock, MockLoop
 from tests.servers import GUNICORN_PARSERS, PARSERS, close_sockets
 
@@ -24,6 +25,18 @@ def gunicorn_parser(request: pytest.FixtureRequest) -> str:
     """gunicorn's ``--http-parser``: ``"python"``, and ``"fast"`` where gunicorn_h1c is installed."""
     name: str = request.param
     return name
+
+
+@pytest.fixture
+def fresh_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process's records of the servers' self-checks, empty for the test (and restored after).
+
+    They are all ``connlist.servers.integration``'s: each server's build and
+    check (``check_once``), the classes that passed, and the failures.
+    """
+    monkeypatch.setattr(integration, "_checked", {})
+    monkeypatch.setattr(integration, "_passed", set())
+    monkeypatch.setattr(integration, "_failures", {})
 
 
 @pytest.fixture

@@ -27,21 +27,20 @@ from connlist.servers import integration, seam
 from connlist.servers.gunicorn import protocol as gunicorn_asgi
 from connlist.servers.gunicorn import selfcheck as gunicorn_asgi_check
 from connlist.servers.gunicorn import start as gunicorn_asgi_start
+from connlist.servers.integration import Checked
 from connlist.servers.selfcheck import CheckFailed, Result
 
 GUNICORNS = gunicorn_protocol.ASGIProtocol
 
 
 @pytest.fixture(autouse=True)
-def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _fresh(monkeypatch: pytest.MonkeyPatch, fresh_checks: None) -> Iterator[None]:
     """Each test with gunicorn's own class in the worker module, and the process's records untouched.
 
     The start routes connlist's lines to gunicorn's error log (``logs.follow_uvicorn_logger``):
     the logger it follows, and the ``connlist`` logger's handlers and level, are restored after.
     """
     monkeypatch.setattr(gasgi, "ASGIProtocol", GUNICORNS)
-    monkeypatch.setattr(integration, "_failures", {})
-    monkeypatch.setattr(integration, "_passed", set())
     monkeypatch.delenv(integration.REQUIRE_ENV, raising=False)
     monkeypatch.setattr(logs, "_uvicorn_logger_name", logs._uvicorn_logger_name)
     saved = (list(logs.logger.handlers), logs.logger.propagate, logs.logger.level)
@@ -52,13 +51,15 @@ def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def failing(monkeypatch: pytest.MonkeyPatch, failure: str = "the check's made-up failure") -> None:
     """The build and check, as on a gunicorn connlist does not work with."""
-    monkeypatch.setattr(gunicorn_asgi_start, "_built", (None, GUNICORNS, Result(failure)))
+    monkeypatch.setitem(
+        integration._checked, gunicorn_asgi_start.KEY, Checked(None, GUNICORNS, Result(failure))
+    )
 
 
 def passing(monkeypatch: pytest.MonkeyPatch) -> type[Any]:
     cls, base, result = gunicorn_asgi_start._build()
     assert cls is not None, result.failure
-    monkeypatch.setattr(gunicorn_asgi_start, "_built", (cls, base, result))
+    monkeypatch.setitem(integration._checked, gunicorn_asgi_start.KEY, Checked(cls, base, result))
     return cls
 
 
@@ -762,7 +763,7 @@ def test_the_start_where_gunicorn_is_not_as_expected(monkeypatch: pytest.MonkeyP
     )
     monkeypatch.setattr(gunicorn_protocol, "ASGIProtocol", GUNICORNS)
     # No gunicorn class to fall back on: the name cannot be given at all.
-    monkeypatch.setattr(gunicorn_asgi_start, "_built", (None, None, Result("gone")))
+    monkeypatch.setitem(integration._checked, gunicorn_asgi_start.KEY, Checked(None, None, Result("gone")))
     with pytest.raises(ImportError, match=r"gunicorn has no gunicorn\.asgi\.protocol\.ASGIProtocol: gone"):
         gunicorn_asgi_start.resolve()
     assert gunicorn_asgi_start.for_server(required=False) == (None, "gunicorn 27.0.1: ASGIProtocol: gone")
@@ -814,3 +815,21 @@ def test_one_warning_where_gunicorn_serves_http2_or_uwsgi(
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("connlist: gunicorn serves HTTP/2 and uWSGI connections too: connlist counts them")
     assert "the headers, request, body-rate and keep-alive timeouts are HTTP/1's" in line
+
+
+def test_the_build_and_check_run_once_and_are_recorded_in_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    builds: list[int] = []
+    build = gunicorn_asgi_start._build
+
+    def counted() -> Checked:
+        builds.append(1)
+        return build()
+
+    monkeypatch.setattr(gunicorn_asgi_start, "_build", counted)
+    assert integration.checked() is None
+    first = gunicorn_asgi_start.checked()
+    assert first.cls is not None, first.result.failure
+    assert gunicorn_asgi_start.checked() is first and gunicorn_asgi_start.resolve() is first.cls
+    assert builds == [1]
+    # What the view's integration_off reads: the class passed, in this process.
+    assert integration._checked == {gunicorn_asgi_start.KEY: first} and integration.checked() is True

@@ -12,6 +12,9 @@ A server's start-up side is a module that implements ``Server``
 (``connlist.servers.uvicorn.start`` is uvicorn's); its protocol classes record
 here whether their self-check passed (``record_pass``, ``record_failure``),
 so that a server that does not tell its protocol can still be told about.
+A server builds and checks its class once per process through ``check_once``,
+whose outcome is kept here too: the process's records of its checks are
+this module's, and a test that wants a fresh process resets them here.
 
 Where the integration is off, every line that says so (the middleware's
 WARNING, a failed check's ERROR line, uvicorn-worker's) says what is lost
@@ -21,9 +24,12 @@ in the same words: ``asgi_only``, composed from the table of timeout kinds.
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from connlist.core.kinds import TIMEOUT_KINDS
+from connlist.servers.selfcheck import Result
 
 __all__ = [
     "FELL_BACK",
@@ -31,11 +37,13 @@ __all__ = [
     "OFF",
     "POLICIES",
     "REQUIRE_ENV",
+    "Checked",
     "Server",
     "Start",
     "asgi_only",
     "asgi_only_kept",
     "asgi_only_lost",
+    "check_once",
     "check_policy",
     "checked",
     "effective_policy",
@@ -56,6 +64,28 @@ POLICIES = ("auto", "required", "off")
 _failures: dict[type, str] = {}
 # connlist's protocol classes that passed their check.
 _passed: set[type] = set()
+# Each server's build and check of its class, by the server's key (``check_once``).
+_checked: dict[str, Checked] = {}
+_lock = threading.RLock()
+
+
+class Checked(NamedTuple):
+    """A server's build and check of connlist's class: the class if it passed, the server's, the result."""
+
+    cls: type[Any] | None
+    base: type | None
+    result: Result
+
+
+def check_once(key: str, build: Callable[[], Checked]) -> Checked:
+    """``build()``'s outcome for the server ``key``, once per process (a class that passed is recorded)."""
+    with _lock:
+        found = _checked.get(key)
+        if found is None:
+            found = _checked[key] = build()
+            if found.cls is not None:
+                record_pass(found.cls)
+        return found
 
 
 def _required_by_env() -> bool | None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import sys
-import threading
 from typing import Any
 
 from connlist.core.logs import follow_uvicorn_logger, log, route_to_server
@@ -53,9 +52,8 @@ PROTOCOL_MODULE = "gunicorn.asgi.protocol"
 WORKER_MODULE = "gunicorn.workers.gasgi"
 NAME = "ASGIProtocol"
 
-_lock = threading.RLock()
-# The build and check, once per process: (connlist's class or None, gunicorn's class or None, result).
-_built: tuple[type[Any] | None, type | None, Any] | None = None
+# The key of gunicorn's build and check in ``integration.check_once``.
+KEY = "gunicorn"
 
 
 def _gunicorn_version() -> str:
@@ -86,7 +84,7 @@ def parser_name(cfg: Any) -> str:
     return "python"
 
 
-def _build() -> tuple[type[Any] | None, type | None, Any]:
+def _build() -> integration.Checked:
     from connlist.servers.gunicorn import selfcheck as gunicorn_asgi_check
     from connlist.servers.selfcheck import CheckFailed, Result
 
@@ -105,16 +103,13 @@ def _build() -> tuple[type[Any] | None, type | None, Any]:
         except (TypeError, ValueError, AttributeError) as exc:
             raise CheckFailed(f"connlist's class cannot be built on gunicorn's {NAME}: {exc}") from None
     except CheckFailed as failed:
-        return None, base, Result(str(failed))
+        return integration.Checked(None, base, Result(str(failed)))
     except ImportError as exc:
-        return None, base, Result(f"gunicorn has no {PROTOCOL_MODULE} ({exc})")
+        return integration.Checked(None, base, Result(f"gunicorn has no {PROTOCOL_MODULE} ({exc})"))
     result = gunicorn_asgi_check.run_in_thread(cls, "python")
     if result.passed and parser_name(_FastConfig()) == "fast":
         result = gunicorn_asgi_check.run_in_thread(cls, "fast")
-    if not result.passed:
-        return None, base, result
-    integration.record_pass(cls)
-    return cls, base, result
+    return integration.Checked(cls if result.passed else None, base, result)
 
 
 class _FastConfig:
@@ -123,13 +118,9 @@ class _FastConfig:
     http_parser = "auto"
 
 
-def checked() -> tuple[type[Any] | None, type | None, Any]:
+def checked() -> integration.Checked:
     """``_build``'s outcome, built once per process (the worker class and the lifespan share it)."""
-    global _built
-    with _lock:
-        if _built is None:
-            _built = _build()
-        return _built
+    return integration.check_once(KEY, _build)
 
 
 def _failure_text(failure: str) -> tuple[str, str]:
