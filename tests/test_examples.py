@@ -195,7 +195,12 @@ def test_gunicorn_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     from connlist.gunicorn import UvicornWorker
 
     assert gunicorn_util.load_class(config["worker_class"]) is UvicornWorker
-    assert UvicornWorker.CONFIG_KWARGS["http"] == "connlist.uvicorn:AutoProtocol"
+    # The protocol uvicorn imports from the worker's config is connlist.uvicorn:AutoProtocol.
+    from uvicorn.importer import import_from_string
+
+    import connlist.uvicorn
+
+    assert import_from_string(UvicornWorker.CONFIG_KWARGS["http"]) is connlist.uvicorn.AutoProtocol
     # A bad setting makes the worker fail to boot (tests/test_startup_errors.py), for both classes.
     from connlist.gunicorn import UvicornH11Worker
 
