@@ -4,18 +4,39 @@ from collections.abc import Iterator
 
 import pytest
 
+from connlist.servers import integration
 from tests.fakes import FakeClock, MockLoop
-from tests.servers import close_sockets
-
-# uvicorn's two HTTP parsers: a test that takes ``parser`` runs on each.
-PARSERS = ["httptools", "h11"]
+from tests.servers import GUNICORN_PARSERS, PARSERS, close_sockets
 
 
+# The parsers, each once: a test that takes ``parser`` (uvicorn's) or
+# ``gunicorn_parser`` runs on each; a test that needs the list itself (a
+# module-scoped fixture's params, a product with another parameter) takes
+# ``tests.servers.PARSERS`` or ``GUNICORN_PARSERS``.
 @pytest.fixture(params=PARSERS)
 def parser(request: pytest.FixtureRequest) -> str:
-    """``"httptools"`` or ``"h11"``: the names of ``tests.servers.PLAIN`` and ``INTEGRATED``."""
+    """uvicorn's ``"httptools"`` or ``"h11"``: the names of ``tests.servers.PLAIN`` and ``INTEGRATED``."""
     name: str = request.param
     return name
+
+
+@pytest.fixture(params=GUNICORN_PARSERS)
+def gunicorn_parser(request: pytest.FixtureRequest) -> str:
+    """gunicorn's ``--http-parser``: ``"python"``, and ``"fast"`` where gunicorn_h1c is installed."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def fresh_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process's records of the servers' self-checks, empty for the test (and restored after).
+
+    They are all ``connlist.servers.integration``'s: each server's build and
+    check (``check_once``), the classes that passed, and the failures.
+    """
+    monkeypatch.setattr(integration, "_checked", {})
+    monkeypatch.setattr(integration, "_passed", set())
+    monkeypatch.setattr(integration, "_failures", {})
 
 
 @pytest.fixture

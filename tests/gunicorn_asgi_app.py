@@ -2,7 +2,9 @@
 
 ``app`` has ConnectionsMiddleware, its options from ``CONNLIST_OPTIONS`` (a
 JSON object) and the debug endpoint at ``/_connections``; ``bare`` is the
-same routes without connlist.  ``/`` answers at once, ``/slow`` after
+same routes without connlist; ``echo`` is ``tests.servers.echo_app`` with
+ConnectionsMiddleware so configured (``tests.targets``: the scenarios shared
+with uvicorn).  ``/`` answers at once, ``/slow`` after
 1.5 s, ``POST /upload`` reads the whole body, ``/big`` streams 16 MiB, and
 ``/ws`` echoes websocket messages.
 """
@@ -22,6 +24,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from connlist import ConnectionsMiddleware
+from tests.servers import echo_app
 
 CHUNK = b"x" * 65536
 BIG = 16 * 1024 * 1024
@@ -63,14 +66,11 @@ ROUTES = [
     WebSocketRoute("/ws", echo),
 ]
 
+OPTIONS = json.loads(os.environ.get("CONNLIST_OPTIONS", "{}"))
+
 bare = Starlette(routes=ROUTES)
 app = Starlette(
     routes=ROUTES,
-    middleware=[
-        Middleware(
-            ConnectionsMiddleware,  # type: ignore[arg-type]
-            debug_path="/_connections",
-            **json.loads(os.environ.get("CONNLIST_OPTIONS", "{}")),
-        )
-    ],
+    middleware=[Middleware(ConnectionsMiddleware, debug_path="/_connections", **OPTIONS)],  # type: ignore[arg-type]
 )
+echo = ConnectionsMiddleware(echo_app, debug_path="/_connections", **OPTIONS)

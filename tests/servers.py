@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import socket
 import threading
@@ -29,6 +30,10 @@ INTEGRATED = {
     "h11": "connlist.uvicorn:H11Protocol",
 }
 PLAIN = {"httptools": "httptools", "h11": "h11"}
+# uvicorn's two HTTP parsers (the keys above), and gunicorn's: its own, and
+# gunicorn_h1c's where installed (``--http-parser fast``).
+PARSERS = list(INTEGRATED)
+GUNICORN_PARSERS = ["python"] + (["fast"] if importlib.util.find_spec("gunicorn_h1c") is not None else [])
 
 # The size of echo_app's /large response: several MiB.
 LARGE = 8 * 1024 * 1024

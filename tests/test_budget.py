@@ -25,10 +25,9 @@ from typing import Any
 import pytest
 
 from connlist.core.kinds import default_max_connections
-from tests.servers import INTEGRATED
+from tests.servers import INTEGRATED, PARSERS
 from tests.subprocesses import PYTHON, Process, get_json, run_server, server_env
 
-PARSERS = sorted(INTEGRATED)
 LIMIT = 256
 FLOOD = 2 * LIMIT
 # An ordinary answer on a loaded 2-core machine (the benchmark holds the 200 ms line).
@@ -192,7 +191,6 @@ def test_silent_flood_over_the_limit(parser: str, loop: str, tmp_path: Path) -> 
     no_descriptor_errors(server)
 
 
-@pytest.mark.parametrize("parser", PARSERS)
 def test_keep_alive_flood_over_the_limit(parser: str, tmp_path: Path) -> None:
     with budget_server(parser, tmp_path, keep_alive=30) as server, ExitStack() as socks:
         with Prober(server.port) as prober:
@@ -209,7 +207,6 @@ def test_keep_alive_flood_over_the_limit(parser: str, tmp_path: Path) -> None:
     no_descriptor_errors(server)
 
 
-@pytest.mark.parametrize("parser", PARSERS)
 def test_eviction_order(parser: str, tmp_path: Path) -> None:
     # keep-alive 30 s: uvicorn itself closes nothing during the test.
     with budget_server(parser, tmp_path, keep_alive=30, max_connections=3) as server, ExitStack() as socks:
@@ -238,7 +235,6 @@ def test_eviction_order(parser: str, tmp_path: Path) -> None:
         assert view["totals"]["refused"] == 0
 
 
-@pytest.mark.parametrize("parser", PARSERS)
 def test_refused_with_503_when_every_connection_is_serving(parser: str, tmp_path: Path) -> None:
     with budget_server(parser, tmp_path, max_connections=2) as server, ExitStack() as socks:
         port = server.port

@@ -195,11 +195,12 @@ def test_gunicorn_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     from connlist.gunicorn import UvicornWorker
 
     assert gunicorn_util.load_class(config["worker_class"]) is UvicornWorker
-    # Named by the module that builds it, which is what connlist.uvicorn:AutoProtocol gives.
+    # The protocol uvicorn imports from the worker's config is connlist.uvicorn:AutoProtocol.
     from uvicorn.importer import import_from_string
 
-    named = UvicornWorker.CONFIG_KWARGS["http"]
-    assert import_from_string(named) is import_from_string("connlist.uvicorn:AutoProtocol")
+    import connlist.uvicorn
+
+    assert import_from_string(UvicornWorker.CONFIG_KWARGS["http"]) is connlist.uvicorn.AutoProtocol
     # A bad setting makes the worker fail to boot (tests/test_startup_errors.py), for both classes.
     from connlist.gunicorn import UvicornH11Worker
 

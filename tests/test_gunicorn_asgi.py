@@ -2,15 +2,18 @@
 
 Each server is started as its users start it (``gunicorn -k asgi -w N
 tests.gunicorn_asgi_app:app``); the middleware puts connlist's class in each
-worker at the lifespan startup.  Checked on it, with timing: a silent first
-request and a trickled request head get their ``408`` at the headers
-timeout, a body that stops at the request timeout; an idle keep-alive
-connection closes at ``--keep-alive``, as bare gunicorn closes it; and
-legitimate clients are left alone: keep-alive, pipelining (behind a response
-slower than the headers timeout), a body slower than the headers timeout but
-on time, ``Expect: 100-continue``, a websocket idle longer than every timeout.
+worker at the lifespan startup.  Checked here: every worker runs it, with no
+flag; legitimate clients are left alone (keep-alive, a body slower than the
+headers timeout but on time, ``Expect: 100-continue``); the ways to turn it
+off, the worker class, the connection budget, and a gunicorn that changed.
 Both of gunicorn's HTTP/1 parsers (python; fast, gunicorn_h1c, where it is
 installed).
+
+The timeouts' scenarios that uvicorn shares run on gunicorn from their own
+files (``tests.targets``): test_timeouts.py (the headers and request
+timeouts, a websocket), test_hardening.py (the minimum body rate, the send
+timeout's reset) and test_keepalive.py (the keep-alive, against bare
+gunicorn's).
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import json
 import socket
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,8 @@ import pytest
 
 pytest.importorskip("gunicorn.workers.gasgi")
 
-from websockets.sync.client import connect as ws_connect
 
-from tests.servers import EARLY, LATE, connect, is_408, read_response, read_until_closed
+from tests.servers import EARLY, GUNICORN_PARSERS, LATE, connect, is_408, read_response, read_until_closed
 from tests.subprocesses import Process, exits_at_start, get_json, gunicorn_command, run_server, server_env
 
 HEADERS_TIMEOUT = 0.5
@@ -38,13 +39,6 @@ KEEP_ALIVE = 1
 WORKERS = 2
 GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 OPTIONS = {"headers_timeout": HEADERS_TIMEOUT, "request_timeout": REQUEST_TIMEOUT}
-
-try:
-    import gunicorn_h1c  # noqa: F401
-except ImportError:
-    PARSERS = ["python"]
-else:
-    PARSERS = ["python", "fast"]
 
 
 def command(
@@ -71,7 +65,7 @@ def views(port: int, workers: int, tries: int = 100) -> dict[int, dict[str, Any]
     return answers
 
 
-@pytest.fixture(scope="module", params=PARSERS)
+@pytest.fixture(scope="module", params=GUNICORN_PARSERS)
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     parser: str = request.param
     log = tmp_path_factory.mktemp("gunicorn-asgi") / "gunicorn.log"
@@ -117,128 +111,6 @@ def _cut_at(sock: socket.socket, started: float, timeout: float) -> None:
     assert timeout - EARLY <= elapsed <= timeout + LATE, (timeout, elapsed)
 
 
-def test_silent_and_slow_clients_get_408_on_time(served: Process) -> None:
-    port = served.port
-    started = time.monotonic()
-    silent = connect(port)  # the first request never comes
-    head = connect(port)
-    head.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # the head never ends
-    body = connect(port)
-    body.sendall(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n01234")
-    with ThreadPoolExecutor(3) as pool:
-        list(
-            pool.map(
-                lambda case: _cut_at(case[0], started, case[1]),
-                [(silent, HEADERS_TIMEOUT), (head, HEADERS_TIMEOUT), (body, REQUEST_TIMEOUT)],
-            )
-        )
-
-
-def test_trickled_request_head_is_cut_at_the_headers_timeout(served: Process) -> None:
-    sock = connect(served.port)
-    started = time.monotonic()
-    for byte in b"GET / HTTP/1.1\r\nHost: x\r\n":
-        try:
-            sock.sendall(bytes([byte]))
-        except OSError:
-            break
-        time.sleep(0.1)
-        if time.monotonic() - started > HEADERS_TIMEOUT + LATE:
-            break
-    _cut_at(sock, started, HEADERS_TIMEOUT)
-
-
-def test_a_timeout_after_a_request_on_the_same_connection(served: Process) -> None:
-    # The second request's head stops: its clock starts at its first byte, not at the connection's.
-    sock = connect(served.port)
-    sock.sendall(GET)
-    assert read_response(sock).startswith(b"HTTP/1.1 200")
-    time.sleep(0.3)
-    started = time.monotonic()
-    sock.sendall(b"GET / HTTP/1.1\r\n")
-    _cut_at(sock, started, HEADERS_TIMEOUT)
-
-
-def _closed_after(sock: socket.socket, since: float) -> float:
-    data, closed = read_until_closed(sock, limit=KEEP_ALIVE + 5)
-    assert data == b"", data
-    return closed - since
-
-
-def idle_after_one(port: int) -> float:
-    sock = connect(port)
-    sock.sendall(GET)
-    assert read_response(sock).startswith(b"HTTP/1.1 200")
-    return _closed_after(sock, time.monotonic())
-
-
-def idle_after_pipelined(port: int) -> float:
-    sock = connect(port)
-    sock.sendall(GET * 3)
-    for _ in range(3):
-        assert read_response(sock).startswith(b"HTTP/1.1 200")
-    return _closed_after(sock, time.monotonic())
-
-
-def pipelined_behind_a_slow_one(port: int) -> float:
-    # The second request waits behind a response slower than the headers timeout and the keep-alive.
-    sock = connect(port)
-    sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n" + GET)
-    assert read_response(sock).endswith(b"slow")
-    assert read_response(sock).endswith(b"ok")
-    return _closed_after(sock, time.monotonic())
-
-
-def kept_by_a_request_just_before(port: int) -> float:
-    sock = connect(port)
-    sock.sendall(GET)
-    assert read_response(sock).startswith(b"HTTP/1.1 200")
-    time.sleep(KEEP_ALIVE - 0.3)
-    sock.sendall(GET)
-    assert read_response(sock).startswith(b"HTTP/1.1 200")
-    return _closed_after(sock, time.monotonic())
-
-
-def blank_line_after_a_response(port: int) -> float:
-    sock = connect(port)
-    sock.sendall(GET)
-    assert read_response(sock).startswith(b"HTTP/1.1 200")
-    since = time.monotonic()
-    sock.sendall(b"\r\n")
-    return _closed_after(sock, since)
-
-
-KEEP_ALIVE_CASES = (
-    idle_after_one,
-    idle_after_pipelined,
-    pipelined_behind_a_slow_one,
-    kept_by_a_request_just_before,
-    blank_line_after_a_response,
-)
-
-
-def _keep_alive_closes(port: int) -> None:
-    with ThreadPoolExecutor(len(KEEP_ALIVE_CASES)) as pool:
-        took = dict(zip(KEEP_ALIVE_CASES, pool.map(lambda case: case(port), KEEP_ALIVE_CASES), strict=True))
-    for case, elapsed in took.items():
-        assert KEEP_ALIVE - EARLY <= elapsed <= KEEP_ALIVE + LATE, (case.__name__, elapsed)
-
-
-def test_idle_keep_alive_connections_close_at_gunicorns_keep_alive(served: Process) -> None:
-    before = sum(v["totals"]["keepalive_timeouts"] for v in views(served.port, WORKERS).values())
-    _keep_alive_closes(served.port)
-    after = sum(v["totals"]["keepalive_timeouts"] for v in views(served.port, WORKERS).values())
-    assert after >= before + len(KEEP_ALIVE_CASES)
-
-
-def test_bare_gunicorn_closes_them_at_the_same_time(tmp_path: Path) -> None:
-    with run_server(
-        command("tests.gunicorn_asgi_app:bare"), tmp_path / "bare.log", env=env(), ready_path="/"
-    ) as bare:
-        # Bare gunicorn times only what follows a response: what differs is only what connlist adds.
-        _keep_alive_closes(bare.port)
-
-
 def test_legitimate_clients_are_served(served: Process) -> None:
     port = served.port
     # Keep-alive: three requests on one connection, apart by less than the keep-alive time.
@@ -263,16 +135,6 @@ def test_legitimate_clients_are_served(served: Process) -> None:
     time.sleep(HEADERS_TIMEOUT + 0.2)
     sock.sendall(b"hello")
     assert read_response(sock).endswith(b"received 5")
-
-
-def test_websockets_are_left_alone(served: Process) -> None:
-    with ws_connect(f"ws://127.0.0.1:{served.port}/ws", open_timeout=5) as ws:
-        ws.send("a")
-        assert ws.recv(timeout=5) == "a"
-        # Idle past the headers timeout and the keep-alive time.
-        time.sleep(KEEP_ALIVE + 0.5)
-        ws.send("b")
-        assert ws.recv(timeout=5) == "b"
 
 
 def test_integration_off_leaves_gunicorn_alone(tmp_path: Path) -> None:
@@ -300,7 +162,7 @@ def test_connlist_worker_class_with_the_lifespan_off(tmp_path: Path) -> None:
         env=env(),
     ) as server:  # fmt: skip
         # gunicorn's --http-parser auto: the fast one where it is installed.
-        assert get_json(server.port, "/_connections")["mode"] == f"gunicorn-{PARSERS[-1]}"
+        assert get_json(server.port, "/_connections")["mode"] == f"gunicorn-{GUNICORN_PARSERS[-1]}"
         started = time.monotonic()
         _cut_at(connect(server.port), started, HEADERS_TIMEOUT)
 
@@ -316,87 +178,22 @@ def test_required_refuses_to_start_with_a_gunicorn_it_does_not_know(tmp_path: Pa
     assert "_arm_keepalive_timer" in output, output
 
 
-# -- the minimum body rate, the send timeout and the budget, on one worker -----
+# -- the budget, on one worker -------------------------------------------------
 
-GRACE = 1.0
-SEND_TIMEOUT = 1.0
 BUDGET = 4
 
 
-@pytest.fixture(scope="module", params=PARSERS)
+@pytest.fixture(scope="module", params=GUNICORN_PARSERS)
 def hardened(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     log = tmp_path_factory.mktemp("gunicorn-asgi-hardened") / "gunicorn.log"
-    options = {
-        "headers_timeout": 5,
-        "request_timeout": 30,
-        "body_min_rate": 500,
-        "body_grace": GRACE,
-        "send_timeout": SEND_TIMEOUT,
-        "max_connections": BUDGET,
-    }
-    # On asyncio's loop (the two-worker server runs on uvloop, gunicorn's choice where it is installed):
-    # the send timeout's reset depends on the loop's transports.
+    options = {"headers_timeout": 5, "request_timeout": 30, "max_connections": BUDGET}
+    # On asyncio's loop (the two-worker server runs on uvloop, gunicorn's choice where it is installed).
     with run_server(
         command("tests.gunicorn_asgi_app:app", "--asgi-loop", "asyncio", parser=request.param),
         log,
         env=env(**options),
     ) as server:
         yield server
-
-
-def totals(port: int) -> dict[str, int]:
-    view: dict[str, Any] = get_json(port, "/_connections")
-    assert view["mode"].startswith("gunicorn-"), view
-    result: dict[str, int] = view["totals"]
-    return result
-
-
-def test_trickled_body_is_cut_by_the_minimum_rate(hardened: Process) -> None:
-    before = totals(hardened.port)["rate_timeouts"]
-    sock = connect(hardened.port)
-    sock.sendall(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
-    started = time.monotonic()
-    sock.settimeout(0.2)
-    data = b""
-    while time.monotonic() - started < 3:
-        try:
-            sock.sendall(b"abc")  # 15 bytes/s, for a rate of 500
-            data += sock.recv(1000)
-            if data:
-                break
-        except TimeoutError:
-            continue
-        except (BrokenPipeError, ConnectionResetError):
-            break
-    rest, closed = read_until_closed(sock)
-    assert is_408(data + rest), data + rest
-    assert GRACE - EARLY <= closed - started <= GRACE + LATE, closed - started
-    assert totals(hardened.port)["rate_timeouts"] == before + 1
-
-
-def test_reader_that_stops_is_cut_by_the_send_timeout_and_reset(hardened: Process) -> None:
-    from tests.gunicorn_asgi_app import BIG
-
-    before = totals(hardened.port)["send_timeouts"]
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(5)
-    sock.connect(("127.0.0.1", hardened.port))
-    try:
-        sock.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
-        # The client reads nothing: the send timeout cuts it (within its allowance and a sample).
-        deadline = time.monotonic() + 12
-        while totals(hardened.port)["send_timeouts"] == before and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert totals(hardened.port)["send_timeouts"] == before + 1
-        # Aborted: what the client reads ends in a reset, never the whole response.
-        received = 0
-        with pytest.raises(ConnectionResetError):
-            while chunk := sock.recv(65536):
-                received += len(chunk)
-        assert received < BIG
-    finally:
-        sock.close()
 
 
 def settled(port: int) -> dict[str, int]:

@@ -31,13 +31,6 @@ from connlist.core.kinds import resolve
 from connlist.servers.gunicorn import start as gunicorn_asgi_start
 from connlist.servers.gunicorn.selfcheck import _SilentLog, _Transport
 
-try:
-    import gunicorn_h1c  # noqa: F401
-except ImportError:
-    PARSERS = ["python"]
-else:
-    PARSERS = ["python", "fast"]
-
 CONVERSATIONS = 40
 H = b"Host: x\r\n"
 REQUESTS = [
@@ -128,8 +121,8 @@ async def client_sees(cls: type, parser: str, reads: list[bytes], turns: int) ->
     return _DATE.sub(b"", bytes(transport.written)), closing
 
 
-@pytest.mark.parametrize("parser", PARSERS)
-def test_clients_see_what_gunicorn_shows_them(parser: str) -> None:
+def test_clients_see_what_gunicorn_shows_them(gunicorn_parser: str) -> None:
+    parser = gunicorn_parser
     ours, _, result = gunicorn_asgi_start.checked()
     assert ours is not None, result.failure
 

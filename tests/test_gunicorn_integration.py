@@ -23,25 +23,24 @@ from starlette.requests import ClientDisconnect
 
 from connlist.core import logs
 from connlist.core.enforcer import STATE_KEY, Enforcer
-from connlist.servers import integration
+from connlist.servers import integration, seam
 from connlist.servers.gunicorn import protocol as gunicorn_asgi
 from connlist.servers.gunicorn import selfcheck as gunicorn_asgi_check
 from connlist.servers.gunicorn import start as gunicorn_asgi_start
-from connlist.servers.uvicorn.selfcheck import CheckFailed, Result
+from connlist.servers.integration import Checked
+from connlist.servers.selfcheck import CheckFailed, Result
 
 GUNICORNS = gunicorn_protocol.ASGIProtocol
 
 
 @pytest.fixture(autouse=True)
-def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _fresh(monkeypatch: pytest.MonkeyPatch, fresh_checks: None) -> Iterator[None]:
     """Each test with gunicorn's own class in the worker module, and the process's records untouched.
 
     The start routes connlist's lines to gunicorn's error log (``logs.follow_uvicorn_logger``):
     the logger it follows, and the ``connlist`` logger's handlers and level, are restored after.
     """
     monkeypatch.setattr(gasgi, "ASGIProtocol", GUNICORNS)
-    monkeypatch.setattr(integration, "_failures", {})
-    monkeypatch.setattr(integration, "_passed", set())
     monkeypatch.delenv(integration.REQUIRE_ENV, raising=False)
     monkeypatch.setattr(logs, "_uvicorn_logger_name", logs._uvicorn_logger_name)
     saved = (list(logs.logger.handlers), logs.logger.propagate, logs.logger.level)
@@ -52,22 +51,21 @@ def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def failing(monkeypatch: pytest.MonkeyPatch, failure: str = "the check's made-up failure") -> None:
     """The build and check, as on a gunicorn connlist does not work with."""
-    monkeypatch.setattr(gunicorn_asgi_start, "_built", (None, GUNICORNS, Result(failure)))
+    monkeypatch.setitem(
+        integration._checked, gunicorn_asgi_start.KEY, Checked(None, GUNICORNS, Result(failure))
+    )
 
 
 def passing(monkeypatch: pytest.MonkeyPatch) -> type[Any]:
     cls, base, result = gunicorn_asgi_start._build()
     assert cls is not None, result.failure
-    monkeypatch.setattr(gunicorn_asgi_start, "_built", (cls, base, result))
+    monkeypatch.setitem(integration._checked, gunicorn_asgi_start.KEY, Checked(cls, base, result))
     return cls
 
 
-@pytest.mark.parametrize("parser", ["python", "fast"])
-def test_the_self_check_passes_on_the_installed_gunicorn(parser: str) -> None:
-    if parser == "fast":
-        pytest.importorskip("gunicorn_h1c")
-    cls = gunicorn_asgi.build(GUNICORNS)
-    result = gunicorn_asgi_check.run_in_thread(cls, parser)
+def test_the_self_check_passes_on_the_installed_gunicorn(gunicorn_parser: str) -> None:
+    cls = gunicorn_asgi.prepare(GUNICORNS)
+    result = gunicorn_asgi_check.run_in_thread(cls, gunicorn_parser)
     assert result.passed, result.failure
     assert "a headers timeout" in result.steps and "the keep-alive timeout" in result.steps
     assert result.seconds < 1.0
@@ -76,11 +74,11 @@ def test_the_self_check_passes_on_the_installed_gunicorn(parser: str) -> None:
 def test_the_self_check_names_a_missing_hook() -> None:
     stripped = type("Stripped", (), {"connection_made": lambda self, t: None})
     with pytest.raises(CheckFailed, match=r"Stripped has no `connection_lost`, `data_received`"):
-        gunicorn_asgi_check.check_static(stripped, gunicorn_asgi.HOOKS)
+        gunicorn_asgi_check.check_static(stripped, gunicorn_asgi_check.HOOKS)
 
 
 def test_a_class_that_fails_its_conversation_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Silent(gunicorn_asgi.build(GUNICORNS)):  # type: ignore[misc]
+    class Silent(gunicorn_asgi.prepare(GUNICORNS)):  # type: ignore[misc]
         # A gunicorn whose loop no longer arms the keep-alive where connlist hooks it.
         def _arm_keepalive_timer(self) -> None:
             pass
@@ -700,7 +698,7 @@ def test_addresses_as_asgi_has_them(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_check_reports_what_stopped_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    cls = gunicorn_asgi.build(GUNICORNS)
+    cls = gunicorn_asgi.prepare(GUNICORNS)
 
     class Broken(cls):  # type: ignore[misc, valid-type]
         def connection_made(self, transport: Any) -> None:
@@ -739,19 +737,33 @@ def test_the_start_where_gunicorn_is_not_as_expected(monkeypatch: pytest.MonkeyP
     assert gunicorn_asgi_start.parser_name(type("Cfg", (), {"http_parser": "auto"})()) == "python"
     monkeypatch.setattr(gunicorn_asgi_start, "PROTOCOL_MODULE", module)
 
-    # A class that cannot be built on gunicorn's.
-    def unbuildable(base: type) -> type:
-        raise TypeError("multiple bases have instance lay-out conflict")
-
-    monkeypatch.setattr(gunicorn_asgi, "build", unbuildable)
+    # A class that cannot be built on gunicorn's: its class statement fails at its module's import.
+    package = sys.modules["connlist.servers.gunicorn"]
+    monkeypatch.delitem(sys.modules, gunicorn_asgi.__name__)
+    monkeypatch.delattr(package, "protocol")
+    monkeypatch.setattr(seam, "SLOTS", ("connlist_mode",))
     cls, base, result = gunicorn_asgi_start._build()
     assert cls is None and base is GUNICORNS
     assert result.failure == (
         "connlist's class cannot be built on gunicorn's ASGIProtocol: "
-        "multiple bases have instance lay-out conflict"
+        "'connlist_mode' in __slots__ conflicts with class variable"
     )
+    monkeypatch.setitem(sys.modules, gunicorn_asgi.__name__, gunicorn_asgi)
+    monkeypatch.setattr(package, "protocol", gunicorn_asgi, raising=False)
+    monkeypatch.setattr(seam, "SLOTS", gunicorn_asgi.SLOTS)
+    # gunicorn's module global replaced since connlist's class was built on it.
+    other = type("Other", (GUNICORNS,), {})
+    monkeypatch.setattr(gunicorn_protocol, "ASGIProtocol", other)
+    cls, base, result = gunicorn_asgi_start._build()
+    assert cls is None and base is other
+    assert result.failure is not None
+    assert result.failure.startswith(
+        "connlist's class cannot be built on gunicorn's ASGIProtocol: connlist's class is built on "
+        "gunicorn.asgi.protocol.ASGIProtocol, not"
+    )
+    monkeypatch.setattr(gunicorn_protocol, "ASGIProtocol", GUNICORNS)
     # No gunicorn class to fall back on: the name cannot be given at all.
-    monkeypatch.setattr(gunicorn_asgi_start, "_built", (None, None, Result("gone")))
+    monkeypatch.setitem(integration._checked, gunicorn_asgi_start.KEY, Checked(None, None, Result("gone")))
     with pytest.raises(ImportError, match=r"gunicorn has no gunicorn\.asgi\.protocol\.ASGIProtocol: gone"):
         gunicorn_asgi_start.resolve()
     assert gunicorn_asgi_start.for_server(required=False) == (None, "gunicorn 27.0.1: ASGIProtocol: gone")
@@ -803,3 +815,21 @@ def test_one_warning_where_gunicorn_serves_http2_or_uwsgi(
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("connlist: gunicorn serves HTTP/2 and uWSGI connections too: connlist counts them")
     assert "the headers, request, body-rate and keep-alive timeouts are HTTP/1's" in line
+
+
+def test_the_build_and_check_run_once_and_are_recorded_in_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    builds: list[int] = []
+    build = gunicorn_asgi_start._build
+
+    def counted() -> Checked:
+        builds.append(1)
+        return build()
+
+    monkeypatch.setattr(gunicorn_asgi_start, "_build", counted)
+    assert integration.checked() is None
+    first = gunicorn_asgi_start.checked()
+    assert first.cls is not None, first.result.failure
+    assert gunicorn_asgi_start.checked() is first and gunicorn_asgi_start.resolve() is first.cls
+    assert builds == [1]
+    # What the view's integration_off reads: the class passed, in this process.
+    assert integration._checked == {gunicorn_asgi_start.KEY: first} and integration.checked() is True

@@ -1,8 +1,10 @@
-"""Slow readers, slow bodies and connections that will not close, against real uvicorn servers.
+"""Slow readers, slow bodies and connections that will not close, against real servers.
 
-Both parsers, raw sockets on 127.0.0.1, short timeouts.  Where the client
-cannot tell what happened (it reads nothing), the server's own view is
-checked: the record's state and fields, the totals, and when it left.
+uvicorn's two parsers, raw sockets on 127.0.0.1, short timeouts; the tests
+that take ``target`` run on gunicorn's own ASGI worker too
+(``tests.targets``).  Where the client cannot tell what happened (it reads
+nothing), the server's own view is checked: the record's state and fields,
+the totals, and when it left.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import logging
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +37,7 @@ from tests.servers import (
     serve,
     wait_for,
 )
+from tests.targets import SERVERS, serving
 
 
 def only_record(running: Running, mw: Any) -> Connection | None:
@@ -105,28 +109,29 @@ def server_sockets(port: int, peer: int) -> list[tuple[str, int]]:
     return found
 
 
-def test_send_timeout_cut_is_a_reset_that_releases_the_socket(parser: str) -> None:
+@pytest.mark.parametrize("server", SERVERS)
+def test_send_timeout_cut_is_a_reset_that_releases_the_socket(server: str, tmp_path: Path) -> None:
     # A client that reads nothing: once the send timeout cuts it, the
     # server's socket (and the megabytes queued in it) is gone within a
     # second, and the client sees a reset, not a response that seems to end.
-    mw = middleware(headers_timeout=5, request_timeout=30, send_timeout=1.0)
-    with serve(mw, INTEGRATED[parser]) as running:
-        sock = small_receiver(running.port)
+    options = {"headers_timeout": 5, "request_timeout": 30, "send_timeout": 1.0}
+    with serving(server, tmp_path / "server.log", **options) as target:
+        sock = small_receiver(target.port)
         peer = sock.getsockname()[1]
         sock.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert wait_for(lambda: running.call(lambda: mw.connections.stalled_count) == 1, 5)
-        queued = server_sockets(running.port, peer)
+        assert wait_for(lambda: target.counts()["stalled"] == 1, 5)
+        queued = server_sockets(target.port, peer)
         assert len(queued) == 1 and queued[0][1] > 0, queued  # established, its send queue full
-        assert wait_for(lambda: mw.enforcer.totals.send_timeouts == 1, 12)
+        assert wait_for(lambda: target.totals()["send_timeouts"] == 1, 12)
         cut = time.monotonic()
-        assert wait_for(lambda: not server_sockets(running.port, peer), 1.0), server_sockets(
-            running.port, peer
-        )
+        assert wait_for(lambda: not server_sockets(target.port, peer), 1.0), server_sockets(target.port, peer)
         assert time.monotonic() - cut <= 1.0
         sock.settimeout(5)
+        received = 0
         with pytest.raises(ConnectionResetError):
-            while sock.recv(65536):
-                pass
+            while chunk := sock.recv(65536):
+                received += len(chunk)
+        assert received < LARGE
 
 
 def test_slow_but_steady_reader_gets_every_byte(parser: str) -> None:
@@ -250,11 +255,12 @@ def test_partial_body_behind_an_unread_response_is_aborted_after_the_linger(pars
 # -- minimum body rate ----------------------------------------------------------
 
 
-def test_trickled_body_gets_408_at_the_grace(parser: str) -> None:
+@pytest.mark.parametrize("server", SERVERS)
+def test_trickled_body_gets_408_at_the_grace(server: str, tmp_path: Path) -> None:
     grace = 1.0
-    mw = middleware(headers_timeout=5, request_timeout=10, body_min_rate=500, body_grace=grace)
-    with serve(mw, INTEGRATED[parser]) as running:
-        sock = connect(running.port)
+    options = {"headers_timeout": 5, "request_timeout": 10, "body_min_rate": 500, "body_grace": grace}
+    with serving(server, tmp_path / "server.log", **options) as target:
+        sock = connect(target.port)
         sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
         started = time.monotonic()
         sock.settimeout(0.2)
@@ -274,8 +280,8 @@ def test_trickled_body_gets_408_at_the_grace(parser: str) -> None:
         # Behind from the start: cut at the end of the grace (the bytes buy
         # a few milliseconds), checked every 0.1 s at most.
         assert grace - EARLY <= closed - started <= grace + LATE, closed - started
-        assert mw.enforcer.totals.rate_timeouts == 1
-        assert mw.enforcer.totals.request_timeouts == 0
+        totals = target.totals()
+        assert (totals["rate_timeouts"], totals["request_timeouts"]) == (1, 0)
 
 
 def test_body_that_keeps_twice_the_rate_is_served(parser: str) -> None:

@@ -1,15 +1,18 @@
-"""uvicorn's keep-alive timeout, timed by connlist's list: the same closes at the same times as uvicorn's own.
+"""The servers' keep-alive timeout, timed by connlist's list: the same closes at the same times as theirs.
 
-Each case runs against real ``uvicorn`` processes started from the command
-line with ``--timeout-keep-alive``, on both parsers: plain uvicorn serving
-an app without connlist (``tests.keepalive_app:bare``), and the same app
-with ``ConnectionsMiddleware`` (the integration turns itself on).  The
-clients use raw sockets, and the cases of one server run side by side:
+Each case runs against real servers started from the command line with
+their keep-alive setting: ``uvicorn --timeout-keep-alive`` on both parsers,
+and gunicorn's own ASGI worker (``gunicorn -k asgi --keep-alive``) on its
+own.  Each serves an app without connlist (``tests.keepalive_app:bare``), and
+the same app with ``ConnectionsMiddleware`` (the integration turns itself
+on).  The clients use raw sockets, and the cases of one server run side by
+side:
 
 * a connection idle after one response is closed ``--timeout-keep-alive``
   after it;
 * after pipelined requests, the same after the last response, also when
-  one of them takes longer than the keep-alive time to answer;
+  one of them takes longer than the keep-alive time to answer (the last,
+  or the first, the others waiting behind it);
 * a request sent just before the deadline keeps the connection, which is
   then closed the keep-alive time after its response;
 * a websocket idle for longer than that stays open;
@@ -17,7 +20,7 @@ clients use raw sockets, and the cases of one server run side by side:
   its response, as uvicorn does;
 * a blank line after a response begins no request: the connection is
   still closed at the keep-alive time (uvicorn's httptools protocol would
-  hold it for good).
+  hold it for good; gunicorn's closes it so, with or without connlist).
 
 For connlist, the view counts the closes (``keepalive_timeouts``).
 """
@@ -34,14 +37,21 @@ import pytest
 from websockets.sync.client import connect as ws_connect
 
 from tests.servers import EARLY, LATE, connect, read_response, read_until_closed
-from tests.subprocesses import PYTHON, get_json, run_server
+from tests.subprocesses import PYTHON, get_json, gunicorn_command, run_server
+from tests.targets import SERVERS
 
 KEEP_ALIVE = 1.0
 GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
-APPS = {"uvicorn": "tests.keepalive_app:bare", "connlist": "tests.keepalive_app:app"}
+APPS = {"bare": "tests.keepalive_app:bare", "connlist": "tests.keepalive_app:app"}
 
 
-def _command(app: str, parser: str, keep_alive: float) -> Callable[[int], list[str]]:
+def _command(app: str, server: str, keep_alive: float) -> Callable[[int], list[str]]:
+    """``server`` (one of ``tests.targets.SERVERS``) serving ``app`` with its keep-alive setting."""
+    name, _, parser = server.partition("-")
+    if name == "gunicorn":
+        return lambda port: gunicorn_command(
+            port, app, "-k", "asgi", "--http-parser", parser, "--keep-alive", f"{keep_alive:g}", workers=1
+        )
     return lambda port: [
         PYTHON, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
         "--http", parser, "--timeout-keep-alive", f"{keep_alive:g}", "--log-level", "warning",
@@ -78,11 +88,20 @@ def pipelined_behind_a_slow_one(port: int) -> float:
     return _closed_after(sock, time.monotonic())
 
 
+def pipelined_after_a_slow_one(port: int) -> float:
+    # The second request waits behind a response slower than the keep-alive time.
+    sock = connect(port)
+    sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n" + GET)
+    assert read_response(sock).endswith(b"slow")
+    assert read_response(sock).endswith(b"ok")
+    return _closed_after(sock, time.monotonic())
+
+
 def kept_by_a_request_just_before(port: int) -> float:
     sock = connect(port)
     sock.sendall(GET)
     assert read_response(sock).startswith(b"HTTP/1.1 200")
-    time.sleep(KEEP_ALIVE - 0.2)
+    time.sleep(KEEP_ALIVE - 0.3)
     sock.sendall(GET)
     assert read_response(sock).startswith(b"HTTP/1.1 200")
     return _closed_after(sock, time.monotonic())
@@ -98,40 +117,53 @@ def websocket_outlives(port: int) -> float:
     return KEEP_ALIVE
 
 
+def blank_line_after_a_response(port: int) -> float:
+    sock = connect(port)
+    sock.sendall(GET)
+    assert read_response(sock).startswith(b"HTTP/1.1 200")
+    since = time.monotonic()
+    sock.sendall(b"\r\n")
+    return _closed_after(sock, since)
+
+
 CASES = (
     idle_after_one,
     idle_after_pipelined,
     pipelined_behind_a_slow_one,
+    pipelined_after_a_slow_one,
     kept_by_a_request_just_before,
     websocket_outlives,
 )
 # The cases that end in a keep-alive close (the view counts them).
-CLOSES = 4
+CLOSES = 5
 
 
-@pytest.mark.parametrize("parser", ["httptools", "h11"])
-@pytest.mark.parametrize("server", list(APPS))
-def test_closed_at_the_keep_alive_time(server: str, parser: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", SERVERS)
+@pytest.mark.parametrize("app", list(APPS))
+def test_closed_at_the_keep_alive_time(app: str, server: str, tmp_path: Path) -> None:
+    cases = CASES
+    if server.startswith("gunicorn"):
+        cases += (blank_line_after_a_response,)  # (uvicorn's own would hold it: see the last test)
     with run_server(
-        _command(APPS[server], parser, KEEP_ALIVE), tmp_path / "server.log", ready_path="/"
+        _command(APPS[app], server, KEEP_ALIVE), tmp_path / "server.log", ready_path="/"
     ) as running:
-        with ThreadPoolExecutor(len(CASES)) as pool:
-            took = dict(zip(CASES, pool.map(lambda case: case(running.port), CASES), strict=True))
+        with ThreadPoolExecutor(len(cases)) as pool:
+            took = dict(zip(cases, pool.map(lambda case: case(running.port), cases), strict=True))
         for case, elapsed in took.items():
             assert KEEP_ALIVE - EARLY <= elapsed <= KEEP_ALIVE + LATE, (case.__name__, elapsed)
-        if server == "connlist":
+        if app == "connlist":
             view = get_json(running.port, "/_connections")
-            assert view["mode"] == f"uvicorn-{parser}", view
+            assert view["mode"] == server, view
             # The readiness checks' connections were closed at the keep-alive time too.
             assert view["totals"]["keepalive_timeouts"] >= CLOSES, view["totals"]
         log = running.log()
     assert "keep-alive" not in log, log
 
 
-@pytest.mark.parametrize("parser", ["httptools", "h11"])
-@pytest.mark.parametrize("server", list(APPS))
-def test_keep_alive_zero_closes_after_the_response(server: str, parser: str, tmp_path: Path) -> None:
-    with run_server(_command(APPS[server], parser, 0), tmp_path / "server.log", ready_path="/") as running:
+@pytest.mark.parametrize("app", list(APPS))
+def test_keep_alive_zero_closes_after_the_response(app: str, parser: str, tmp_path: Path) -> None:
+    command = _command(APPS[app], f"uvicorn-{parser}", 0)
+    with run_server(command, tmp_path / "server.log", ready_path="/") as running:
         sock = connect(running.port)
         sock.sendall(GET)
         assert read_response(sock).startswith(b"HTTP/1.1 200")
@@ -142,12 +174,7 @@ def test_a_blank_line_after_a_response_does_not_hold_the_connection(tmp_path: Pa
     # uvicorn's httptools protocol cancels its timer at any read and arms it
     # again only after a response: a blank line would hold the connection
     # for good.  No request began, so the list still counts it idle.
-    command = _command(APPS["connlist"], "httptools", KEEP_ALIVE)
+    command = _command(APPS["connlist"], "uvicorn-httptools", KEEP_ALIVE)
     with run_server(command, tmp_path / "server.log", ready_path="/") as running:
-        sock = connect(running.port)
-        sock.sendall(GET)
-        assert read_response(sock).startswith(b"HTTP/1.1 200")
-        since = time.monotonic()
-        sock.sendall(b"\r\n")
-        elapsed = _closed_after(sock, since)
+        elapsed = blank_line_after_a_response(running.port)
         assert KEEP_ALIVE - EARLY <= elapsed <= KEEP_ALIVE + LATE, elapsed

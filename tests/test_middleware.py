@@ -19,7 +19,8 @@ from connlist import ConnectionsMiddleware
 from connlist.core.connections import Connection
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.kinds import Settings, default_max_connections
-from connlist.servers.uvicorn.selfcheck import CheckFailed, check_static
+from connlist.servers.selfcheck import CheckFailed
+from connlist.servers.uvicorn.selfcheck import check_static
 from tests.servers import (
     EARLY,
     INTEGRATED,

@@ -137,7 +137,6 @@ def _held(port: int) -> None:
         sock.recv(1)
 
 
-@pytest.mark.parametrize("parser", ["httptools", "h11"])
 def test_off_leaves_the_server_alone(parser: str, tmp_path: Path) -> None:
     env = server_env(CONNLIST_TEST_OPTIONS=json.dumps({"server_integration": "off"}))
     with run_server(_uvicorn("--http", parser), tmp_path / "server.log", env=env) as server:

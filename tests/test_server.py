@@ -34,7 +34,6 @@ def _handle_methods() -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("parser", ["httptools", "h11"])
 def test_uvicorn_protocols_take_the_transport_handle_from_the_seam(parser: str) -> None:
     cls = connlist_uvicorn._integrate(parser)
     assert issubclass(cls, server.TransportHandle), cls

@@ -9,16 +9,19 @@ connlist's changed for it.
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from typing import Any
 
 import pytest
 
 from connlist.asgi.middleware import ConnectionsMiddleware
+from connlist.core import logs
 from connlist.core.connections import Connection
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.kinds import resolve
+from connlist.servers import integration, selection
 from connlist.servers import seam as server
-from connlist.servers import selection
 from tests import fake_server
 from tests.fake_server import FakeConfig, FakeLifespan, FakeServerProtocol
 from tests.fakes import FakeClock, MemoryTransport, MockLoop
@@ -156,3 +159,56 @@ def test_tracking_requires_what_only_the_server_can_answer(enforcer: Enforcer) -
 
 async def _app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover - never called
     pass
+
+
+# -- what every line that says the integration is off says is lost ----------------
+
+
+def _said(line: str) -> tuple[list[str], list[str]]:
+    """What a line says ASGI-only mode still enforces, and what it does not."""
+    kept = re.search(r"request bodies are still timed \(([^)]*)\)", line)
+    lost = re.search(r", but (.+?) are not enforced", line)
+    assert kept is not None and lost is not None, line
+    return kept.group(1).split(", "), [
+        name.removeprefix("the ") for name in re.split(r", | and ", lost.group(1))
+    ]
+
+
+def test_every_line_of_asgi_only_mode_says_the_same(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("gunicorn.workers.gasgi")
+    pytest.importorskip("uvicorn_worker")
+    from connlist.servers.gunicorn import start as gunicorn_start
+    from connlist.servers.gunicorn import workers as gunicorn_workers
+    from connlist.servers.uvicorn import protocols as uvicorn_protocols
+
+    caplog.set_level(logging.WARNING, logger="connlist")
+    # (gunicorn's start routes connlist's lines to gunicorn's logger: restored after.)
+    monkeypatch.setattr(logs, "_uvicorn_logger_name", logs._uvicorn_logger_name)
+    # A failed check of uvicorn's, and of gunicorn's.
+    uvicorn_protocols._say_off("h11", "a made-up failure", "runs", "refuse")
+    gunicorn_start._say_off("a made-up failure", "refuse")
+    # uvicorn-worker without CONFIG_KWARGS.
+    gunicorn_workers._worker("W", type("Bare", (), {}), gunicorn_workers.AUTO_PROTOCOL, "doc")
+
+    # The middleware's WARNING at the start, and its ERROR where the first request says otherwise.
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        pass
+
+    middleware = ConnectionsMiddleware(app)
+    middleware._enforcer.integration_off = "a made-up reason"
+    middleware._tell_asgi_only(None)
+    middleware._enforcer.mode = "made-up"
+    made_up = type("MadeUp", (), {"unconfirmed": staticmethod(lambda mode: ("a made-up reason", "advice"))})
+    middleware._unconfirmed = ("made-up", middleware._enforcer.totals.connections, made_up)
+    middleware._confirm()
+    lines = [record.getMessage() for record in caplog.records if record.name.startswith("connlist")]
+    assert len(lines) == 5, lines
+    expected = (integration.asgi_only_kept(), integration.asgi_only_lost())
+    assert expected == (
+        ["request timeout", "minimum body rate"],
+        ["headers timeout", "send timeout", "connection budget"],
+    )
+    assert [_said(line) for line in lines] == [expected] * 5
+    assert sum(integration.asgi_only() in line for line in lines) == 5

@@ -1,10 +1,12 @@
-"""Headers and request timeouts against real uvicorn servers, both parsers, raw sockets.
+"""Headers and request timeouts against real servers, raw sockets: uvicorn's two parsers, and gunicorn's.
 
 Modelled on Node.js's test/parallel/test-http-server-headers-timeout-*.js,
 test-http-server-request-timeout-*.js and
 test/sequential/test-http-server-request-timeouts-mixed.js.  Headers timeout
 0.5 s, request timeout 1 s; each test asserts when the 408 (or the close)
-arrives, within [deadline - EARLY, deadline + LATE].
+arrives, within [deadline - EARLY, deadline + LATE].  The tests that take
+``target`` run on gunicorn's own ASGI worker too (``tests.targets``); those
+that take ``server`` read uvicorn's list in the test's process.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from websockets.sync.client import connect as ws_connect
@@ -32,6 +36,7 @@ from tests.servers import (
     serve,
     wait_for,
 )
+from tests.targets import SERVERS, Target, serving
 
 HEADERS_TIMEOUT = 0.5
 REQUEST_TIMEOUT = 1.0
@@ -53,6 +58,16 @@ def server(parser: str):  # type: ignore[no-untyped-def]
     assert mw.connections.active_count == 0
 
 
+@pytest.fixture(params=SERVERS)
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+    with serving(request.param, tmp_path / "server.log") as target:
+        yield target
+    if target.mw is not None:
+        # Nothing leaked: every connection left both lists.
+        assert len(target.mw.connections) == 0
+        assert target.mw.connections.active_count == 0
+
+
 def test_integration_is_in_use(server, parser: str) -> None:  # type: ignore[no-untyped-def]
     mw = server.mw
     sock = connect(server.port)
@@ -71,17 +86,17 @@ def test_integration_is_in_use(server, parser: str) -> None:  # type: ignore[no-
     assert wait_for(lambda: server.call(lambda: len(mw.connections)) == 0)
 
 
-def test_connect_and_send_nothing(server) -> None:  # type: ignore[no-untyped-def]
+def test_connect_and_send_nothing(target: Target) -> None:
     started = time.monotonic()
-    sock = connect(server.port)
+    sock = connect(target.port)
     data, closed = read_until_closed(sock)
     assert is_408(data), data
     assert_on_time(started, closed, HEADERS_TIMEOUT)
-    assert server.mw.enforcer.totals.headers_timeouts == 1
+    assert target.totals()["headers_timeouts"] == 1
 
 
-def test_interrupted_headers(server) -> None:  # type: ignore[no-untyped-def]
-    sock = connect(server.port)
+def test_interrupted_headers(target: Target) -> None:
+    sock = connect(target.port)
     time.sleep(0.2)  # the clock restarts at the first byte, as in Node
     started = time.monotonic()
     sock.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nContent-Le")
@@ -90,9 +105,9 @@ def test_interrupted_headers(server) -> None:  # type: ignore[no-untyped-def]
     assert_on_time(started, closed, HEADERS_TIMEOUT)
 
 
-def test_headers_trickled_slowly_are_cut_off(server) -> None:  # type: ignore[no-untyped-def]
+def test_headers_trickled_slowly_are_cut_off(target: Target) -> None:
     # Slowloris: a header line every 0.2 s never completes the headers.
-    sock = connect(server.port)
+    sock = connect(target.port)
     started = time.monotonic()
     sock.sendall(b"GET / HTTP/1.1\r\n")
     sock.settimeout(0.2)
@@ -112,8 +127,8 @@ def test_headers_trickled_slowly_are_cut_off(server) -> None:  # type: ignore[no
     assert_on_time(started, closed, HEADERS_TIMEOUT)
 
 
-def test_keepalive_idle_gap_is_not_timed_then_slow_second_request(server) -> None:  # type: ignore[no-untyped-def]
-    sock = connect(server.port)
+def test_keepalive_idle_gap_is_not_timed_then_slow_second_request(target: Target) -> None:
+    sock = connect(target.port)
     # A slow but timely first request: headers in 0.3 s, within 0.5 s.
     sock.sendall(b"GET / HTTP/1.1\r\n")
     time.sleep(0.3)
@@ -149,14 +164,14 @@ def test_pipelined_requests_behind_a_slow_response_are_not_cut_off(server) -> No
     sock.close()
 
 
-def test_body_stops_halfway(server) -> None:  # type: ignore[no-untyped-def]
-    sock = connect(server.port)
+def test_body_stops_halfway(target: Target) -> None:
+    sock = connect(target.port)
     started = time.monotonic()
     sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n0123456789")
     data, closed = read_until_closed(sock)
     assert is_408(data), data
     assert_on_time(started, closed, REQUEST_TIMEOUT)
-    assert server.mw.enforcer.totals.request_timeouts == 1
+    assert target.totals()["request_timeouts"] == 1
 
 
 def test_slow_but_timely_body(server) -> None:  # type: ignore[no-untyped-def]
@@ -180,16 +195,17 @@ def test_response_already_started_gets_no_408(server) -> None:  # type: ignore[n
     assert_on_time(started, closed, REQUEST_TIMEOUT)
 
 
-def test_websocket_is_never_timed_out(server) -> None:  # type: ignore[no-untyped-def]
-    with ws_connect(f"ws://127.0.0.1:{server.port}/ws", open_timeout=5) as ws:
-        # Upgraded: in the list, in neither active nor idle, and no timeout runs for it.
-        counts = server.call(lambda: server.mw.connections.counts())
-        assert (counts["all"], counts["upgraded"], counts["active"], counts["idle"]) == (1, 1, 0, 0)
+def test_websocket_is_never_timed_out(target: Target) -> None:
+    with ws_connect(f"ws://127.0.0.1:{target.port}/ws", open_timeout=5) as ws:
+        # Upgraded: in the list, in neither active nor idle, and no timeout runs for it
+        # (the other connection, active or idle, is the view's own).
+        counts = target.counts()
+        assert (counts["all"], counts["upgraded"], counts["active"] + counts["idle"]) == (2, 1, 1)
         time.sleep(REQUEST_TIMEOUT + 0.5)
         ws.send("still here")
         assert ws.recv(timeout=2) == "still here"
-        assert server.call(lambda: server.mw.connections.counts()["upgraded"]) == 1
-    assert wait_for(lambda: server.call(lambda: len(server.mw.connections)) == 0)
+        assert target.counts()["upgraded"] == 1
+    assert wait_for(lambda: target.counts()["upgraded"] == 0)
 
 
 def test_mixed_clients(server) -> None:  # type: ignore[no-untyped-def]

@@ -27,7 +27,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as PlainHttp
 
 from connlist import ConnectionsMiddleware
 from connlist.core.kinds import default_max_connections, default_max_upgraded
-from tests.servers import INTEGRATED, PLAIN, connect, echo_app, serve, wait_for
+from tests.servers import INTEGRATED, PARSERS, PLAIN, connect, echo_app, serve, wait_for
 from tests.subprocesses import PYTHON, Process, get, get_json, gunicorn_command, run_server, server_env
 from tests.test_budget import Prober, closed
 from tests.ws_client import WebSocket, upgrade
@@ -44,7 +44,7 @@ LAUNCH = (
     "resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); "
     "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
 )
-SERVERS = [*sorted(INTEGRATED), "gunicorn"]
+SERVERS = [*PARSERS, "gunicorn"]
 MODES = {"httptools": "uvicorn-httptools", "h11": "uvicorn-h11", "gunicorn": "gunicorn-"}
 
 
@@ -137,7 +137,6 @@ def test_upgraded_count_returns_to_zero_after_websockets_close(name: str, tmp_pa
         ws.close()
 
 
-@pytest.mark.parametrize("parser", sorted(INTEGRATED))
 def test_ten_thousand_websockets_in_sequence_leave_none_behind(parser: str, tmp_path: Path) -> None:
     with ws_server(parser, tmp_path) as server:
         for i in range(SEQUENCE):

@@ -437,10 +437,8 @@ class ConnectionsMiddleware(ListOwner):
         enforcer = self._enforcer
         enforcer.asgi_told = True
         log.warning(
-            "ASGI-only mode: the request timeout (%gs) and the minimum body rate apply to "
-            "request bodies, but the headers timeout, the send timeout and the connection budget need the "
-            "server integration. Why it is off: %s. To turn it on: %s",
-            enforcer.request_timeout,
+            "%s. Why it is off: %s. To turn it on: %s",
+            integration.asgi_only(),
             enforcer.integration_off,
             advice or integration.FELL_BACK,
         )
@@ -505,10 +503,9 @@ class ConnectionsMiddleware(ListOwner):
         enforcer.integration_off = reason
         enforcer.asgi_told = True
         log.error(
-            "the server integration is off: %s. connlist runs in ASGI-only mode: request bodies are "
-            "still timed (request timeout, minimum body rate), but the headers timeout and the send timeout "
-            "are not enforced, nor the connection budget. %s",
+            "the server integration is off: %s. connlist runs in %s. %s",
             reason,
+            integration.asgi_only(),
             advice,
         )
 

@@ -12,12 +12,24 @@ A server's start-up side is a module that implements ``Server``
 (``connlist.servers.uvicorn.start`` is uvicorn's); its protocol classes record
 here whether their self-check passed (``record_pass``, ``record_failure``),
 so that a server that does not tell its protocol can still be told about.
+A server builds and checks its class once per process through ``check_once``,
+whose outcome is kept here too: the process's records of its checks are
+this module's, and a test that wants a fresh process resets them here.
+
+Where the integration is off, every line that says so (the middleware's
+WARNING, a failed check's ERROR line, uvicorn-worker's) says what is lost
+in the same words: ``asgi_only``, composed from the table of timeout kinds.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
+
+from connlist.core.kinds import TIMEOUT_KINDS
+from connlist.servers.selfcheck import Result
 
 __all__ = [
     "FELL_BACK",
@@ -25,8 +37,13 @@ __all__ = [
     "OFF",
     "POLICIES",
     "REQUIRE_ENV",
+    "Checked",
     "Server",
     "Start",
+    "asgi_only",
+    "asgi_only_kept",
+    "asgi_only_lost",
+    "check_once",
     "check_policy",
     "checked",
     "effective_policy",
@@ -47,6 +64,28 @@ POLICIES = ("auto", "required", "off")
 _failures: dict[type, str] = {}
 # connlist's protocol classes that passed their check.
 _passed: set[type] = set()
+# Each server's build and check of its class, by the server's key (``check_once``).
+_checked: dict[str, Checked] = {}
+_lock = threading.RLock()
+
+
+class Checked(NamedTuple):
+    """A server's build and check of connlist's class: the class if it passed, the server's, the result."""
+
+    cls: type[Any] | None
+    base: type | None
+    result: Result
+
+
+def check_once(key: str, build: Callable[[], Checked]) -> Checked:
+    """``build()``'s outcome for the server ``key``, once per process (a class that passed is recorded)."""
+    with _lock:
+        found = _checked.get(key)
+        if found is None:
+            found = _checked[key] = build()
+            if found.cls is not None:
+                record_pass(found.cls)
+        return found
 
 
 def _required_by_env() -> bool | None:
@@ -116,6 +155,33 @@ NO_LIFESPAN = (
     "the ASGI lifespan did not reach this middleware before its first request (the lifespan is off, or "
     "the middleware is on a mounted app), and connlist turns the integration on at the lifespan's startup"
 )
+
+
+# What a server integration enforces beyond the timeouts' table, and ASGI-only mode cannot.
+BUDGET = "connection budget"
+
+
+def asgi_only_kept() -> list[str]:
+    """The timeouts ASGI-only mode still enforces (it sees a request once its headers are in)."""
+    return [kind.label for kind in TIMEOUT_KINDS if kind.asgi]
+
+
+def asgi_only_lost() -> list[str]:
+    """What only the server integration enforces: the timeouts ASGI-only mode cannot, and the budget.
+
+    The server's keep-alive (no setting of connlist's) is left out: in
+    ASGI-only mode the server times it itself.
+    """
+    return [kind.label for kind in TIMEOUT_KINDS if not kind.asgi and kind.setting is not None] + [BUDGET]
+
+
+def asgi_only() -> str:
+    """ASGI-only mode in one clause, for every line that says the integration is off: what stays, what not."""
+    lost = [f"the {label}" for label in asgi_only_lost()]
+    return (
+        f"ASGI-only mode: request bodies are still timed ({', '.join(asgi_only_kept())}), but "
+        f"{', '.join(lost[:-1])} and {lost[-1]} are not enforced"
+    )
 
 
 class Start(NamedTuple):

@@ -435,7 +435,8 @@ class Tracking(TransportHandle):
     # Provided by the server's protocol.
     transport: Any
     # The server's connection_made and connection_lost, where its class's
-    # own replace Tracking's (connlist.servers.uvicorn.protocols names them on the class it builds).
+    # own replace Tracking's, named on connlist's class (connlist.servers.gunicorn.protocol's
+    # ASGIProtocol; connlist.servers.uvicorn.protocols's classes).
     _connlist_base_made: Callable[[Any], None]
     _connlist_base_lost: Callable[[Exception | None], None]
     client: tuple[str, int] | None

@@ -7,6 +7,13 @@ config, ``ConnectionsMiddleware`` puts connlist's subclass there at the
 lifespan startup (``connlist.servers.gunicorn.start``), once the class passed
 its self-check (``connlist.servers.gunicorn.selfcheck``).
 
+``ASGIProtocol`` below is that subclass: ``Tracking`` (the feeder's duties
+that read nothing of gunicorn's) and gunicorn's own class are its bases,
+and each of gunicorn's methods it calls is named on it or called through
+gunicorn's class.  The start imports this module only once the methods it
+hooks were found on gunicorn's class (``selfcheck.HOOKS``), so a gunicorn
+that renamed one gets its own class back, not an import error.
+
 How it tells the list's events from gunicorn's state
 ----------------------------------------------------
 
@@ -65,9 +72,12 @@ and closed before gunicorn's websocket side runs, and the app never sees it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+# gunicorn ships no type hints: its names are Any to mypy.  This module is
+# imported once the self-check's static part passed (``connlist.servers.gunicorn.start``).
+from gunicorn.asgi import protocol as gunicorn_protocol  # type: ignore[import-untyped, import-not-found, unused-ignore]
+from gunicorn.asgi.parser import PythonProtocol  # type: ignore[import-untyped, import-not-found, unused-ignore]
 from starlette.requests import ClientDisconnect
 
 from connlist.core.connections import Connection
@@ -85,38 +95,8 @@ from connlist.servers.seam import (
     headers_received,
 )
 
-# gunicorn ships no type hints: its names are Any to mypy.
-try:
-    from gunicorn.asgi import protocol as gunicorn_protocol  # type: ignore[import-untyped, import-not-found, unused-ignore]
-    from gunicorn.asgi.parser import PythonProtocol  # type: ignore[import-untyped, import-not-found, unused-ignore]
-except ImportError:  # pragma: no cover - gunicorn is not installed, or has no ASGI worker
-    gunicorn_protocol = None
-    PythonProtocol = None
+__all__ = ["STATELESS", "ASGIProtocol", "mode_of_parser", "prepare"]
 
-__all__ = ["EXTRA_SLOTS", "HOOKS", "STATELESS", "ASGITracking", "build", "mode_of_parser"]
-
-# The methods of gunicorn's protocol that connlist's class overrides or calls
-# (the self-check looks for each before it builds a class on them).
-HOOKS = (
-    "connection_made",
-    "connection_lost",
-    "data_received",
-    "pause_writing",
-    "resume_writing",
-    "_feed_callback_parser",
-    "_serve_http_request",
-    "_handle_http_request",
-    "_arm_keepalive_timer",
-    "_keepalive_timeout",
-    "_handle_websocket",
-    "_handle_h2c_upgrade",
-    "_handle_connection",
-    "_check_h1c_protocol_available",
-)
-
-# The attribute connlist's class adds to gunicorn's protocol, beyond ``connlist.servers.seam.SLOTS``:
-# the last request whose headers came in (its method and path, for the view).
-EXTRA_SLOTS = ("_connlist_last",)
 # How deep the connection loop's awaits are followed to the request's task.
 _AWAIT_DEPTH = 8
 
@@ -164,38 +144,61 @@ def _address(address: Any) -> Any:
 
 if TYPE_CHECKING:
 
-    class _Base:
-        """gunicorn's protocol as mypy sees it: untyped, every attribute Any."""
+    class _Gunicorn:
+        """gunicorn's protocol as mypy sees it (untyped): the methods connlist's class calls, the rest Any."""
 
         _closed: bool
         log: Any
+
+        def __init__(self, worker: Any) -> None: ...
+
+        def connection_made(self, transport: Any) -> None: ...
+
+        def connection_lost(self, exc: Exception | None) -> None: ...
+
+        def pause_writing(self) -> None: ...
+
+        def resume_writing(self) -> None: ...
+
+        def _feed_callback_parser(self, data: Any) -> bool: ...
+
+        def _arm_keepalive_timer(self) -> None: ...
+
+        async def _handle_websocket(self, request: Any, sockname: Any, peername: Any) -> None: ...
+
+        async def _handle_h2c_upgrade(self, request: Any) -> None: ...
 
         def __getattr__(self, name: str) -> Any: ...
 
         def __setattr__(self, name: str, value: Any) -> None: ...
 
 else:
-    _Base = object
+    _Gunicorn = gunicorn_protocol.ASGIProtocol
 
-# gunicorn's class: its methods are called as ``_G.method(self)``, not through
-# ``super()``; those a connection or a request calls, through names on the
-# class ``build`` makes (``_connlist_base_*``), as uvicorn's are (docs/benchmarks.md).
-_G: Any = None if gunicorn_protocol is None else gunicorn_protocol.ASGIProtocol
-_SERVE_CODE = getattr(getattr(_G, "_serve_http_request", None), "__code__", None)
+_SERVE_CODE = getattr(getattr(_Gunicorn, "_serve_http_request", None), "__code__", None)
 
 
-class ASGITracking(Tracking, _Base):
+class ASGIProtocol(Tracking, _Gunicorn):
     """gunicorn's ASGI protocol, feeding connlist from what each read changed (see the module)."""
 
-    __slots__ = ()
+    # connlist's attributes (``seam.SLOTS``), and the last request whose
+    # headers came in (its method and path, for the view): slots, as on
+    # uvicorn's (docs/benchmarks.md, "The request path's tricks, each measured").
+    __slots__ = (*SLOTS, "_connlist_last")
 
     connlist_mode = "gunicorn-python"
     connlist_keepalive = True
     connlist_keepalive_not = ""
 
     _connlist_last: Any
-    # gunicorn's, named on the class (``build``).
-    _connlist_base_feed: Callable[[Any], bool]
+
+    # gunicorn's methods that a connection or a read calls, named on this
+    # class: a bound method found on the type, where ``super()`` or a look-up
+    # on gunicorn's class costs more per call (docs/benchmarks.md).  The
+    # rarer ones are called through gunicorn's class (``_Gunicorn.x(self)``).
+    _connlist_base_made = _Gunicorn.connection_made
+    _connlist_base_lost = _Gunicorn.connection_lost
+    _connlist_base_feed = _Gunicorn._feed_callback_parser
 
     def _connlist_tell(self, state: Any, loop: Any, keep_alive: float | None) -> Any:
         """Once per loop (``Tracking._connlist_setup``): also what of gunicorn's settings the list can use."""
@@ -358,7 +361,7 @@ class ASGITracking(Tracking, _Base):
         # ConnectionsList.response_complete: idle from now, in the idle queue.
         enforcer.connections.response_complete(record)
         if not enforcer.keep_alive_timed:
-            _G._arm_keepalive_timer(self)
+            _Gunicorn._arm_keepalive_timer(self)
             return
         due = record.idle_at + self._keepalive
         if due < enforcer.timer_at:
@@ -401,11 +404,11 @@ class ASGITracking(Tracking, _Base):
         if record is not None and not self._connlist.upgrade(record, request.method, request.path):
             self._connlist_phase = UPGRADE_REFUSED
             return
-        await _G._handle_websocket(self, request, sockname, peername)
+        await _Gunicorn._handle_websocket(self, request, sockname, peername)
 
     async def _handle_h2c_upgrade(self, request: Any) -> None:
         self._connlist_untimed(self._connlist_record)  # type: ignore[arg-type]  # set by connection_made
-        await _G._handle_h2c_upgrade(self, request)
+        await _Gunicorn._handle_h2c_upgrade(self, request)
 
     # -- what the enforcer's handle reads of gunicorn's state ------------------
 
@@ -470,23 +473,20 @@ class ASGITracking(Tracking, _Base):
         return bool(self._reading_paused)
 
 
-def build(base: type) -> type[Any]:
-    """connlist's class on gunicorn's ``base``: the mixin's methods, connlist's slots, the base's it calls.
+def prepare(base: type) -> type[ASGIProtocol]:
+    """connlist's class, once gunicorn's ``base`` (the class it is built on) filled its parser cache.
 
     gunicorn caches whether gunicorn_h1c is there on the class it is
     called on, and reads the cache on its own class (by name): called first
     on a subclass, the cache would be the subclass's, and gunicorn's
     ``--http-parser auto`` would take the python parser.  So gunicorn's own
-    class fills its cache first.
+    class fills its cache first.  A ``base`` other than the class this
+    module was built on (gunicorn's module global replaced since) is a
+    ``TypeError``.
     """
+    if base is not _Gunicorn:
+        raise TypeError(
+            f"connlist's class is built on {_Gunicorn.__module__}.{_Gunicorn.__qualname__}, not {base!r}"
+        )
     base._check_h1c_protocol_available()  # type: ignore[attr-defined]
-    namespace = {
-        "__slots__": SLOTS + EXTRA_SLOTS,
-        "__module__": __name__,
-        "__qualname__": "ASGIProtocol",
-        "__doc__": ASGITracking.__doc__,
-        "_connlist_base_made": getattr(base, "connection_made", None),
-        "_connlist_base_lost": getattr(base, "connection_lost", None),
-        "_connlist_base_feed": getattr(base, "_feed_callback_parser", None),
-    }
-    return type("ASGIProtocol", (ASGITracking, base), namespace)
+    return ASGIProtocol

@@ -41,9 +41,28 @@ from typing import Any, cast
 from connlist.core.connections import Connection, connection_state
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.kinds import resolve
-from connlist.servers.uvicorn.selfcheck import CheckFailed, MemoryTransport, Result, run_on_own_loop
+from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, run_on_own_loop
 
-__all__ = ["check_static", "run_in_thread"]
+__all__ = ["HOOKS", "check_static", "run_in_thread"]
+
+# The methods of gunicorn's protocol that connlist's class overrides or calls:
+# each is looked for before ``connlist.servers.gunicorn.protocol`` builds the class on them.
+HOOKS = (
+    "connection_made",
+    "connection_lost",
+    "data_received",
+    "pause_writing",
+    "resume_writing",
+    "_feed_callback_parser",
+    "_serve_http_request",
+    "_handle_http_request",
+    "_arm_keepalive_timer",
+    "_keepalive_timeout",
+    "_handle_websocket",
+    "_handle_h2c_upgrade",
+    "_handle_connection",
+    "_check_h1c_protocol_available",
+)
 
 HEADERS_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 30.0

@@ -27,10 +27,10 @@ from __future__ import annotations
 import asyncio
 import importlib
 import sys
-import threading
 from typing import Any
 
 from connlist.core.logs import follow_uvicorn_logger, log, route_to_server
+from connlist.core.version import __version__
 from connlist.servers import integration
 from connlist.servers.integration import FELL_BACK, OFF, Start, off
 
@@ -52,9 +52,8 @@ PROTOCOL_MODULE = "gunicorn.asgi.protocol"
 WORKER_MODULE = "gunicorn.workers.gasgi"
 NAME = "ASGIProtocol"
 
-_lock = threading.RLock()
-# The build and check, once per process: (connlist's class or None, gunicorn's class or None, result).
-_built: tuple[type[Any] | None, type | None, Any] | None = None
+# The key of gunicorn's build and check in ``integration.check_once``.
+KEY = "gunicorn"
 
 
 def _gunicorn_version() -> str:
@@ -85,10 +84,9 @@ def parser_name(cfg: Any) -> str:
     return "python"
 
 
-def _build() -> tuple[type[Any] | None, type | None, Any]:
-    from connlist.servers.gunicorn import protocol as gunicorn_asgi
+def _build() -> integration.Checked:
     from connlist.servers.gunicorn import selfcheck as gunicorn_asgi_check
-    from connlist.servers.uvicorn.selfcheck import CheckFailed, Result
+    from connlist.servers.selfcheck import CheckFailed, Result
 
     base: type | None = None
     try:
@@ -96,22 +94,22 @@ def _build() -> tuple[type[Any] | None, type | None, Any]:
         base = getattr(module, NAME, None)
         if not isinstance(base, type):
             raise CheckFailed(f"{PROTOCOL_MODULE} has no class {NAME}")
-        gunicorn_asgi_check.check_static(base, gunicorn_asgi.HOOKS)
+        gunicorn_asgi_check.check_static(base, gunicorn_asgi_check.HOOKS)
         try:
-            cls = gunicorn_asgi.build(base)
-        except TypeError as exc:
+            # connlist's class statement runs here, at its module's first import.
+            from connlist.servers.gunicorn import protocol as gunicorn_asgi
+
+            cls = gunicorn_asgi.prepare(base)
+        except (TypeError, ValueError, AttributeError) as exc:
             raise CheckFailed(f"connlist's class cannot be built on gunicorn's {NAME}: {exc}") from None
     except CheckFailed as failed:
-        return None, base, Result(str(failed))
+        return integration.Checked(None, base, Result(str(failed)))
     except ImportError as exc:
-        return None, base, Result(f"gunicorn has no {PROTOCOL_MODULE} ({exc})")
+        return integration.Checked(None, base, Result(f"gunicorn has no {PROTOCOL_MODULE} ({exc})"))
     result = gunicorn_asgi_check.run_in_thread(cls, "python")
     if result.passed and parser_name(_FastConfig()) == "fast":
         result = gunicorn_asgi_check.run_in_thread(cls, "fast")
-    if not result.passed:
-        return None, base, result
-    integration.record_pass(cls)
-    return cls, base, result
+    return integration.Checked(cls if result.passed else None, base, result)
 
 
 class _FastConfig:
@@ -120,22 +118,13 @@ class _FastConfig:
     http_parser = "auto"
 
 
-def checked() -> tuple[type[Any] | None, type | None, Any]:
+def checked() -> integration.Checked:
     """``_build``'s outcome, built once per process (the worker class and the lifespan share it)."""
-    global _built
-    with _lock:
-        if _built is None:
-            _built = _build()
-        return _built
+    return integration.check_once(KEY, _build)
 
 
 def _failure_text(failure: str) -> tuple[str, str]:
-    from connlist.servers.uvicorn.protocols import _connlist_version
-
-    what = (
-        f"connlist {_connlist_version()} does not work with gunicorn {_gunicorn_version()} "
-        f"({NAME}: {failure})"
-    )
+    what = f"connlist {__version__} does not work with gunicorn {_gunicorn_version()} ({NAME}: {failure})"
     advice = (
         f"connlist is tested with gunicorn {TESTED_GUNICORN}: pin gunicorn to it (pip install "
         f"'gunicorn=={TESTED_GUNICORN}'), or upgrade connlist."
@@ -152,9 +141,9 @@ def _say_off(failure: str, refuse: str) -> None:
     _route()
     log.error(
         "the server integration is off: %s. gunicorn's ASGI worker keeps its own protocol and connlist runs "
-        "in ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but the "
-        "headers timeout and the send timeout are not enforced. %s %s",
+        "in %s. %s %s",
         what,
+        integration.asgi_only(),
         advice,
         refuse,
     )

@@ -83,9 +83,8 @@ def _base_kwargs(cls: Any, http: str) -> dict[str, Any] | None:
     message = (
         f"{PREFIX}the server integration is off: connlist cannot configure uvicorn-worker {version}: "
         f"{cls.__qualname__} has no CONFIG_KWARGS dict (connlist is tested with uvicorn-worker 0.4). The "
-        "workers run uvicorn-worker's own protocol and connlist runs in ASGI-only mode: request bodies are "
-        "still timed, but the headers timeout and the send timeout are not enforced. Pin uvicorn-worker "
-        "to 0.4, or upgrade connlist."
+        f"workers run uvicorn-worker's own protocol and connlist runs in {integration.asgi_only()}. "
+        "Pin uvicorn-worker to 0.4, or upgrade connlist."
     )
     if integration.require_integration():
         raise ImportError(f"{message} {integration.REQUIRE_ENV}=1: refusing to start.")

@@ -308,11 +308,11 @@ def _say_off(parser: str, failure: str, verb: str, refuse: str) -> None:
     route_to_server()
     log.error(
         "the server integration is off: %s. The server %s uvicorn's own %s protocol and connlist runs in "
-        "ASGI-only mode: request bodies are still timed (request timeout, minimum body rate), but the "
-        "headers timeout and the send timeout are not enforced. %s %s",
+        "%s. %s %s",
         what,
         verb,
         parser,
+        integration.asgi_only(),
         advice,
         refuse,
     )

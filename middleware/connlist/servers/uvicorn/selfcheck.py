@@ -48,15 +48,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from connlist.core.connections import Connection, connection_state
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.kinds import resolve
+from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, run_on_own_loop
 from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
 from connlist.servers.uvicorn.websocket import Held
 
@@ -77,60 +75,6 @@ REQUEST_TIMEOUT = 30.0
 
 # How long the conversation may take before it counts as failed (it takes milliseconds).
 LIMIT = 10.0
-
-
-class CheckFailed(Exception):
-    """One thing uvicorn does differently from what connlist relies on (the message says what)."""
-
-
-@dataclass
-class Result:
-    """The outcome of one protocol class's check."""
-
-    # None if the check passed, else what failed, in one sentence.
-    failure: str | None
-    # The name of the logger uvicorn's protocol writes to ("uvicorn.error"), if the check got that far.
-    logger_name: str | None = None
-    seconds: float = 0.0
-    steps: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return self.failure is None
-
-
-class MemoryTransport(asyncio.Transport):
-    """A transport that keeps what is written and tells the peer's address: no socket."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.closing = False
-        self.protocol: Any = None
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self.protocol = protocol
-
-    def get_protocol(self) -> Any:
-        return self.protocol
 
 
 class _StubWebSocket(asyncio.Protocol):
@@ -560,41 +504,3 @@ def run_in_thread(cls: type, base: type, parser: str) -> Result:
     except Exception as exc:
         return Result(f"uvicorn's Config could not be loaded for the check: {type(exc).__name__}: {exc}")
     return run_on_own_loop(lambda: check_protocol(cls, base, parser, config), LIMIT, "connlist-selfcheck")
-
-
-def run_on_own_loop(check: Callable[[], Awaitable[Result]], limit: float, name: str) -> Result:
-    """A server's check (``check()``) on a new event loop in a short-lived thread named ``name``.
-
-    Within ``limit`` seconds, or its result says it did not finish; what
-    it leaves running is cancelled, and the loop closed.  Its ``seconds``
-    are the whole run's.
-    """
-    results: list[Result] = []
-    started = time.perf_counter()
-
-    def run() -> None:
-        loop = asyncio.new_event_loop()
-        try:
-            results.append(loop.run_until_complete(asyncio.wait_for(check(), limit)))
-        except BaseException as exc:  # a timeout, or worse: the check failed
-            results.append(Result(f"the scripted conversation did not finish: {type(exc).__name__} {exc}"))
-        finally:
-            try:
-                tasks = asyncio.all_tasks(loop)
-                for task in tasks:
-                    task.cancel()
-                if tasks:
-                    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            finally:
-                loop.close()
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    thread.join(limit + 5)
-    if not results:  # pragma: no cover - the loop's own timeout ends it first
-        return Result(
-            "the scripted conversation did not finish in time", seconds=time.perf_counter() - started
-        )
-    result = results[0]
-    result.seconds = time.perf_counter() - started
-    return result
