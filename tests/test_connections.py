@@ -15,8 +15,9 @@ from typing import NamedTuple
 import pytest
 
 from connlist.core.budget import body_slowest, headers_oldest, idle_expired, idle_oldest
+from connlist.core.checks import check_timeout
 from connlist.core.connections import Connection, ConnectionsList, connection_state
-from connlist.core.kinds import SEND_STEP, SEND_STEP_LIMIT, Settings, check_timeout, deadline, send_allowance
+from connlist.core.kinds import SEND_STEP, SEND_STEP_LIMIT, Settings, deadline, send_allowance
 from connlist.core.sweep import lingered, rate_expired, stall_sample, stalled_due
 from tests.fakes import T0, FakeClock
 

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from connlist.core.checks import default_max_upgraded
 from connlist.core.connections import ConnectionsList, connection_state
 from connlist.core.enforcer import Enforcer
-from connlist.core.kinds import Settings, default_max_upgraded, resolve
+from connlist.core.kinds import Settings, resolve
 from connlist.core.logs import Summary
 from connlist.observe import page
 from connlist.observe.debug import budget_view, describe

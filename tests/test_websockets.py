@@ -26,7 +26,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol as PlainH11
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as PlainHttpTools
 
 from connlist import ConnectionsMiddleware
-from connlist.core.kinds import default_max_connections, default_max_upgraded
+from connlist.core.checks import default_max_connections, default_max_upgraded
 from tests.servers import INTEGRATED, PLAIN, connect, echo_app, serve, wait_for
 from tests.subprocesses import PYTHON, Process, get, get_json, gunicorn_command, run_server, server_env
 from tests.test_budget import Prober, closed
