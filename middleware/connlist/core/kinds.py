@@ -289,7 +289,7 @@ class Timed(Protocol):
     @property
     def receiving_body(self) -> bool: ...
     @property
-    def stalled(self) -> bool: ...
+    def is_stalled(self) -> bool: ...
     @property
     def last_message_start(self) -> float: ...
     @property
@@ -331,7 +331,7 @@ def deadline(conn: Timed, settings: Settings) -> tuple[TimeoutKind, float] | Non
             if due < when:
                 kind, when = "rate", due
         return None if when == _INF else (kind, when)
-    if conn.stalled and settings.send_timeout:
+    if conn.is_stalled and settings.send_timeout:
         return "send", conn.out_since + settings.send_timeout
     return None
 

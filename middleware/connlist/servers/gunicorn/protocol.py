@@ -360,7 +360,7 @@ class ASGITracking(Tracking, _Base):
         if not enforcer.keep_alive_timed:
             _G._arm_keepalive_timer(self)
             return
-        due = record.idle_at + self._keepalive
+        due = record.responded_at + self._keepalive
         if due < enforcer.timer_at:
             enforcer.wake_by(due)
 
