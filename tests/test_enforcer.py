@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import typing
+import unittest.mock
 
 import pytest
 
@@ -308,16 +310,29 @@ def test_cancel_forgets_the_sweep_that_carries_on(clock: FakeClock, loop: MockLo
     assert len(loop.armed) == 1
 
 
-def test_cancel_on_a_closed_loop_forgets_without_touching_it(clock: FakeClock, loop: MockLoop) -> None:
+def test_cancel_on_a_closed_loop_forgets_the_timer(clock: FakeClock, loop: MockLoop) -> None:
     enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
     connect(enforcer)
     timer = loop.later[0]
     loop.closed = True
-    enforcer.cancel()
-    assert not timer.cancelled  # a closed loop's handles are left alone
+    enforcer.cancel()  # (cancelling a handle of a closed loop does nothing on asyncio's and uvloop's)
+    assert timer.cancelled and enforcer.timer_at == math.inf
     loop.closed = False
-    enforcer.watch()  # forgotten: the next server's loop gets a timer of its own
-    assert len(loop.later) == 2
+    enforcer.watch()  # forgotten: a timer of its own
+    assert loop.armed == [T0 + 10]
+
+
+def test_a_closed_server_loop_is_forgotten_for_the_running_one(clock: FakeClock) -> None:
+    # A server stopped and the enforcer serves the next one: its first arming
+    # finds the old server's loop closed and arms on the loop running now.
+    old, new = MockLoop(clock), MockLoop(clock)
+    enforcer = Enforcer(resolve(headers_timeout=10, request_timeout=30), clock=clock)
+    enforcer.attach(typing.cast(asyncio.AbstractEventLoop, old), None)
+    old.closed = True
+    running = typing.cast(asyncio.AbstractEventLoop, new)
+    with unittest.mock.patch("asyncio.get_running_loop", return_value=running):
+        connect(enforcer)
+    assert enforcer.attached_loop is None and old.later == [] and new.armed == [T0 + 10]
 
 
 def test_bring_forward_moves_a_later_timer_only(clock: FakeClock, loop: MockLoop) -> None:

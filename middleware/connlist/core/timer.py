@@ -36,9 +36,11 @@ iteration (``call_soon``), so requests of other clients are served in
 between.
 
 The timer runs on the loop the enforcer was given, else on the loop of the
-server's protocols (``attached_loop``, while it is open), else on the loop
-running when it is armed.  A loop is used through ``call_later``,
-``call_soon`` and ``is_closed`` only.
+server's protocols (``attached_loop``), else on the loop running when it is
+armed; a server's loop that refuses it (closed: a server that stopped, and
+the enforcer serves the next one) is forgotten for the running one.  A loop
+is used through ``call_later`` and ``call_soon`` only; cancelling a handle of
+a closed loop does nothing, on asyncio's and uvloop's.
 """
 
 from __future__ import annotations
@@ -78,7 +80,6 @@ class Timer:
         # Which arming the armed timer is: a timer that was replaced, yet
         # still fires (a loop that cannot cancel), does nothing.
         self._arming = 0
-        self._timer_loop: asyncio.AbstractEventLoop | None = None
         # A sweep that ran out of its time continues at the next iteration.
         self._continuing = False
         self._soon: asyncio.Handle | None = None
@@ -99,19 +100,14 @@ class Timer:
 
     def cancel(self) -> None:
         """Forget the timer (and a sweep waiting to carry on): a server is starting, or nothing is due."""
-        loop = self._timer_loop
-        live = loop is not None and not loop.is_closed()
         if self._timer is not None:
-            if live:
-                self._timer.cancel()
+            self._timer.cancel()
             self._timer = None
             self.timer_at = math.inf
         if self._soon is not None:
-            if live:
-                self._soon.cancel()
+            self._soon.cancel()
             self._soon = None
             self._continuing = False
-        self._timer_loop = None
 
     def bring_forward(self, when: float) -> None:
         """Make sure the timer fires by ``when`` (a clock value): for clocks started outside a sweep."""
@@ -157,21 +153,19 @@ class Timer:
         self._set_timer(now, due)
 
     def _set_timer(self, now: float, due: float) -> None:
-        loop = self._loop()
+        # On the given loop, else the protocols' (``attach``), else the running one.
+        loop = self.loop or self.attached_loop or asyncio.get_running_loop()
         delay = max(due - now, 0.0)
         self._arming += 1
-        self._timer = loop.call_later(delay, self._sweep, self._arming)
+        try:
+            self._timer = loop.call_later(delay, self._sweep, self._arming)
+        except RuntimeError:
+            if loop is not self.attached_loop:
+                raise
+            # The server's loop is closed (asyncio and uvloop refuse then).
+            self.attached_loop = None
+            self._timer = asyncio.get_running_loop().call_later(delay, self._sweep, self._arming)
         self.timer_at = now + delay
-        self._timer_loop = loop
-
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        """Where the timer runs: the given loop, else the protocols' (``attach``), else the running one."""
-        if self.loop is not None:
-            return self.loop
-        attached = self.attached_loop
-        if attached is not None and not attached.is_closed():
-            return attached
-        return asyncio.get_running_loop()
 
     def _sweep(self, arming: int = 0) -> None:
         if arming and arming != self._arming:
@@ -188,6 +182,5 @@ class Timer:
             # Out of time: carry on at the next loop iteration, after the
             # I/O that is ready (other clients) has been served.
             self._continuing = True
-            loop = self._loop()
+            loop = self.loop or self.attached_loop or asyncio.get_running_loop()
             self._soon = loop.call_soon(self._sweep)
-            self._timer_loop = loop
