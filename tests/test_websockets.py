@@ -239,7 +239,7 @@ def test_each_websocket_implementation_holds_and_releases_the_record(parser: str
         sockets = [upgrade(running.port) for _ in range(3)]
         assert [s.status for s in sockets] == [101, 101, 503]
         assert sockets[0].echo("hello")
-        records = running.call(lambda: [c for c in enforcer.connections.all() if c.upgraded])
+        records = running.call(lambda: [c for c in enforcer.connections.all() if c.is_upgraded])
         assert len(records) == 2 and all(r.handle is None and r.path == "/ws" for r in records)
         for s in sockets:
             s.close()

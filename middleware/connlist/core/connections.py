@@ -53,8 +53,9 @@ arrives whole::
                 until they close, for the view and the budget (Node drops them)
     idle_queue  idle connections by when their idle time began, for the
                 keep-alive timeout and the budget's choice of what to
-                close (``connlist.core.budget``; ``idle()`` is Node's view): a
-                heap, whose keys the sweep corrects as it finds them late
+                close (``connlist.core.sweep``, ``connlist.core.budget``;
+                ``idle()`` is Node's view): a heap, whose keys the sweep
+                corrects as it finds them late
 
 A record is in at most one of ``stalled``, ``closing`` and ``upgraded``
 (one link, ``out_state`` says which).  A connection closed to make room
@@ -168,7 +169,7 @@ class ConnectionsList(ListViews):
         self.stalled: Queue[Connection] = Queue("_out_link", "out_sampled")
         self.closing: Queue[Connection] = Queue("_out_link", "out_since")
         self.upgraded: Queue[Connection] = Queue("_out_link", "out_since")
-        # ``idle()`` is Node's view; this is the budget's queue (connlist.core.budget).
+        # ``idle()`` is Node's view; this is the keep-alive's and the budget's (connlist.core.sweep).
         self.idle_queue: Heap[Connection] = Heap("_idle_entry", "idle_since")
         # ASGI-only mode's requests without a body (see Received).
         self.received: dict[int, tuple[float, Any]] = {}
@@ -351,7 +352,7 @@ class ConnectionsList(ListViews):
             # Its response ended first: keyed by the message's start, with no
             # clock read, as no idle time began before it.  One still
             # responding joins at response_complete; one still queued stays,
-            # keyed as early (connlist.core.budget).
+            # keyed as early (connlist.core.sweep, "The idle order").
             self.idle_queue.push(conn, started)
 
     def remove(self, conn: Connection) -> None:

@@ -197,7 +197,7 @@ class Connection:
         # acknowledgements came (kept from one stall to the next).
         self.out_acked = -1
         self.out_step = 0
-        # While in ``idle_queue`` (see ``connlist.core.budget``): its key there,
+        # While in ``idle_queue`` (see ``connlist.core.sweep``): its key there,
         # a clock value no later than the start of its idle time.
         self.idle_since = 0.0
         # When its last response ended (``response_complete``; the server

@@ -3,12 +3,12 @@
 Theory of operation.  When the enforcer's timer fires, ``Enforcer._work``
 runs the ``STEPS`` in order, each over one list of ``ConnectionsList``:
 ``run(enforcer, now, stop)`` cuts what is due, within the sweep's time
-(``stop``, a clock value), and says whether it finished (see
-``Enforcer.drain``); ``due(enforcer, now)`` is the earliest clock value at
+(``stop``, a clock value), and says whether it finished (``drain``);
+``due(enforcer, now)`` is the earliest clock value at
 which it can find anything (None: nothing in its list can be due), where the
 timer is armed next.  Each walk starts at the head of its list and stops at
 the first record too young to be due, so its cost is that of what it finds.
-Each step takes what is due in batches (``drain``), and tells the enforcer
+Each step takes what is due in batches, and tells the enforcer
 what to cut (``Enforcing``: ``cut``, ``report``, ``close_keepalive``) and
 what its walk found (``rate_walked``): the enforcer writes its own state,
 the steps read it.  The pressure it applies (``headers_timeout_now``,
@@ -268,8 +268,8 @@ class Step:
     """One step of the enforcer's sweep, over one list of ``ConnectionsList``, for the kinds it cuts.
 
     ``run(enforcer, now, stop)`` cuts what is due, within the sweep's
-    budget (``stop``, a clock value), and says whether it finished (see
-    ``Enforcer.drain``); ``due(enforcer, now)`` is the earliest clock value
+    time (``stop``, a clock value), and says whether it finished (see
+    ``drain``); ``due(enforcer, now)`` is the earliest clock value
     at which it can find anything (None: nothing in its list can be due).
     """
 

@@ -7,7 +7,7 @@ self.timeout_keep_alive_handler)``), and cancel it at the next read
 (``data_received``, through ``_unset_keepalive_if_required``).  So every
 keep-alive request allocates a timer handle, pushes it on the loop's heap
 and cancels it.  connlist's list already orders its idle connections, and
-one timer per worker already sweeps them (``connlist.core.budget``, the sweep's
+one timer per worker already sweeps them (``connlist.core.sweep``, its
 ``keepalive`` step), so connlist's protocols run uvicorn's
 ``on_response_complete`` with that one statement replaced:
 
