@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from connlist.core.kinds import Settings
@@ -58,13 +59,11 @@ __all__ = ["SWEEP_TIME", "Timer"]
 SWEEP_TIME = 0.008
 
 
-class Timer:
+class Timer(ABC):
     """The one timer of an enforcer: its arming, cancelling and carrying on (module docstring).
 
-    A subclass says what is due: ``_next_due(now)``, the earliest clock
-    value at which anything can be (None: nothing can); ``_anything_due()``,
-    whether anything may become due without starting a clock of its own; and
-    ``_work(floor)``, one sweep within ``SWEEP_TIME``, whether it finished.
+    A subclass says what is due (``_next_due``, ``_anything_due``) and
+    sweeps (``_work``).
     """
 
     clock: Callable[[], float]
@@ -84,14 +83,17 @@ class Timer:
         self._continuing = False
         self._soon: asyncio.Handle | None = None
 
+    @abstractmethod
     def _next_due(self, now: float) -> float | None:
-        raise NotImplementedError
+        """The earliest clock value at which anything can be due, or None if nothing can."""
 
+    @abstractmethod
     def _anything_due(self) -> bool:
-        raise NotImplementedError
+        """Whether anything may become due without starting a clock of its own (a body begun, say)."""
 
+    @abstractmethod
     def _work(self, floor: float) -> bool:
-        raise NotImplementedError
+        """One sweep, within ``SWEEP_TIME``: whether everything due was done (``floor``: see ``_sweep``)."""
 
     def watch(self) -> None:
         """Arm the timer if none is armed; call after ``connect``, ``message_begin`` and ``stall``."""
