@@ -190,8 +190,8 @@ class ConnectionsList(ListViews):
         nxt._active_prev = prev
         conn._active_prev = conn._active_next = conn
 
-    def _out_leave(self, conn: Connection) -> None:
-        """Out of ``stalled`` or ``closing`` (the one it is in), and its state with it.
+    def out_leave(self, conn: Connection) -> None:
+        """Out of ``stalled`` or ``closing`` (the one it is in), and its state with it: a linger ended.
 
         (Never ``upgraded``: a record there is in no list of HTTP's, ``remove`` takes it out.)
         """
@@ -399,7 +399,7 @@ class ConnectionsList(ListViews):
             self.body.unlink(conn)
             body.release()
         if conn.out_state:
-            self._out_leave(conn)
+            self.out_leave(conn)
         out = conn._out_link
         if out is not UNQUEUED:
             out.release()
@@ -482,14 +482,14 @@ class ConnectionsList(ListViews):
     def unstall(self, conn: Connection) -> None:
         """The response is flowing again: leaves ``stalled`` (nothing happens if it was not in it)."""
         if conn.out_state == OUT_STALLED:
-            self._out_leave(conn)
+            self.out_leave(conn)
 
     def linger(self, conn: Connection) -> None:
         """The enforcer closed the connection: it joins the tail of ``closing`` (leaving ``stalled``)."""
         if conn._all_next is None or conn.out_state == OUT_CLOSING:
             return
         if conn.out_state == OUT_STALLED:
-            self._out_leave(conn)
+            self.out_leave(conn)
         conn.out_state = OUT_CLOSING
         conn.out_since = self._clock()
         self.closing.append(conn)

@@ -54,7 +54,7 @@ from typing import Protocol
 
 from connlist.core.connections import ConnectionsList
 from connlist.core.kinds import TIMEOUT_KINDS, Settings, TimeoutKind, send_allowance
-from connlist.core.records import OUT_CLOSING, OUT_NONE, OUT_STALLED, Connection
+from connlist.core.records import OUT_CLOSING, OUT_STALLED, Connection
 
 __all__ = [
     "STEPS",
@@ -241,8 +241,7 @@ def lingered(connections: ConnectionsList, linger: float, now: float, limit: int
     """Unlink and return up to ``limit`` closing connections closed at least ``linger`` ago."""
     done = connections.closing.due(now - linger, limit)
     for conn in done:
-        connections.closing.unlink(conn)
-        conn.out_state = OUT_NONE
+        connections.out_leave(conn)
     return done
 
 
