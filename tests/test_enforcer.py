@@ -335,6 +335,14 @@ def test_a_closed_server_loop_is_forgotten_for_the_running_one(clock: FakeClock)
     assert enforcer.attached_loop is None and old.later == [] and new.armed == [T0 + 10]
 
 
+def test_a_closed_loop_given_is_not_replaced(clock: FakeClock, loop: MockLoop) -> None:
+    # The loop an enforcer was given is its owner's to keep open: no other is taken silently.
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
+    loop.closed = True
+    with pytest.raises(RuntimeError, match="closed"):
+        connect(enforcer)
+
+
 def test_bring_forward_moves_a_later_timer_only(clock: FakeClock, loop: MockLoop) -> None:
     enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
     conn, handle = connect(enforcer)
