@@ -182,8 +182,8 @@ def pressure_note(n: int) -> str | None:
     Pressed, it shortens the keep-alive (and wakes every ``PRESSURE_TICK``):
     a measurement of its budget, not of the list.
     """
+    from connlist.core.checks import default_max_connections
     from connlist.core.enforcer import PRESSURE_WATERMARK
-    from connlist.core.kinds import default_max_connections
 
     budget = default_max_connections()
     if budget and n > PRESSURE_WATERMARK * budget:

@@ -51,6 +51,8 @@ class MockHandle:
 class MockLoop:
     """The part of an event loop a timer uses: ``call_later``, ``call_soon``, ``is_closed``.
 
+    Closed (``closed``), it refuses callbacks as asyncio's loop does.
+
     Nothing runs by itself.  ``run_soon`` is one loop iteration: it runs
     what was queued with ``call_soon`` before it began.  ``run_until`` runs
     the timers due by a clock value, earliest first, each with the clock
@@ -65,17 +67,24 @@ class MockLoop:
 
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> MockHandle:
         assert delay >= 0, delay
+        self._check_closed()
         handle = MockHandle(self.clock.now + delay, callback, args)
         self.later.append(handle)
         return handle
 
     def call_soon(self, callback: Callable[..., object], *args: Any) -> MockHandle:
+        self._check_closed()
         handle = MockHandle(self.clock.now, callback, args)
         self.soon.append(handle)
         return handle
 
     def is_closed(self) -> bool:
         return self.closed
+
+    def _check_closed(self) -> None:
+        # As asyncio's and uvloop's loops refuse a callback once closed.
+        if self.closed:
+            raise RuntimeError("Event loop is closed")
 
     @property
     def armed(self) -> list[float]:

@@ -617,7 +617,7 @@ def test_scale_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_scale_says_where_connlists_default_budget_would_be_pressed() -> None:
-    from connlist.core.kinds import default_max_connections
+    from connlist.core.checks import default_max_connections
 
     budget = default_max_connections()
     if not budget:

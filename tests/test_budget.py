@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from connlist.core.kinds import default_max_connections
+from connlist.core.checks import default_max_connections
 from tests.servers import INTEGRATED, PARSERS
 from tests.subprocesses import PYTHON, Process, get_json, run_server, server_env
 

@@ -11,9 +11,10 @@ import resource
 import pytest
 
 from connlist.core.budget import idle_oldest
+from connlist.core.checks import default_max_connections
 from connlist.core.connections import Connection, ConnectionsList, connection_state
 from connlist.core.enforcer import PRESSURE_FLOOR, PRESSURE_WATERMARK, Enforcer, shrink
-from connlist.core.kinds import default_max_connections, resolve
+from connlist.core.kinds import resolve
 from tests.fakes import RESPONSE_408, RESPONSE_503, FakeClock, MemoryHandle, MockLoop
 
 

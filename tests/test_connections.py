@@ -14,10 +14,11 @@ from typing import NamedTuple
 
 import pytest
 
-from connlist.core.budget import body_slowest, headers_oldest, idle_expired, idle_oldest
+from connlist.core.budget import body_slowest, headers_oldest, idle_oldest
+from connlist.core.checks import check_timeout
 from connlist.core.connections import Connection, ConnectionsList, connection_state
-from connlist.core.kinds import SEND_STEP, SEND_STEP_LIMIT, Settings, check_timeout, deadline, send_allowance
-from connlist.core.sweep import lingered, rate_expired, stall_sample, stalled_due
+from connlist.core.kinds import SEND_STEP, SEND_STEP_LIMIT, Settings, deadline, send_allowance
+from connlist.core.sweep import idle_expired, lingered, rate_expired, stall_sample, stalled_due
 from tests.fakes import T0, FakeClock
 
 
@@ -113,7 +114,7 @@ def test_fresh_connection_is_in_no_list() -> None:
     conn = Connection()
     assert fields(conn) == S(0.0, False, 0, False, False)
     assert connection_state(conn) == "closed"
-    assert not (conn.receiving_body or conn.stalled)
+    assert not (conn.receiving_body or conn.is_stalled)
 
 
 def test_connect_joins_all_and_active_timed(lst: ConnectionsList, clock: FakeClock) -> None:
@@ -1032,7 +1033,7 @@ def check_extra(
     assert lst.stalled_count == len(stalled)
     for conn in lst.all():
         assert conn.receiving_body == (conn in body)
-        assert conn.stalled == (conn in stalled)
+        assert conn.is_stalled == (conn in stalled)
 
 
 def receiving_body(lst: ConnectionsList, clock: FakeClock) -> Connection:
@@ -1059,8 +1060,8 @@ def test_body_begin_only_for_a_request_being_received(lst: ConnectionsList, cloc
     lst.body_begin(a)  # a second call for the same body does nothing
     assert (a.body_started, b.body_started) == (T0 + 1, T0 + 2)
     check_extra(lst, body=[a, b], stalled=[], closing=[])
-    lst.body_bytes(a, 100)
-    lst.body_bytes(a, 50)
+    a.body_received += 100
+    a.body_received += 50
     assert (a.body_received, b.body_received) == (150, 0)
     check(
         lst,
@@ -1089,13 +1090,13 @@ def test_rate_expired_walks_past_the_grace_and_stops_at_the_first_young_body(
 ) -> None:
     slow = receiving_body(lst, clock)
     fast = receiving_body(lst, clock)
-    lst.body_bytes(fast, 2000)  # 4 s of credit at 500 bytes/s
+    fast.body_received += 2000  # 4 s of credit at 500 bytes/s
     clock.advance(5)
     young = receiving_body(lst, clock)
     # At the end of the grace (10 s after the first two): nothing is behind (the rule is strict).
     clock.advance(5)
     assert rate_expired(lst, 500, 10, clock.now) == ([], None, T0 + 10)
-    lst.body_bytes(slow, 50)  # 0.1 s of credit
+    slow.body_received += 50  # 0.1 s of credit
     clock.advance(0.125)
     assert rate_expired(lst, 500, 10, clock.now) == ([slow], T0 + 14, T0 + 15)
     check_extra(lst, body=[fast, young], stalled=[], closing=[])
@@ -1211,7 +1212,7 @@ def test_linger_takes_a_connection_out_of_stalled_and_lingered_returns_the_old_o
 
 def test_rate_boundary_is_strict(lst: ConnectionsList, clock: FakeClock) -> None:
     conn = receiving_body(lst, clock)
-    lst.body_bytes(conn, 250)  # 0.5 s of credit at 500 bytes/s: the deadline is T0 + 10.5
+    conn.body_received += 250  # 0.5 s of credit at 500 bytes/s: the deadline is T0 + 10.5
     clock.advance(10.5)
     assert rate_expired(lst, 500, 10, clock.now) == ([], T0 + 10.5, None)
     clock.advance(0.125)
@@ -1222,7 +1223,7 @@ def test_rate_expired_restarts_the_clock_of_an_excused_body(lst: ConnectionsList
     held, behind = receiving_body(lst, clock), receiving_body(lst, clock)
     clock.advance(1)
     later = receiving_body(lst, clock)
-    lst.body_bytes(held, 100)
+    held.body_received += 100
     clock.advance(9.5)
     # The server stopped reading ``held``: a new grace period from now, at the tail.
     result = rate_expired(lst, 500, 10, clock.now, excused=lambda conn: conn is held)
@@ -1312,7 +1313,7 @@ def test_requests_received_whole_are_counted_and_walked_as_handling_records(
     assert connection_state(first) == "handling"
     assert fields(first) == S(0.0, True, 1, True, False)
     assert (first.connected_at, first.client, first.server) == (T0 - 2, ("127.0.0.1", 2), ("127.0.0.1", 80))
-    assert (first.method, first.path, first.responding, first.stalled) == ("GET", "/a", True, False)
+    assert (first.method, first.path, first.responding, first.is_stalled) == ("GET", "/a", True, False)
     # Nothing to close through: close_idle and close_all reach only records with a handle.
     assert lst.close_idle() == 0 and lst.close_all() == 0
     # The app returned: the entry goes, and so does its record.
@@ -1370,9 +1371,9 @@ def test_deadline_names_the_timeout_that_cuts_first_and_when(lst: ConnectionsLis
     lst.body_begin(upload)
     # The rate's deadline: grace, then 1 s per 100 bytes received; it moves on as they arrive.
     assert deadline(upload, timeouts) == ("rate", T0 + 7)
-    lst.body_bytes(upload, 1000)
+    upload.body_received += 1000
     assert deadline(upload, timeouts) == ("rate", T0 + 17)
-    lst.body_bytes(upload, 10_000)
+    upload.body_received += 10_000
     assert deadline(upload, timeouts) == ("request", T0 + 32)  # ahead of the rate
     assert deadline(upload, settings(10.0, 30.0, 60.0, 0.0, 5.0)) == ("request", T0 + 32)  # rate off
     lst.message_complete(upload)
@@ -1501,7 +1502,7 @@ def test_body_slowest_looks_at_the_oldest_bodies_only(lst: ConnectionsList, cloc
     first = receiving_body(lst, clock)
     clock.advance(1)
     behind = receiving_body(lst, clock)
-    lst.body_bytes(first, 1000)  # ahead of 100 bytes/s
+    first.body_received += 1000  # ahead of 100 bytes/s
     clock.advance(1)
     assert body_slowest(lst, 100, clock.now, 2) is behind
     assert body_slowest(lst, 100, clock.now, 1) is None  # only the first looked at, and it is ahead

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import typing
+import unittest.mock
 
 import pytest
 
 from connlist.core.connections import Connection
-from connlist.core.enforcer import _BATCH, SLOW_CALLBACK, SWEEP_TIME, Enforcer
+from connlist.core.enforcer import SLOW_CALLBACK, Enforcer
 from connlist.core.kinds import (
     ROOM_KINDS,
     TIMEOUT_KINDS,
@@ -29,7 +31,8 @@ from connlist.core.kinds import (
     resolve,
 )
 from connlist.core.logs import SUMMARY_INTERVAL
-from connlist.core.sweep import RATE_RESOLUTION, SLACK
+from connlist.core.sweep import _BATCH, RATE_RESOLUTION, SLACK
+from connlist.core.timer import SWEEP_TIME
 from tests.fakes import RESPONSE_408, T0, FakeClock, MemoryHandle, MockLoop
 
 LINGER = 1.0
@@ -307,16 +310,37 @@ def test_cancel_forgets_the_sweep_that_carries_on(clock: FakeClock, loop: MockLo
     assert len(loop.armed) == 1
 
 
-def test_cancel_on_a_closed_loop_forgets_without_touching_it(clock: FakeClock, loop: MockLoop) -> None:
+def test_cancel_on_a_closed_loop_forgets_the_timer(clock: FakeClock, loop: MockLoop) -> None:
     enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
     connect(enforcer)
     timer = loop.later[0]
     loop.closed = True
-    enforcer.cancel()
-    assert not timer.cancelled  # a closed loop's handles are left alone
+    enforcer.cancel()  # (cancelling a handle of a closed loop does nothing on asyncio's and uvloop's)
+    assert timer.cancelled and enforcer.timer_at == math.inf
     loop.closed = False
-    enforcer.watch()  # forgotten: the next server's loop gets a timer of its own
-    assert len(loop.later) == 2
+    enforcer.watch()  # forgotten: a timer of its own
+    assert loop.armed == [T0 + 10]
+
+
+def test_a_closed_server_loop_is_forgotten_for_the_running_one(clock: FakeClock) -> None:
+    # A server stopped and the enforcer serves the next one: its first arming
+    # finds the old server's loop closed and arms on the loop running now.
+    old, new = MockLoop(clock), MockLoop(clock)
+    enforcer = Enforcer(resolve(headers_timeout=10, request_timeout=30), clock=clock)
+    enforcer.attach(typing.cast(asyncio.AbstractEventLoop, old), None)
+    old.closed = True
+    running = typing.cast(asyncio.AbstractEventLoop, new)
+    with unittest.mock.patch("asyncio.get_running_loop", return_value=running):
+        connect(enforcer)
+    assert enforcer.attached_loop is None and old.later == [] and new.armed == [T0 + 10]
+
+
+def test_a_closed_loop_given_is_not_replaced(clock: FakeClock, loop: MockLoop) -> None:
+    # The loop an enforcer was given is its owner's to keep open: no other is taken silently.
+    enforcer = make(clock, loop, headers_timeout=10, request_timeout=30)
+    loop.closed = True
+    with pytest.raises(RuntimeError, match="closed"):
+        connect(enforcer)
 
 
 def test_bring_forward_moves_a_later_timer_only(clock: FakeClock, loop: MockLoop) -> None:
@@ -390,7 +414,7 @@ def test_a_body_behind_the_minimum_rate_is_cut_at_its_deadline(clock: FakeClock,
     conn, handle = receiving(enforcer)
     assert loop.armed == [T0 + 2]  # the grace period bounds the sleep
     clock.advance(1)
-    enforcer.connections.body_bytes(conn, 300)  # enough until T0 + 2 + 300 / 100
+    conn.body_received += 300  # enough until T0 + 2 + 300 / 100
     loop.run_until(T0 + 5)
     assert (handle.transport.buffer, enforcer.totals.rate_timeouts) == (b"", 0)
     loop.run_until(T0 + 5 + SLACK)
@@ -403,7 +427,7 @@ def test_a_body_just_ahead_of_the_rate_is_looked_at_every_resolution(
 ) -> None:
     enforcer = make(clock, loop, headers_timeout=10, request_timeout=60, body_min_rate=100, body_grace=2)
     conn, _ = receiving(enforcer)
-    enforcer.connections.body_bytes(conn, 5)  # due at T0 + 2.05
+    conn.body_received += 5  # due at T0 + 2.05
     loop.run_until(T0 + 2 + SLACK)  # past the grace period: its rate deadline is now known
     assert loop.armed == [pytest.approx(T0 + 2 + SLACK + RATE_RESOLUTION)]
 
@@ -447,11 +471,11 @@ def test_a_stalled_response_is_sampled_and_aborted_without_progress(clock: FakeC
     assert loop.run_until(T0 + 5) == 2
     handle.transport.unsent = 500  # progress: the client took some, the clock restarts at the next sample
     loop.run_until(T0 + 13.9)
-    assert conn.stalled and not handle.transport.aborted
+    assert conn.is_stalled and not handle.transport.aborted
     # No progress since the sample at T0 + 6: aborted at the sample 8 s later, with no 408.
     loop.run_until(T0 + 14)
     assert handle.transport.aborted and handle.transport.buffer == b""
-    assert enforcer.totals.send_timeouts == 1 and not conn.stalled
+    assert enforcer.totals.send_timeouts == 1 and not conn.is_stalled
 
 
 def test_a_stall_that_ends_is_not_cut(clock: FakeClock, loop: MockLoop) -> None:
@@ -574,7 +598,7 @@ def test_a_record_without_a_handle_is_counted_and_nothing_is_closed(clock: FakeC
     enforcer.watch()
     loop.run_until(T0 + 5)
     assert (enforcer.totals.headers_timeouts, enforcer.totals.send_timeouts) == (1, 1)
-    assert not waiting.is_active and not stalling.stalled
+    assert not waiting.is_active and not stalling.is_stalled
     # Once the second timeout's summary is written, nothing is left to watch:
     # the linger ended, with nothing to abort.
     loop.run_until(T0 + 12)

@@ -184,7 +184,7 @@ def test_steady_reader_acknowledged_in_steps_is_never_cut(parser: str) -> None:
                 received += len(data)
                 want -= len(data)
             # Without progress for this long, as the server sees it.
-            since = running.call(lambda: mw.enforcer.clock() - conn.out_since if conn.stalled else 0.0)
+            since = running.call(lambda: mw.enforcer.clock() - conn.out_since if conn.is_stalled else 0.0)
             longest = max(longest, since)
             time.sleep(0.1)
         assert mw.enforcer.totals.send_timeouts == 0

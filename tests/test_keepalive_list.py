@@ -17,11 +17,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
 
-from connlist.core.budget import idle_expired, idle_oldest
+from connlist.core.budget import idle_oldest
 from connlist.core.connections import Connection, ConnectionsList
 from connlist.core.enforcer import PRESSURE_FLOOR, Enforcer
 from connlist.core.kinds import resolve
-from connlist.core.sweep import KEEPALIVE_BATCH, SLACK
+from connlist.core.sweep import KEEPALIVE_BATCH, SLACK, idle_expired
 from tests.fakes import FakeClock, MockLoop
 from tests.test_budget_policy import arrive
 
@@ -47,7 +47,7 @@ def first_request(enforcer: Enforcer, conn: Connection) -> None:
 def responded(enforcer: Enforcer, conn: Connection) -> None:
     """The end of a response that leaves ``conn`` idle, as connlist.servers.uvicorn.keepalive writes it."""
     enforcer.connections.response_complete(conn)
-    conn.idle_at = idle_at = enforcer.clock()
+    conn.responded_at = idle_at = enforcer.clock()
     if idle_at + enforcer.keep_alive < enforcer.timer_at:
         enforcer.wake_by(idle_at + enforcer.keep_alive)
 

@@ -16,9 +16,10 @@ import uvicorn
 from starlette.types import Message
 
 from connlist import ConnectionsMiddleware
+from connlist.core.checks import default_max_connections
 from connlist.core.connections import Connection
 from connlist.core.enforcer import STATE_KEY, Enforcer
-from connlist.core.kinds import Settings, default_max_connections
+from connlist.core.kinds import Settings
 from connlist.servers.selfcheck import CheckFailed
 from connlist.servers.uvicorn.selfcheck import check_static
 from tests.servers import (

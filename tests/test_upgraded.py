@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from connlist.core.checks import default_max_upgraded
 from connlist.core.connections import ConnectionsList, connection_state
 from connlist.core.enforcer import Enforcer
-from connlist.core.kinds import Settings, default_max_upgraded, resolve
+from connlist.core.kinds import Settings, resolve
 from connlist.core.logs import Summary
 from connlist.observe import page
 from connlist.observe.debug import budget_view, describe
@@ -35,7 +36,7 @@ def test_an_upgraded_connection_is_out_of_http_and_in_the_list_until_removed(clo
     assert ws in list(lst.idle_queue)
     clock.now += 2
     lst.upgrade(ws, "GET", "/chat")
-    assert connection_state(ws) == "upgraded" and ws.upgraded and ws.tracked
+    assert connection_state(ws) == "upgraded" and ws.is_upgraded and ws.tracked
     assert ws not in list(lst.idle_queue) and not ws.is_active and ws.headers_completed
     assert (ws.out_since, ws.last_message_start, ws.method, ws.path) == (clock.now, clock.now, "GET", "/chat")
     assert lst.all() == [other, ws] and lst.idle() == [] and lst.active() == [other]
@@ -43,7 +44,7 @@ def test_an_upgraded_connection_is_out_of_http_and_in_the_list_until_removed(clo
     counts = lst.counts()
     assert (counts["all"], counts["upgraded"], counts["idle"], counts["active"]) == (2, 1, 0, 1)
     # No HTTP event moves it: the ring's events are no-ops on it.
-    for event in (lst.message_begin, lst.message_complete, lst.message, lst.expire, lst.evict, lst.linger):
+    for event in (lst.message_begin, lst.message_complete, lst.message, lst.time_out, lst.evict, lst.linger):
         event(ws)
     lst.stall(ws, 100)
     assert connection_state(ws) == "upgraded" and lst.counts() == counts and lst.occupied == 2
@@ -51,7 +52,7 @@ def test_an_upgraded_connection_is_out_of_http_and_in_the_list_until_removed(clo
     lst.upgrade(ws)
     assert lst.upgraded_count == 1
     lst.remove(ws)
-    assert connection_state(ws) == "closed" and not ws.tracked and not ws.upgraded
+    assert connection_state(ws) == "closed" and not ws.tracked and not ws.is_upgraded
     assert lst.upgraded_count == 0 and len(lst) == lst.occupied == 1
     lst.remove(ws)  # idempotent
     assert lst.occupied == 1
@@ -64,7 +65,7 @@ def test_a_connection_let_go_or_removed_is_never_upgraded(clock: FakeClock) -> N
     lst.remove(removed)
     for conn in (evicted, removed):
         lst.upgrade(conn)
-        assert not conn.upgraded
+        assert not conn.is_upgraded
     assert lst.upgraded_count == 0 and lst.occupied == 0
 
 
@@ -130,9 +131,9 @@ def test_upgrades_within_the_share_are_held_and_past_it_refused_with_503(clock: 
     answers = [e.upgrade(record, "GET", "/ws") for record, _ in records]
     assert answers == [True, True, False]
     for record, handle in records[:2]:
-        assert record.upgraded and record.handle is None and not handle.transport.buffer
+        assert record.is_upgraded and record.handle is None and not handle.transport.buffer
     refused, handle = records[2]
-    assert not refused.upgraded and refused.evicted and connection_state(refused) == "timed_out"
+    assert not refused.is_upgraded and refused.evicted and connection_state(refused) == "timed_out"
     assert handle.transport.buffer == RESPONSE_503 and handle.transport.closed
     assert (e.totals.upgrades, e.totals.upgrades_refused) == (2, 1)
     assert e.connections.occupied == 2  # the refused one is on its way out
@@ -149,7 +150,7 @@ def test_a_connection_let_go_meanwhile_keeps_its_handle_for_the_linger(clock: Fa
     handle = MemoryHandle()
     record = e.join(handle=handle)
     e.connections.evict(record)
-    assert e.upgrade(record) and not record.upgraded and record.handle is handle
+    assert e.upgrade(record) and not record.is_upgraded and record.handle is handle
     assert e.totals.upgrades == 0
 
 
@@ -213,7 +214,7 @@ def test_the_websocket_protocol_made_at_the_hand_over_removes_the_record_when_lo
     websocket = http.transport.protocol
     assert isinstance(websocket, uvicorn_websocket.Held) and isinstance(websocket, _Base)
     assert type(websocket).__name__ == "_Base" and http.ws_protocol_class is _Base
-    assert http._connlist_phase == UPGRADED and record.upgraded
+    assert http._connlist_phase == UPGRADED and record.is_upgraded
     assert uvicorn_websocket.holding(_Base) is type(websocket)  # one class per class
     websocket.connection_lost(None)
     assert websocket.lost is None and not record.tracked

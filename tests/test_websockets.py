@@ -26,7 +26,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol as PlainH11
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as PlainHttpTools
 
 from connlist import ConnectionsMiddleware
-from connlist.core.kinds import default_max_connections, default_max_upgraded
+from connlist.core.checks import default_max_connections, default_max_upgraded
 from tests.servers import INTEGRATED, PARSERS, PLAIN, connect, echo_app, serve, wait_for
 from tests.subprocesses import PYTHON, Process, get, get_json, gunicorn_command, run_server, server_env
 from tests.test_budget import Prober, closed
@@ -238,7 +238,7 @@ def test_each_websocket_implementation_holds_and_releases_the_record(parser: str
         sockets = [upgrade(running.port) for _ in range(3)]
         assert [s.status for s in sockets] == [101, 101, 503]
         assert sockets[0].echo("hello")
-        records = running.call(lambda: [c for c in enforcer.connections.all() if c.upgraded])
+        records = running.call(lambda: [c for c in enforcer.connections.all() if c.is_upgraded])
         assert len(records) == 2 and all(r.handle is None and r.path == "/ws" for r in records)
         for s in sockets:
             s.close()

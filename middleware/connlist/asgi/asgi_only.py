@@ -74,7 +74,7 @@ class AsgiOnly:
     enforcer.  Its id is its request number (``Totals.requests`` after the
     increment; a record made by ``serve_with_body`` takes its number too),
     unique among this mode's records.  Drawing it from the process's id
-    counter (``connections.next_id``) instead would cost a call per
+    counter (``records.next_id``) instead would cost a call per
     request (docs/benchmarks.md, "Where the remaining instructions go"),
     and matter only to a list fed by both modes at once: a server switched
     while requests were in flight.  So a request without a body costs two

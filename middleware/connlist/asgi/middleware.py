@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, cast
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from connlist.asgi.asgi_only import AsgiOnly
+from connlist.core.checks import nearest
 from connlist.core.connections import ConnectionsList
 from connlist.core.enforcer import STATE_KEY, Enforcer, OnTimeout
-from connlist.core.kinds import OPTIONS, Options, Settings, nearest, option_parameters, resolve
+from connlist.core.kinds import OPTIONS, Options, Settings, option_parameters, resolve
 from connlist.core.logs import PREFIX, log, route_to_server
 from connlist.observe.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
 from connlist.observe.workers import WorkerGroup

@@ -7,9 +7,10 @@ Node.js (``src/node_http_parser.cc``, ``lib/_http_server.js``) keeps, per
 server, every connection in a list ``all`` and every connection that is in the
 middle of receiving a request in a list ``active``.  A periodic check asks the
 list which active connections are *expired*, answers them with ``408`` and
-closes them.  This module is that list: its lists, its events, its counts
-and its states.  The records are ``connlist.core.records``'; the walks of the
-views ``connlist.core.views``'.  The server layer (``connlist.servers.uvicorn.protocols``) and the
+closes them.  This module is that list: its lists, its events, and the
+counts and links they keep.  The records are ``connlist.core.records``';
+the states, the counts as the view reads them and the walks of the views
+are ``connlist.core.views``'.  The server layer (``connlist.servers.uvicorn.protocols``) and the
 middleware feed it; ``connlist.core.sweep`` and ``connlist.core.budget`` walk it; the
 enforcer acts on what they find, through the handles the server layer
 attached.
@@ -52,8 +53,9 @@ arrives whole::
                 until they close, for the view and the budget (Node drops them)
     idle_queue  idle connections by when their idle time began, for the
                 keep-alive timeout and the budget's choice of what to
-                close (``connlist.core.budget``; ``idle()`` is Node's view): a
-                heap, whose keys the sweep corrects as it finds them late
+                close (``connlist.core.sweep``, ``connlist.core.budget``;
+                ``idle()`` is Node's view): a heap, whose keys the sweep
+                corrects as it finds them late
 
 A record is in at most one of ``stalled``, ``closing`` and ``upgraded``
 (one link, ``out_state`` says which).  A connection closed to make room
@@ -99,32 +101,9 @@ Invariants:
   which).  The view's count of idle connections that are responding is
   taken when it asks, by a walk of ``all`` (``idle_responding_count``).
 
-States
-------
-
-All state logic is here, beside the events that change the fields: a
-connection's state is derived from its fields (``connection_state``), and
-the view's counts from the list's counts (``ConnectionsList.counts``), so the
-debug view and the metrics only present them::
-
-    new              connected, no byte of a request yet (timed by the headers timeout)
-    reading_headers  a request began, its headers are incomplete
-    reading_body     headers in, body still arriving
-    handling         request received, response not finished
-    stalled          handling, and the client stopped taking the response
-    idle             keep-alive, waiting for the next request
-    timed_out        expired and closed by the enforcer: it leaves ``all``
-                     when the server reports the connection lost
-    upgraded         left HTTP (a websocket): no timeout applies; it leaves
-                     when the server reports the connection lost
-    closed           no longer in the list (the view never shows one)
-
-The counts add nginx ``stub_status``-style phases (``PHASES``): ``reading``
-(new + reading_headers), ``writing`` (reading_body + handling), ``waiting``
-(idle), ``timed_out`` and ``upgraded``; they add up to ``all``.  A stalled
-connection keeps the phase of what it does otherwise.  Which timeout runs for a connection,
-and when it is due (the view's ``timeout`` and ``time_left``), is
-``connlist.core.kinds.deadline``'s.  ``docs/debug-endpoint.md`` is the reference.
+The connections' states and the list's counts, as the view reads them, are
+``connlist.core.views``' (its "States"), derived from the fields and counts
+kept here.
 """
 
 from __future__ import annotations
@@ -146,38 +125,12 @@ from connlist.core.records import (
     Connection,
     ConnectionHandle,
 )
-from connlist.core.views import ListViews
 
-__all__ = [
-    "PHASES",
-    "STATES",
-    "Connection",
-    "ConnectionHandle",
-    "ConnectionsList",
-    "connection_state",
-]
+# The states and phases are the views' (re-exported: the debug endpoint's
+# documentation names connlist.core.connections.connection_state).
+from connlist.core.views import PHASES, STATES, ListViews, connection_state
 
-# What ``connection_state`` answers for a tracked connection (see "States").
-STATES = ("new", "reading_headers", "reading_body", "handling", "stalled", "idle", "timed_out", "upgraded")
-# The phases of ``ConnectionsList.counts``; they add up to ``all``.
-PHASES = ("reading", "writing", "waiting", "timed_out", "upgraded")
-
-
-def connection_state(conn: Connection) -> str:
-    """One of ``STATES``, or ``"closed"`` for a connection no longer in the list."""
-    if conn.out_state == OUT_UPGRADED:
-        return "upgraded"
-    if not conn.tracked:  # a property: a ``Received`` record is in the list's table, not linked
-        return "closed"
-    if conn._active_next is not conn and conn._active_next is not None:
-        if conn.headers_completed:
-            return "reading_body"
-        return "reading_headers" if conn._begun else "new"
-    if conn.last_message_start != 0.0:
-        return "timed_out"  # left active without completing its message: expired
-    if conn.out_state == OUT_STALLED:
-        return "stalled"
-    return "handling" if conn.responding else "idle"
+__all__ = ["PHASES", "STATES", "Connection", "ConnectionHandle", "ConnectionsList", "connection_state"]
 
 
 class ConnectionsList(ListViews):
@@ -216,7 +169,7 @@ class ConnectionsList(ListViews):
         self.stalled: Queue[Connection] = Queue("_out_link", "out_sampled")
         self.closing: Queue[Connection] = Queue("_out_link", "out_since")
         self.upgraded: Queue[Connection] = Queue("_out_link", "out_since")
-        # ``idle()`` is Node's view; this is the budget's queue (connlist.core.budget).
+        # ``idle()`` is Node's view; this is the keep-alive's and the budget's (connlist.core.sweep).
         self.idle_queue: Heap[Connection] = Heap("_idle_entry", "idle_since")
         # ASGI-only mode's requests without a body (see Received).
         self.received: dict[int, tuple[float, Any]] = {}
@@ -237,8 +190,8 @@ class ConnectionsList(ListViews):
         nxt._active_prev = prev
         conn._active_prev = conn._active_next = conn
 
-    def _out_leave(self, conn: Connection) -> None:
-        """Out of ``stalled`` or ``closing`` (the one it is in), and its state with it.
+    def out_leave(self, conn: Connection) -> None:
+        """Out of ``stalled`` or ``closing`` (the one it is in), and its state with it: a linger ended.
 
         (Never ``upgraded``: a record there is in no list of HTTP's, ``remove`` takes it out.)
         """
@@ -363,7 +316,7 @@ class ConnectionsList(ListViews):
         out itself writes the same.
         """
         conn.responding = False
-        conn.idle_at = now = self._clock()
+        conn.responded_at = now = self._clock()
         if conn._idle_entry is None and conn.last_message_start == 0.0 and conn._all_next is not None:
             self.idle_queue.push(conn, now)
 
@@ -394,12 +347,12 @@ class ConnectionsList(ListViews):
         conn.requests += 1
         # Its idle time begins when its response ends (response_complete;
         # 0: not yet, or it ended before this message did).
-        conn.idle_at = 0.0
+        conn.responded_at = 0.0
         if conn._idle_entry is None and not conn.responding:
             # Its response ended first: keyed by the message's start, with no
             # clock read, as no idle time began before it.  One still
             # responding joins at response_complete; one still queued stays,
-            # keyed as early (connlist.core.budget).
+            # keyed as early (connlist.core.sweep, "The idle order").
             self.idle_queue.push(conn, started)
 
     def remove(self, conn: Connection) -> None:
@@ -446,7 +399,7 @@ class ConnectionsList(ListViews):
             self.body.unlink(conn)
             body.release()
         if conn.out_state:
-            self._out_leave(conn)
+            self.out_leave(conn)
         out = conn._out_link
         if out is not UNQUEUED:
             out.release()
@@ -478,11 +431,11 @@ class ConnectionsList(ListViews):
     # -- the connection budget ---------------------------------------------------
 
     def evict(self, conn: Connection) -> None:
-        """Closed to make room: it no longer counts in ``occupied``, and is cut (``expire``) until removed."""
+        """Closed to make room: out of ``occupied``, and timed out (``time_out``) until removed."""
         if conn._all_next is not None and not conn.evicted:
             conn.evicted = True
             self.occupied -= 1
-            self.expire(conn)
+            self.time_out(conn)
             self.idle_queue.unlink(conn)
 
     # -- the queues' events ---------------------------------------------------
@@ -498,11 +451,7 @@ class ConnectionsList(ListViews):
             conn.body_received = received
             self.body.append(conn)
 
-    def body_bytes(self, conn: Connection, nbytes: int) -> None:
-        """``nbytes`` more of the body arrived (the server layer may add to ``body_received`` itself)."""
-        conn.body_received += nbytes
-
-    def expire(self, conn: Connection) -> None:
+    def time_out(self, conn: Connection) -> None:
         """Cut outside ``expired``'s walk: out of ``active`` and ``body`` (an idle one stamped), timed out."""
         if conn._all_next is None:
             return  # removed
@@ -533,75 +482,17 @@ class ConnectionsList(ListViews):
     def unstall(self, conn: Connection) -> None:
         """The response is flowing again: leaves ``stalled`` (nothing happens if it was not in it)."""
         if conn.out_state == OUT_STALLED:
-            self._out_leave(conn)
+            self.out_leave(conn)
 
     def linger(self, conn: Connection) -> None:
         """The enforcer closed the connection: it joins the tail of ``closing`` (leaving ``stalled``)."""
         if conn._all_next is None or conn.out_state == OUT_CLOSING:
             return
         if conn.out_state == OUT_STALLED:
-            self._out_leave(conn)
+            self.out_leave(conn)
         conn.out_state = OUT_CLOSING
         conn.out_since = self._clock()
         self.closing.append(conn)
-
-    # -- counts --------------------------------------------------------------
-
-    def __len__(self) -> int:
-        return self._n_all + len(self.received) + len(self.upgraded)
-
-    @property
-    def active_count(self) -> int:
-        return self._n_active
-
-    @property
-    def idle_count(self) -> int:
-        return self._n_all + len(self.received) - self._n_active - self._n_timed_out
-
-    @property
-    def timed_out_count(self) -> int:
-        """Expired connections not yet closed: in ``all``, neither active nor idle."""
-        return self._n_timed_out
-
-    @property
-    def headers_pending_count(self) -> int:
-        """Active connections whose headers are incomplete (new, or reading a request head)."""
-        return self._n_headers_pending
-
-    @property
-    def upgraded_count(self) -> int:
-        """Connections in ``upgraded``: websockets, from the handshake to the close."""
-        return len(self.upgraded)
-
-    @property
-    def stalled_count(self) -> int:
-        """Connections in ``stalled``: the client stopped taking the response."""
-        return len(self.stalled)
-
-    def counts(self) -> dict[str, int]:
-        """The view's exact counts: ``all``, ``idle``, ``active``, the ``PHASES`` and ``stalled``.
-
-        ``idle`` and ``active`` are Node's, of HTTP connections: an upgraded
-        one is neither (it is ``upgraded``, a phase).
-
-        O(1) but for ``writing`` and ``waiting`` (``idle_responding_count``).
-        ``stalled`` is not a phase (see "States").
-        """
-        n_active = self._n_active
-        n_idle = self.idle_count
-        reading = self._n_headers_pending
-        handling = self.idle_responding_count
-        return {
-            "all": len(self),
-            "idle": n_idle,
-            "active": n_active,
-            "reading": reading,
-            "writing": n_active - reading + handling,
-            "waiting": n_idle - handling,
-            "timed_out": self._n_timed_out,
-            "upgraded": len(self.upgraded),
-            "stalled": len(self.stalled),
-        }
 
     # -- timeouts ------------------------------------------------------------
 
@@ -641,29 +532,3 @@ class ConnectionsList(ListViews):
         self._n_active -= len(expired)
         self._n_timed_out += len(expired)
         return expired
-
-    def next_deadline(self, headers_timeout: float, request_timeout: float) -> float | None:
-        """The earliest clock value at which some active connection can expire, or None.
-
-        The timeouts are taken as ``expired`` takes them.  The walk stops
-        where no later connection can have an earlier deadline.
-        """
-        headers_timeout, request_timeout = effective_timeouts(headers_timeout, request_timeout)
-        if not headers_timeout and not request_timeout:
-            return None
-        shortest = headers_timeout or request_timeout
-        best = math.inf
-        root = self._active_root
-        node = root._active_next
-        while node is not root:
-            start = node.last_message_start
-            # No later node can expire before ``start + shortest``.
-            if start + shortest >= best:
-                break
-            if headers_timeout and not node.headers_completed:
-                best = start + headers_timeout
-                break
-            if request_timeout:
-                best = min(best, start + request_timeout)
-            node = node._active_next
-        return None if best == math.inf else best

@@ -1,9 +1,10 @@
-"""Per-worker enforcement of every timeout, with one timer.
+"""Per-worker enforcement of every timeout and of the connection budget.
 
-Node.js checks its ConnectionsList every ``connectionsCheckingInterval``
-(30 s by default), so its ``408`` can come up to 30 s late.  connlist keeps one
-``loop.call_later`` timer per worker instead, armed at the earliest moment
-anything can be due:
+The enforcer owns one worker's ConnectionsList, its settings, its counters
+and its log summary, and cuts what is due through each connection's handle.
+Its one timer (``connlist.core.timer``) is armed at the earliest moment
+anything can be due (``_next_due``: the least of the sweep's steps' ``due``,
+``connlist.core.sweep``):
 
 * a request's headers or request timeout (``ConnectionsList.next_deadline``
   finds it near the head of the ordered ``active`` list);
@@ -22,33 +23,15 @@ anything can be due:
   uvicorn's keep-alive (``keep_alive_timed``: ``connlist.servers.uvicorn.keepalive``),
   shortened under pressure (see below), and at least every
   ``PRESSURE_TICK`` while pressed.  A connection idle for exactly its
-  time is due (uvicorn's rule), so the timer fires at that time, and a
-  sweep that the loop runs at or after the time it was armed for takes
-  that time as now: the deadline follows the loop's clock, as uvicorn's
-  own timer would (even a test's loop that only pretends time passed).
+  time is due (uvicorn's rule), so the timer fires at that time.
 
-After each sweep the timer is armed again, never further away than
-``Settings.shortest``: anything that starts a clock after the timer was armed
-(a connection, a request, a body, a stall) cannot be due before that, so it
-never has to move the timer, only to arm one if there is none (``watch``):
-while one is armed, an event costs one test.  Nor does an event that leaves
-nothing due cancel it (a connection per request would arm and cancel one
-each): the timer fires, the sweep finds nothing, and arms none, so a worker
-with nothing to watch has no timer after at most ``Settings.shortest``, and
-a loop with no timer of ours in its heap does less at each iteration
-(asyncio's loop reads its clock at every iteration while any timer is
-scheduled: docs/benchmarks.md, "Instructions per request, observing
-uvicorn").  Something can be due while a connection is active, stalled or
-closing, idle under a keep-alive the list times, or a log summary is
-pending.  The server layer's common case, a whole request in one read on
-an idle connection, never makes one active, so it never touches the timer.
-A close that starts a linger outside a sweep brings the timer forward.
-
-Cutting a connection off costs tens of microseconds (the ``408``, the
-transport, the callback), so a mass timeout is spread over loop iterations:
-one sweep spends at most ``SWEEP_TIME`` seconds closing, then yields to the loop
-and carries on at the next iteration, so requests of other clients are served
-in between.
+Something can be due while a connection is active, stalled or closing, idle
+under a keep-alive the list times, or a log summary is pending
+(``_anything_due``).  The server layer's common case, a whole request in one
+read on an idle connection, never makes one active, so it never touches the
+timer.  The steps tell the enforcer what they cut (``cut``, ``report``,
+``close_keepalive``) and what their walks found (``rate_walked``); the
+enforcer keeps the state.
 
 The connection budget (``max_connections``) is kept at connect, not by the
 timer: the server layer reports each new connection (``join``), and over
@@ -93,13 +76,13 @@ from connlist.core.kinds import (
 from connlist.core.logs import Summary, log, logger
 from connlist.core.records import Address
 from connlist.core.sweep import STEPS, reading_paused
+from connlist.core.timer import SWEEP_TIME, Timer
 
 __all__ = [
     "LINGER",
     "PRESSURE_FLOOR",
     "PRESSURE_WATERMARK",
     "STATE_KEY",
-    "SWEEP_TIME",
     "Enforcer",
     "OnTimeout",
     "shrink",
@@ -112,11 +95,6 @@ STATE_KEY = "connlist.core.enforcer"
 # How long a connection connlist closed may take to go (long enough for a
 # well-behaved client to read the 408) before it is aborted.
 LINGER = 1.0
-# Seconds of cutting-off work per loop iteration (the sweep's time, not the
-# connection budget), and how many connections are taken from a list at a
-# time between two looks at the clock.
-SWEEP_TIME = 0.008
-_BATCH = 32
 # An on_timeout callback that runs longer than this is warned about, once.
 SLOW_CALLBACK = 0.010
 
@@ -162,21 +140,34 @@ def _is_open(fd: int) -> bool:
     return True
 
 
-def _open(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether ``loop`` is not closed (a test's stand-in loop that cannot tell is taken as open)."""
-    is_closed = getattr(loop, "is_closed", None)
-    return is_closed is None or not is_closed()
+def _log_out_of_descriptors(exc: object, tracked: int, max_connections: int) -> None:
+    """The ERROR line of the first ``accept()`` that failed for want of descriptors, with the numbers."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    # Counted without opening one (listing /proc/self/fd would need a
+    # descriptor, and there is none); once per worker, so the cost is fine.
+    open_fds = sum(_is_open(fd) for fd in range(min(soft, 1 << 16)))
+    log.error(
+        "accept() failed for want of file descriptors (%s): %d connections tracked, "
+        "max_connections %d, RLIMIT_NOFILE %d, %d descriptors open. The budget leaves too few "
+        "descriptors to the rest of the worker: lower max_connections or raise the limit (ulimit -n). "
+        "Later failures are counted in the view (accept_failures), not logged.",
+        exc,
+        tracked,
+        max_connections,
+        soft,
+        open_fds,
+    )
 
 
 OnTimeout = Callable[[Connection, TimeoutKind], object]
 
 
-class Enforcer:
+class Enforcer(Timer):
     """One worker's ConnectionsList, its settings, its timer, its counters and its log summary.
 
-    The timer runs on ``loop`` if one is given (it uses ``call_later``,
-    ``call_soon`` and ``is_closed``: the tests give a mock loop and move
-    ``clock`` by hand), else on the loop running when it is armed.
+    Its timer (``connlist.core.timer``) runs on ``loop`` if one is given,
+    else on the server's, else on the loop running when it is armed; it
+    reads ``clock``, the list's clock.
     """
 
     def __init__(
@@ -188,6 +179,7 @@ class Enforcer:
         linger: float = LINGER,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
+        super().__init__(loop)
         self.connections = ConnectionsList(clock)
         self.settings = Settings() if settings is None else settings
         self.on_timeout = on_timeout
@@ -205,24 +197,13 @@ class Enforcer:
         # The list's clock.
         self.clock = clock
         self.linger = linger
-        self.loop = loop
-        self._timer: asyncio.TimerHandle | None = None
-        # When the armed timer fires (a clock value; inf: none is armed).
-        self.timer_at = math.inf
-        # Which arming the armed timer is: a timer that was replaced, yet
-        # still fires (a loop that cannot cancel), does nothing.
-        self._arming = 0
-        self._timer_loop: asyncio.AbstractEventLoop | None = None
-        # A sweep that ran out of its budget continues at the next iteration.
-        self._continuing = False
-        self._soon: asyncio.Handle | None = None
-        # The rate step's, from the last sweep: the earliest rate deadline of
-        # the bodies it kept, and the end of the next grace period (see
-        # connlist.core.sweep.rate_expired).
+        # What the rate step told of its last walk (``rate_walked``): the
+        # earliest rate deadline of the bodies it kept, and the end of the
+        # next grace period (see connlist.core.sweep.rate_expired).
         self.rate_next: float | None = None
         self.grace_end: float | None = None
-        # The keep-alive step's, from the last sweep that closed an idle
-        # connection: when (see connlist.core.sweep.KEEPALIVE_BATCH).
+        # When the last idle connection was closed at its keep-alive time
+        # (``close_keepalive``; see connlist.core.sweep.KEEPALIVE_BATCH).
         self.keepalive_closed_at = -math.inf
         self._slow_callback_warned = False
         self._failure_logged = False
@@ -234,7 +215,6 @@ class Enforcer:
         # closes idle connections sooner under pressure.
         self.keep_alive = KEEP_ALIVE
         self.keep_alive_timed = False
-        self.attached_loop: asyncio.AbstractEventLoop | None = None
         # The protocol class that told it the above and its mode (the server
         # layer's, once per server and loop; None: none since the server started).
         self.fed_by: type | None = None
@@ -276,12 +256,7 @@ class Enforcer:
         self.cancel()
         self.watch()
 
-    # -- the timer -----------------------------------------------------------
-
-    def watch(self) -> None:
-        """Arm the timer if none is armed; call after ``connect``, ``message_begin`` and ``stall``."""
-        if self._timer is None and not self._continuing:
-            self._arm()
+    # -- what is due -----------------------------------------------------------
 
     def _anything_due(self) -> bool:
         connections = self.connections
@@ -293,51 +268,6 @@ class Enforcer:
             or self.pressed
             or (self.keep_alive_timed and connections.idle_queue)
         )
-
-    def cancel(self) -> None:
-        """Forget the timer (and a sweep waiting to carry on): a server is starting, or nothing is due."""
-        loop = self._timer_loop
-        live = loop is not None and _open(loop)
-        if self._timer is not None:
-            if live:
-                self._timer.cancel()
-            self._timer = None
-            self.timer_at = math.inf
-        if self._soon is not None:
-            if live:
-                self._soon.cancel()
-            self._soon = None
-            self._continuing = False
-        self._timer_loop = None
-
-    def bring_forward(self, when: float) -> None:
-        """Make sure the timer fires by ``when`` (a clock value): for clocks started outside a sweep."""
-        if self._continuing or (self._timer is not None and self.timer_at <= when):
-            return
-        self.cancel()
-        self._arm()
-
-    def wake_by(self, when: float) -> None:
-        """The timer fires at ``when`` at the latest: a connection idle under the keep-alive the list times.
-
-        The server layer calls it where a response leaves a connection idle,
-        only if the timer is armed for later (``timer_at``): in a busy worker
-        it is not, since it fires for the connection idle longest.  Armed
-        for exactly ``when``, so a loop that runs it has reached ``when``
-        (see ``_sweep``), unless that is further away than
-        ``Settings.shortest``, as no timer may be: then the sweep at that
-        time arms the next, for ``when`` if nothing comes before.
-        """
-        if self._continuing or when >= self.timer_at:
-            return
-        self.cancel()
-        now = self.clock()
-        shortest = self.settings.shortest
-        if shortest and when > now + shortest:
-            # Never further away than that: a connection that arrives while
-            # this timer is armed arms none of its own (``join``).
-            when = now + shortest
-        self._set_timer(now, when)
 
     def _next_due(self, now: float) -> float | None:
         """The earliest clock value at which anything can be due, or None if nothing can."""
@@ -367,57 +297,6 @@ class Enforcer:
             self.headers_timeout_now = self.settings.headers_timeout
             self.idle_time_now = idle_time
 
-    def _arm(self) -> None:
-        now = self.clock()
-        due = self._next_due(now)
-        shortest = self.settings.shortest
-        if due is None:
-            if not shortest or not self._anything_due():
-                return  # nothing can be due until a connection is active, stalled or closing
-            # A body that began since the last sweep (with no other timeout on).
-            due = now + shortest
-        elif shortest:
-            # Never later: what starts a clock after this cannot be due earlier than that.
-            due = min(due, now + shortest)
-        self._set_timer(now, due)
-
-    def _set_timer(self, now: float, due: float) -> None:
-        loop = self._loop()
-        delay = max(due - now, 0.0)
-        self._arming += 1
-        self._timer = loop.call_later(delay, self._sweep, self._arming)
-        self.timer_at = now + delay
-        self._timer_loop = loop
-
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        """Where the timer runs: the given loop, else the protocols' (``attach``), else the running one."""
-        if self.loop is not None:
-            return self.loop
-        attached = self.attached_loop
-        if attached is not None and _open(attached):
-            return attached
-        return asyncio.get_running_loop()
-
-    def _sweep(self, arming: int = 0) -> None:
-        if arming and arming != self._arming:
-            return  # a timer replaced since, which its loop still ran
-        # The loop ran the timer: at least the time it was armed for has come.
-        floor = self.timer_at if arming else 0.0
-        self._timer = None
-        self.timer_at = math.inf
-        self._soon = None
-        self._continuing = False
-        if self._work(floor):
-            self.summary.flush(self.clock())
-            self._arm()
-        else:
-            # Out of budget: carry on at the next loop iteration, after the
-            # I/O that is ready (other clients) has been served.
-            self._continuing = True
-            loop = self._loop()
-            self._soon = loop.call_soon(self._sweep)
-            self._timer_loop = loop
-
     def _work(self, floor: float = 0.0) -> bool:
         """Cut off what is due, within ``SWEEP_TIME``; whether everything due was done.
 
@@ -429,23 +308,10 @@ class Enforcer:
             self.pressed = self.pressure > PRESSURE_WATERMARK
         self._apply_pressure()
         stop = started + SWEEP_TIME
-        return all(step.run(self, now, stop) for step in STEPS)
-
-    def drain(
-        self, take: Callable[[int], list[Connection]], act: Callable[[Connection], object], stop: float
-    ) -> bool:
-        """One step's loop (``sweep``): ``act`` on each batch ``take`` finds, until one is short.
-
-        Whether the list has nothing more due (False: the sweep's budget, ``stop``, ran out).
-        """
-        while True:
-            batch = take(_BATCH)
-            for conn in batch:
-                act(conn)
-            if len(batch) < _BATCH:
-                return True
-            if self.clock() > stop:
-                return False
+        if not all(step.run(self, now, stop) for step in STEPS):
+            return False
+        self.summary.flush(self.clock())
+        return True
 
     # -- the connection budget ------------------------------------------------
 
@@ -565,7 +431,7 @@ class Enforcer:
     def hold_upgraded(self, record: Connection, method: str | None = None, path: str | None = None) -> None:
         """``upgrade``'s second half, for a server layer that must finish the request's events first."""
         self.connections.upgrade(record, method, path)
-        if record.upgraded:  # (one let go meanwhile is closing: it keeps its handle, for the linger)
+        if record.is_upgraded:  # (one let go meanwhile is closing: it keeps its handle, for the linger)
             record.handle = None
             self.totals.upgrades += 1
 
@@ -603,23 +469,8 @@ class Enforcer:
 
     def _accept_failed(self, exc: object) -> None:
         self.totals.accept_failures += 1
-        if self.totals.accept_failures > 1:
-            return
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        # Counted without opening one (listing /proc/self/fd would need a
-        # descriptor, and there is none); once per worker, so the cost is fine.
-        open_fds = sum(_is_open(fd) for fd in range(min(soft, 1 << 16)))
-        log.error(
-            "accept() failed for want of file descriptors (%s): %d connections tracked, "
-            "max_connections %d, RLIMIT_NOFILE %d, %d descriptors open. The budget leaves too few "
-            "descriptors to the rest of the worker: lower max_connections or raise the limit (ulimit -n). "
-            "Later failures are counted in the view (accept_failures), not logged.",
-            exc,
-            len(self.connections),
-            self.settings.max_connections,
-            soft,
-            open_fds,
-        )
+        if self.totals.accept_failures == 1:
+            _log_out_of_descriptors(exc, len(self.connections), self.settings.max_connections)
 
     # -- closing -------------------------------------------------------------
 
@@ -633,7 +484,7 @@ class Enforcer:
         """``kind``'s DEBUG line under this enforcer's settings, built only if it is written."""
         return lambda: kind.message.format(s=self.settings, now=self.headers_timeout_now)
 
-    def record(self, conn: Connection, kind: TimeoutKind) -> None:
+    def report(self, conn: Connection, kind: TimeoutKind) -> None:
         """Count a timeout, log it, and call ``on_timeout``."""
         self.count(TIMEOUT_BY_NAME[kind], conn)
         on_timeout = self.on_timeout
@@ -662,11 +513,36 @@ class Enforcer:
 
     def cut(self, conn: Connection, kind: TimeoutKind) -> None:
         """An expired connection: count, log, call back, then 408 (if possible) and close, and linger."""
-        self.record(conn, kind)
+        self.report(conn, kind)
         handle = conn.handle
         if handle is not None:
             self.call(handle.connlist_close_expired)
             self.connections.linger(conn)
+
+    def close_keepalive(self, conn: Connection, now: float) -> None:
+        """An idle connection at its keep-alive time (shortened under pressure, see ``shrink``): closed.
+
+        At uvicorn's own time it is counted and closed as uvicorn closes it;
+        sooner, under pressure, it is counted and logged as the budget's
+        cuts are, closed, and aborted if it does not go within the linger.
+        ``now``: the sweep's (``keepalive_closed_at``).
+        """
+        self.keepalive_closed_at = now
+        handle = conn.handle
+        if self.idle_time_now < self.keep_alive:
+            self.connections.evict(conn)
+            self.count(TIMEOUT_BY_NAME["keepalive"], conn)
+            if handle is not None:
+                self.call(handle.connlist_close_idle)
+        else:
+            self.totals.keepalive_timeouts += 1
+            if handle is not None:
+                self.call(handle.connlist_close_keepalive)
+
+    def rate_walked(self, rate_next: float | None, grace_end: float | None) -> None:
+        """What the rate step's walk found (``sweep.rate_expired``): no body is due before either."""
+        self.rate_next = rate_next
+        self.grace_end = grace_end
 
     @staticmethod
     def call(method: Callable[[], object]) -> None:

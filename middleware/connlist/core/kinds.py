@@ -2,9 +2,10 @@
 
 Theory of operation.  A *kind* is one rule that ends a connection: a
 timeout (``TIMEOUT_KINDS``: the headers, the request, the body's minimum
-rate, the send timeout) or a way of making room at the connection budget
-(``ROOM_KINDS``).  Everything connlist knows of a kind is its row here, and
-every other module reads the rows:
+rate, the send timeout, and the keep-alive where the list times it) or a
+way of making room at the connection budget (``ROOM_KINDS``).  Everything
+connlist knows of a kind is its row here, and every other module reads the
+rows:
 
 * its **option**: a field of ``Settings``, with its default, its unit and
   the rule ``resolve`` checks it by, and its key in ``Options`` (the
@@ -17,41 +18,52 @@ every other module reads the rows:
 * what the views and the metrics call it (``label``, ``unit``, ``help``),
   its DEBUG line, and whether ASGI-only mode can enforce it.
 
-The rules for numbers (``check_number`` and the rest) are here too: every
-option of the package is checked by them where it is given.
+The rules for numbers (``check_number`` and the rest) and the options'
+defaults are ``connlist.core.checks``': every option of the package is
+checked by them where it is given, and ``resolve`` checks the kinds' with
+them.
 
-This module is data and rules: it imports nothing of connlist's.  The
-sweep's steps that find and cut each kind are ``connlist.core.sweep``'s; the
-choice of what goes at the budget is ``connlist.core.budget``'s.  ``_rows_agree``
-holds the declarations to each other at import.
+This module is data and rules: it imports nothing of connlist's but
+``connlist.core.checks``.  The sweep's steps that find and cut each kind
+are ``connlist.core.sweep``'s; the choice of what goes at the budget is
+``connlist.core.budget``'s.  ``_rows_agree`` holds the declarations to each
+other at import.
 """
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import math
-import resource
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Literal, Protocol, TypedDict, get_args
+
+from connlist.core.checks import (
+    DEFAULT_BODY_GRACE,
+    DEFAULT_BODY_MIN_RATE,
+    DEFAULT_HEADERS_TIMEOUT,
+    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_SEND_TIMEOUT,
+    check_max_connections,
+    check_max_upgraded,
+    check_number,
+    check_timeout,
+    default_max_connections,
+    default_max_upgraded,
+    nearest,
+    resolve_timeouts,
+)
 
 if TYPE_CHECKING:
     # Annotations only (typing.Unpack is Python 3.11+).
     from typing_extensions import Unpack
 
+
 __all__ = [
-    "DEFAULT_BODY_GRACE",
-    "DEFAULT_BODY_MIN_RATE",
-    "DEFAULT_HEADERS_TIMEOUT",
-    "DEFAULT_REQUEST_TIMEOUT",
-    "DEFAULT_SEND_TIMEOUT",
-    "RESERVED_DESCRIPTORS",
     "ROOM_KINDS",
     "SEND_STEP",
     "SEND_STEP_LIMIT",
     "TIMEOUT_KINDS",
-    "UPGRADED_SHARE",
     "UPGRADE_REFUSED",
     "Kind",
     "Options",
@@ -59,100 +71,14 @@ __all__ = [
     "Settings",
     "TimeoutKind",
     "Totals",
-    "check_number",
-    "check_timeout",
-    "check_whole",
     "deadline",
-    "default_max_connections",
-    "default_max_upgraded",
     "effective_timeouts",
-    "nearest",
     "option_parameters",
     "resolve",
-    "resolve_timeouts",
     "send_allowance",
 ]
 
-# -- the rules for numbers ---------------------------------------------------------
-
-
-def check_number(name: str, value: object, unit: str, *, none_disables: bool = False) -> float:
-    """Validate a finite number of ``unit`` >= 0 (0 disables it) and return it as a float.
-
-    ``TypeError`` for anything but an int or a float (a bool is not a
-    number here), ``ValueError`` for a negative, infinite or NaN value; both
-    name the option.  With ``none_disables``, None is accepted, as 0.
-    """
-    if value is None and none_disables:
-        return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        kind = f"a number of {unit} or None" if none_disables else f"a number of {unit}"
-        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number of {unit} >= 0 (0 disables it), got {value!r}")
-    return float(value)
-
-
-def check_timeout(name: str, value: object) -> float:
-    """Validate one timeout (seconds, 0 disables) and return it as a float."""
-    return check_number(name, value, "seconds")
-
-
-def check_whole(name: str, value: object, maximum: int) -> int:
-    """Validate a whole number from 0 to ``maximum``: ``ValueError`` naming the option otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
-        raise ValueError(f"{name} must be an integer from 0 to {maximum}, got {value!r}")
-    return value
-
-
-def nearest(name: str, options: Sequence[str]) -> str:
-    """What an error for an unknown option ``name`` says next: the nearest of ``options``, or all of them."""
-    close = difflib.get_close_matches(name, options, n=1)
-    return f"did you mean {close[0]!r}?" if close else f"the options are {', '.join(options)}"
-
-
 # -- the options -----------------------------------------------------------------
-
-# Node.js's requestTimeout and headersTimeout.
-DEFAULT_REQUEST_TIMEOUT = 300.0
-DEFAULT_HEADERS_TIMEOUT = 60.0
-# nginx's send_timeout.
-DEFAULT_SEND_TIMEOUT = 60.0
-# Apache mod_reqtimeout's default in Debian: body=10,MinRate=500.
-DEFAULT_BODY_MIN_RATE = 500.0
-DEFAULT_BODY_GRACE = 10.0
-# Descriptors max_connections leaves to the rest of the worker by default:
-# this many (the listening socket, stdin/out/err, the event loop's epoll and
-# wake-up pipe, log files, the debug endpoint's socket and its clients) plus
-# one in RESERVED_SHARE of the limit (the app's own connections to databases
-# and other services, its files, and the connections the event loop accepts
-# in one go before the budget sees them).
-RESERVED_DESCRIPTORS = 64
-RESERVED_SHARE = 8
-
-
-def default_max_connections(limit: int | None = None) -> int:
-    """The default budget: the descriptor limit less ``RESERVED_DESCRIPTORS`` and 1/``RESERVED_SHARE`` of it.
-
-    ``limit`` defaults to the process's soft ``RLIMIT_NOFILE`` (``ulimit -n``);
-    an unlimited one gives 0 (no budget).  1024 gives 832, 4096 gives 3,520.
-    At least 1.
-    """
-    if limit is None:
-        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if limit == resource.RLIM_INFINITY or limit < 0:
-        return 0
-    return max(1, limit - RESERVED_DESCRIPTORS - limit // RESERVED_SHARE)
-
-
-# The share of max_connections upgraded connections (websockets) may hold
-# by default: one in UPGRADED_SHARE (docs/settings.md says why half).
-UPGRADED_SHARE = 2
-
-
-def default_max_upgraded(max_connections: int) -> int:
-    """The default share of upgraded connections: half the budget, at least 1; 0 (none) without a budget."""
-    return max(1, max_connections // UPGRADED_SHARE) if max_connections else 0
 
 
 def _option(default: float, unit: str) -> float:
@@ -231,51 +157,6 @@ def option_parameters() -> list[inspect.Parameter]:
     return result
 
 
-def resolve_timeouts(headers_timeout: float | None, request_timeout: float) -> tuple[float, float]:
-    """Validate the two options as Node.js's ``http.createServer`` does; return the effective values."""
-    request_timeout = check_number("request_timeout", request_timeout, "seconds")
-    if headers_timeout is None:
-        # Node: headersTimeout defaults to min(60 s, requestTimeout); with
-        # the request timeout disabled, to 60 s.
-        headers_timeout = min(DEFAULT_HEADERS_TIMEOUT, request_timeout) or DEFAULT_HEADERS_TIMEOUT
-    headers_timeout = check_number("headers_timeout", headers_timeout, "seconds")
-    if headers_timeout and request_timeout and headers_timeout > request_timeout:
-        raise ValueError(
-            f"headers_timeout ({headers_timeout:g}) must not be greater than "
-            f"request_timeout ({request_timeout:g}) when both are enabled"
-        )
-    return headers_timeout, request_timeout
-
-
-def _check_max_connections(value: object) -> int:
-    if value is None:
-        return default_max_connections()
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"max_connections must be None or an int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(
-            f"max_connections must be >= 0 (0 disables the budget, None derives it), got {value!r}"
-        )
-    return value
-
-
-def _check_max_upgraded(value: object, max_connections: int) -> int:
-    if value is None:
-        return default_max_upgraded(max_connections)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"max_upgraded must be None or an int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(
-            f"max_upgraded must be >= 0 (0: no share of its own, None derives it), got {value!r}"
-        )
-    if max_connections and value > max_connections:
-        raise ValueError(
-            f"max_upgraded ({value}) must not be greater than max_connections ({max_connections}): "
-            "upgraded connections count against the budget too"
-        )
-    return value
-
-
 def resolve(**options: Unpack[Options]) -> Settings:
     """Validate every option (``ValueError``/``TypeError`` naming it) and return the effective settings.
 
@@ -296,8 +177,8 @@ def resolve(**options: Unpack[Options]) -> Settings:
         if item.name in values or "unit" not in item.metadata:
             continue
         values[item.name] = check_number(item.name, given.get(item.name, item.default), item.metadata["unit"])
-    values["max_connections"] = max_connections = _check_max_connections(options.get("max_connections"))
-    values["max_upgraded"] = _check_max_upgraded(options.get("max_upgraded"), max_connections)
+    values["max_connections"] = max_connections = check_max_connections(options.get("max_connections"))
+    values["max_upgraded"] = check_max_upgraded(options.get("max_upgraded"), max_connections)
     if values["body_min_rate"] and not values["body_grace"]:
         # With no grace a body would be behind the moment its headers are in.
         raise ValueError("body_grace must be greater than 0 while body_min_rate is enabled (0 disables it)")
@@ -408,7 +289,7 @@ class Timed(Protocol):
     @property
     def receiving_body(self) -> bool: ...
     @property
-    def stalled(self) -> bool: ...
+    def is_stalled(self) -> bool: ...
     @property
     def last_message_start(self) -> float: ...
     @property
@@ -450,7 +331,7 @@ def deadline(conn: Timed, settings: Settings) -> tuple[TimeoutKind, float] | Non
             if due < when:
                 kind, when = "rate", due
         return None if when == _INF else (kind, when)
-    if conn.stalled and settings.send_timeout:
+    if conn.is_stalled and settings.send_timeout:
         return "send", conn.out_since + settings.send_timeout
     return None
 

@@ -124,7 +124,6 @@ class Connection:
         "handle",
         "headers_completed",
         "id",
-        "idle_at",
         "idle_since",
         "last_message_start",
         "out_acked",
@@ -134,6 +133,7 @@ class Connection:
         "out_state",
         "out_step",
         "requests",
+        "responded_at",
         "responding",
         "server",
     )
@@ -197,13 +197,13 @@ class Connection:
         # acknowledgements came (kept from one stall to the next).
         self.out_acked = -1
         self.out_step = 0
-        # While in ``idle_queue`` (see ``connlist.core.budget``): its key there,
+        # While in ``idle_queue`` (see ``connlist.core.sweep``): its key there,
         # a clock value no later than the start of its idle time.
         self.idle_since = 0.0
         # When its last response ended (``response_complete``; the server
         # layer writes it itself on its fast path), or 0: not since its last
         # message ended.
-        self.idle_at = 0.0
+        self.responded_at = 0.0
         # Closed or aborted to make room (``ConnectionsList.evict``): its
         # descriptor is on its way out, it no longer counts against the budget.
         self.evicted = False
@@ -245,7 +245,7 @@ class Connection:
         return self._all_next is not None or self.out_state == OUT_UPGRADED
 
     @property
-    def upgraded(self) -> bool:
+    def is_upgraded(self) -> bool:
         """Whether the connection left HTTP (a websocket) and is held in ``upgraded`` until it closes."""
         return self.out_state == OUT_UPGRADED
 
@@ -260,7 +260,7 @@ class Connection:
         return self._body_link.next is not self._body_link
 
     @property
-    def stalled(self) -> bool:
+    def is_stalled(self) -> bool:
         """Whether the client stopped taking the response (the transport paused writing)."""
         return self.out_state == OUT_STALLED
 

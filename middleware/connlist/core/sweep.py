@@ -3,15 +3,46 @@
 Theory of operation.  When the enforcer's timer fires, ``Enforcer._work``
 runs the ``STEPS`` in order, each over one list of ``ConnectionsList``:
 ``run(enforcer, now, stop)`` cuts what is due, within the sweep's time
-(``stop``, a clock value), and says whether it finished (see
-``Enforcer.drain``); ``due(enforcer, now)`` is the earliest clock value at
+(``stop``, a clock value), and says whether it finished (``drain``);
+``due(enforcer, now)`` is the earliest clock value at
 which it can find anything (None: nothing in its list can be due), where the
 timer is armed next.  Each walk starts at the head of its list and stops at
 the first record too young to be due, so its cost is that of what it finds.
-The steps use the enforcer's public methods (``drain``, ``cut``, ``record``,
-``count``, ``call``); the pressure it applies (``headers_timeout_now``,
+Each step takes what is due in batches, and tells the enforcer
+what to cut (``Enforcing``: ``cut``, ``report``, ``close_keepalive``) and
+what its walk found (``rate_walked``): the enforcer writes its own state,
+the steps read it.  The pressure it applies (``headers_timeout_now``,
 ``idle_time_now``) is set before any step or due time is asked for.  The
-rules are the table's (``connlist.core.kinds``).
+rules are the table's (``connlist.core.kinds``); every timeout kind is cut
+by one step (``Step.kinds``, checked at import).
+
+The idle order.  ``ConnectionsList.idle_queue`` is a heap of idle
+connections keyed by a clock value no later than the start of their idle
+time: a record joins at ``message_complete``, keyed by its message's start
+(no clock is read there).  A whole request on an idle connection
+(``message``, the common case) neither moves it nor reads a clock, so when a
+walk finds a record at the top, its key may be behind.  ``idle_look``
+therefore gives it a second chance, as the CLOCK page-replacement algorithm
+does, and corrects its key on the way:
+
+* a record serving a request (``responding``), or whose client is taking a
+  response (stalled), goes back keyed now: its idle time starts later;
+* a record whose last response ended after its key (``responded_at``: the
+  server layer writes it at each response's end) goes back keyed by that
+  time, exactly;
+* one with no response ended since its message did (the response ended
+  before the request's body, or the feeder does not say) goes back keyed
+  now: its idle time counts from the first look;
+* one that is no longer idle (a request began, it expired, it is closing,
+  it was let go) leaves the heap, to join again at its next
+  ``message_complete``;
+* the rest is idle since its key: the keep-alive step (``idle_expired``)
+  closes it once that is ``keep_alive`` ago, and the budget may let it go
+  (``connlist.core.budget.idle_oldest``).
+
+A record goes back at most once per idle time begun, so a connection is
+looked at about once per keep-alive period, however many requests it
+serves.  A request being served is never let go.
 """
 
 from __future__ import annotations
@@ -19,19 +50,118 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from connlist.core.budget import idle_expired, idle_head_since
 from connlist.core.connections import ConnectionsList
-from connlist.core.kinds import TIMEOUT_BY_NAME, send_allowance
-from connlist.core.records import OUT_NONE, OUT_STALLED, Connection
+from connlist.core.kinds import TIMEOUT_KINDS, Settings, TimeoutKind, send_allowance
+from connlist.core.records import OUT_CLOSING, OUT_STALLED, Connection
 
-if TYPE_CHECKING:
-    from connlist.core.enforcer import Enforcer
-
-__all__ = ["STEPS", "Step", "lingered", "rate_expired", "reading_paused", "stall_sample", "stalled_due"]
+__all__ = [
+    "STEPS",
+    "Enforcing",
+    "Step",
+    "drain",
+    "idle_expired",
+    "idle_look",
+    "lingered",
+    "rate_expired",
+    "reading_paused",
+    "stall_sample",
+    "stalled_due",
+]
 
 _INF = math.inf
+# How many connections a step takes from its list at a time, between two looks at the clock.
+_BATCH = 32
+
+
+class Enforcing(Protocol):
+    """What the steps read of the enforcer (``connlist.core.enforcer.Enforcer``), and what they tell it."""
+
+    @property
+    def connections(self) -> ConnectionsList: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def linger(self) -> float: ...
+    @property
+    def keep_alive(self) -> float: ...
+    @property
+    def headers_timeout_now(self) -> float: ...
+    @property
+    def idle_time_now(self) -> float: ...
+    @property
+    def rate_next(self) -> float | None: ...
+    @property
+    def grace_end(self) -> float | None: ...
+    @property
+    def keepalive_closed_at(self) -> float: ...
+    def cut(self, conn: Connection, kind: TimeoutKind) -> None: ...
+    def report(self, conn: Connection, kind: TimeoutKind) -> None: ...
+    def close_keepalive(self, conn: Connection, now: float) -> None: ...
+    def rate_walked(self, rate_next: float | None, grace_end: float | None) -> None: ...
+    def call(self, method: Callable[[], object]) -> None: ...
+
+
+def drain(
+    clock: Callable[[], float],
+    take: Callable[[int], list[Connection]],
+    act: Callable[[Connection], object],
+    stop: float,
+) -> bool:
+    """One step's loop: ``act`` on each batch ``take`` finds, until one is short.
+
+    Whether the list has nothing more due (False: the sweep's time, ``stop``
+    on ``clock``, ran out).
+    """
+    while True:
+        batch = take(_BATCH)
+        for conn in batch:
+            act(conn)
+        if len(batch) < _BATCH:
+            return True
+        if clock() > stop:
+            return False
+
+
+def idle_look(connections: ConnectionsList, node: Connection, now: float) -> bool:
+    """``node``, just taken off the idle queue: whether it is idle since its key (see "The idle order").
+
+    One that is not goes back into the queue, keyed anew, or, no longer
+    idle, leaves it.
+    """
+    if node.last_message_start != 0.0 or node.evicted or node.out_state == OUT_CLOSING:
+        return False
+    queue = connections.idle_queue
+    if node.responding or node.out_state == OUT_STALLED:
+        queue.push(node, now)
+    elif node.responded_at > node.idle_since:
+        queue.push(node, node.responded_at)
+    elif node.responded_at == 0.0:
+        # No response ended since its message did (it ended first, or the
+        # feeder does not say): idle from the first look on.
+        node.responded_at = now
+        queue.push(node, now)
+    else:
+        return True
+    return False
+
+
+def idle_expired(connections: ConnectionsList, idle_time: float, now: float, limit: int) -> list[Connection]:
+    """Take out and return up to ``limit`` connections idle (and closable) for ``idle_time`` or more."""
+    queue = connections.idle_queue
+    bound = now - idle_time
+    due: list[Connection] = []
+    while len(due) < limit:
+        since = queue.head_stamp()
+        if since is None or since > bound:
+            break
+        node: Connection = queue.pop()  # type: ignore[assignment]  # the head just seen
+        if idle_look(connections, node, now):
+            due.append(node)
+    return due
 
 
 def rate_expired(
@@ -75,7 +205,7 @@ def rate_expired(
         elif now > deadline:
             if len(expired) == limit:
                 break
-            connections.expire(node)
+            connections.time_out(node)
             expired.append(node)
         elif deadline < earliest:
             earliest = deadline
@@ -111,8 +241,7 @@ def lingered(connections: ConnectionsList, linger: float, now: float, limit: int
     """Unlink and return up to ``limit`` closing connections closed at least ``linger`` ago."""
     done = connections.closing.due(now - linger, limit)
     for conn in done:
-        connections.closing.unlink(conn)
-        conn.out_state = OUT_NONE
+        connections.out_leave(conn)
     return done
 
 
@@ -138,14 +267,14 @@ class Step:
     """One step of the enforcer's sweep, over one list of ``ConnectionsList``, for the kinds it cuts.
 
     ``run(enforcer, now, stop)`` cuts what is due, within the sweep's
-    budget (``stop``, a clock value), and says whether it finished (see
-    ``Enforcer.drain``); ``due(enforcer, now)`` is the earliest clock value
+    time (``stop``, a clock value), and says whether it finished (see
+    ``drain``); ``due(enforcer, now)`` is the earliest clock value
     at which it can find anything (None: nothing in its list can be due).
     """
 
-    run: Callable[[Enforcer, float, float], bool]
-    due: Callable[[Enforcer, float], float | None]
-    # The names of the rows of connlist.core.kinds it counts.
+    run: Callable[[Enforcing, float, float], bool]
+    due: Callable[[Enforcing, float], float | None]
+    # The names of the rows of connlist.core.kinds it cuts (``_steps_agree``).
     kinds: tuple[str, ...] = ()
 
 
@@ -155,38 +284,24 @@ def reading_paused(conn: Connection) -> bool:
     return handle is not None and handle.connlist_reading_paused()
 
 
-def _run_keepalive(enforcer: Enforcer, now: float, stop: float) -> bool:
+def _run_keepalive(enforcer: Enforcing, now: float, stop: float) -> bool:
     """Keep-alive connections idle for the keep-alive time (shortened under pressure), closed."""
     idle_time = enforcer.idle_time_now
     if idle_time == _INF:
         return True
     connections = enforcer.connections
-    kind = TIMEOUT_BY_NAME["keepalive"]
-    shortened = idle_time < enforcer.keep_alive
-
-    def close(conn: Connection) -> None:
-        handle = conn.handle
-        enforcer.keepalive_closed_at = now  # (KEEPALIVE_BATCH)
-        if shortened:
-            # Under pressure: counted and logged as the budget's cuts are,
-            # closed, and aborted if it does not go within the linger.
-            connections.evict(conn)
-            enforcer.count(kind, conn)
-            if handle is not None:
-                enforcer.call(handle.connlist_close_idle)
-        else:
-            # uvicorn's own keep-alive: counted, closed as uvicorn closes it.
-            enforcer.totals.keepalive_timeouts += 1
-            if handle is not None:
-                enforcer.call(handle.connlist_close_keepalive)
-
-    return enforcer.drain(lambda n: idle_expired(connections, idle_time, now, n), close, stop)
+    return drain(
+        enforcer.clock,
+        lambda n: idle_expired(connections, idle_time, now, n),
+        lambda conn: enforcer.close_keepalive(conn, now),
+        stop,
+    )
 
 
-def _due_keepalive(enforcer: Enforcer, now: float) -> float | None:
+def _due_keepalive(enforcer: Enforcing, now: float) -> float | None:
     # Not SLACK later: uvicorn's rule is not strict, a connection idle for
     # exactly the keep-alive time is closed (its timer, call_later, fires then).
-    since = idle_head_since(enforcer.connections)
+    since = enforcer.connections.idle_queue.head_stamp()
     idle_time = enforcer.idle_time_now
     if since is None or idle_time == _INF:
         return None
@@ -194,7 +309,7 @@ def _due_keepalive(enforcer: Enforcer, now: float) -> float | None:
     return max(since + idle_time, enforcer.keepalive_closed_at + KEEPALIVE_BATCH)
 
 
-def _run_active(enforcer: Enforcer, now: float, stop: float) -> bool:
+def _run_active(enforcer: Enforcing, now: float, stop: float) -> bool:
     """Headers and request timeouts, one walk of ``active`` (Node's rule)."""
     settings = enforcer.settings
     headers_timeout = enforcer.headers_timeout_now
@@ -206,19 +321,19 @@ def _run_active(enforcer: Enforcer, now: float, stop: float) -> bool:
         headers = settings.headers_timeout and not conn.headers_completed
         enforcer.cut(conn, "headers" if headers else "request")
 
-    return enforcer.drain(
-        lambda n: connections.expired(headers_timeout, settings.request_timeout, n), cut, stop
+    return drain(
+        enforcer.clock, lambda n: connections.expired(headers_timeout, settings.request_timeout, n), cut, stop
     )
 
 
-def _due_active(enforcer: Enforcer, now: float) -> float | None:
+def _due_active(enforcer: Enforcing, now: float) -> float | None:
     deadline = enforcer.connections.next_deadline(
         enforcer.headers_timeout_now, enforcer.settings.request_timeout
     )
     return None if deadline is None else deadline + SLACK
 
 
-def _run_rate(enforcer: Enforcer, now: float, stop: float) -> bool:
+def _run_rate(enforcer: Enforcing, now: float, stop: float) -> bool:
     """Bodies behind the minimum rate, past their grace (``body``)."""
     settings = enforcer.settings
     if not settings.body_min_rate:
@@ -226,15 +341,16 @@ def _run_rate(enforcer: Enforcer, now: float, stop: float) -> bool:
     connections = enforcer.connections
 
     def take(n: int) -> list[Connection]:
-        batch, enforcer.rate_next, enforcer.grace_end = rate_expired(
+        batch, rate_next, grace_end = rate_expired(
             connections, settings.body_min_rate, settings.body_grace, now, n, reading_paused
         )
+        enforcer.rate_walked(rate_next, grace_end)
         return batch
 
-    return enforcer.drain(take, lambda conn: enforcer.cut(conn, "rate"), stop)
+    return drain(enforcer.clock, take, lambda conn: enforcer.cut(conn, "rate"), stop)
 
 
-def _due_rate(enforcer: Enforcer, now: float) -> float | None:
+def _due_rate(enforcer: Enforcing, now: float) -> float | None:
     # From the last sweep: the earliest rate deadline of the bodies it kept,
     # and the end of the next grace period.  Bodies begun since cannot be
     # due before ``Settings.shortest`` from now, which bounds every delay.
@@ -248,7 +364,7 @@ def _due_rate(enforcer: Enforcer, now: float) -> float | None:
     return min(candidates) if candidates else None
 
 
-def _run_send(enforcer: Enforcer, now: float, stop: float) -> bool:
+def _run_send(enforcer: Enforcing, now: float, stop: float) -> bool:
     """Stalled responses: sampled, and those without progress for their allowance aborted."""
     send_timeout = enforcer.settings.send_timeout
     if not send_timeout:
@@ -267,21 +383,21 @@ def _run_send(enforcer: Enforcer, now: float, stop: float) -> bool:
         still = stall_sample(connections, conn, pending, now, acked)
         if still >= send_allowance(send_timeout, conn.out_step):
             connections.unstall(conn)
-            enforcer.record(conn, "send")
+            enforcer.report(conn, "send")
             if handle is not None:
                 enforcer.call(handle.connlist_abort)
 
-    return enforcer.drain(lambda n: stalled_due(connections, send_timeout / 4, now, n), sample, stop)
+    return drain(enforcer.clock, lambda n: stalled_due(connections, send_timeout / 4, now, n), sample, stop)
 
 
-def _due_send(enforcer: Enforcer, now: float) -> float | None:
+def _due_send(enforcer: Enforcing, now: float) -> float | None:
     # A stalled connection is sampled every send_timeout / 4.
     send_timeout = enforcer.settings.send_timeout
     sampled = enforcer.connections.stalled.head_stamp() if send_timeout else None
     return None if sampled is None else sampled + send_timeout / 4
 
 
-def _run_linger(enforcer: Enforcer, now: float, stop: float) -> bool:
+def _run_linger(enforcer: Enforcing, now: float, stop: float) -> bool:
     """Closed connections that did not go within the linger, aborted."""
     connections = enforcer.connections
 
@@ -292,10 +408,10 @@ def _run_linger(enforcer: Enforcer, now: float, stop: float) -> bool:
         if conn.handle is not None:
             enforcer.call(conn.handle.connlist_abort)
 
-    return enforcer.drain(lambda n: lingered(connections, enforcer.linger, now, n), abort, stop)
+    return drain(enforcer.clock, lambda n: lingered(connections, enforcer.linger, now, n), abort, stop)
 
 
-def _due_linger(enforcer: Enforcer, now: float) -> float | None:
+def _due_linger(enforcer: Enforcing, now: float) -> float | None:
     since = enforcer.connections.closing.head_stamp()
     return None if since is None else since + enforcer.linger
 
@@ -309,3 +425,13 @@ STEPS = (
     Step(_run_send, _due_send, ("send",)),
     Step(_run_linger, _due_linger),
 )
+
+
+def _steps_agree() -> None:
+    # Every timeout kind of the table is cut by exactly one step.
+    cut_by = sorted(name for step in STEPS for name in step.kinds)
+    if cut_by != sorted(kind.name for kind in TIMEOUT_KINDS):  # pragma: no cover - a kind without its step
+        raise AssertionError(f"the sweep's steps cut {cut_by}, the table's timeout kinds are other")
+
+
+_steps_agree()

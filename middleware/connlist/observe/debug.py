@@ -60,9 +60,10 @@ from urllib.parse import parse_qsl
 
 from starlette.types import Receive, Scope, Send
 
+from connlist.core.checks import check_whole
 from connlist.core.connections import Connection, ConnectionsList, connection_state
 from connlist.core.enforcer import Enforcer, shrink
-from connlist.core.kinds import TIMEOUT_KINDS, check_whole
+from connlist.core.kinds import TIMEOUT_KINDS
 from connlist.core.logs import format_address
 from connlist.observe import page
 from connlist.observe.slices import STEP, cooperatively, json_cooperatively

@@ -363,7 +363,7 @@ class ASGIProtocol(Tracking, _Gunicorn):
         if not enforcer.keep_alive_timed:
             _Gunicorn._arm_keepalive_timer(self)
             return
-        due = record.idle_at + self._keepalive
+        due = record.responded_at + self._keepalive
         if due < enforcer.timer_at:
             enforcer.wake_by(due)
 

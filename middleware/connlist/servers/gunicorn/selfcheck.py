@@ -235,7 +235,7 @@ class _Script:
             "gunicorn armed its own keep-alive timer at the end of a response",
         )
         require(
-            record.idle_at == self.now and enforcer.timer_at == self.now + KEEP_ALIVE,
+            record.responded_at == self.now and enforcer.timer_at == self.now + KEEP_ALIVE,
             "the end of a response did not leave the keep-alive to connlist's list",
         )
         # A whole request in one read.

@@ -7,11 +7,11 @@ self.timeout_keep_alive_handler)``), and cancel it at the next read
 (``data_received``, through ``_unset_keepalive_if_required``).  So every
 keep-alive request allocates a timer handle, pushes it on the loop's heap
 and cancels it.  connlist's list already orders its idle connections, and
-one timer per worker already sweeps them (``connlist.core.budget``, the sweep's
+one timer per worker already sweeps them (``connlist.core.sweep``, its
 ``keepalive`` step), so connlist's protocols run uvicorn's
 ``on_response_complete`` with that one statement replaced:
 
-* the connection's record notes when it went idle (``idle_at``, a reading
+* the connection's record notes when it went idle (``responded_at``, a reading
   of the enforcer's clock), and the sweep closes it once it has been idle
   ``timeout_keep_alive`` seconds, through uvicorn's own
   ``timeout_keep_alive_handler``: the same close, at the same time;
@@ -93,7 +93,7 @@ def _httptools(self: Any) -> None:  # uvicorn 0.45 and later
             enforcer = self._connlist
             record = self._connlist_record
             # ConnectionsList.response_complete, written out.
-            record.idle_at = idle_at = enforcer.clock()
+            record.responded_at = idle_at = enforcer.clock()
             if record._idle_entry is None:
                 enforcer.connections.idle_queue.push(record, idle_at)
             if idle_at + self.timeout_keep_alive < enforcer.timer_at:
@@ -131,7 +131,7 @@ def _httptools_create_task(self: Any) -> None:  # uvicorn 0.36 to 0.44
             enforcer = self._connlist
             record = self._connlist_record
             # ConnectionsList.response_complete, written out.
-            record.idle_at = idle_at = enforcer.clock()
+            record.responded_at = idle_at = enforcer.clock()
             if record._idle_entry is None:
                 enforcer.connections.idle_queue.push(record, idle_at)
             if idle_at + self.timeout_keep_alive < enforcer.timer_at:
@@ -157,7 +157,7 @@ def _h11(self: Any) -> None:
         record = self._connlist_record
         # ConnectionsList.response_complete, written out (less ``responding``:
         # the caller writes it, once h11 has let in what it held).
-        record.idle_at = idle_at = enforcer.clock()
+        record.responded_at = idle_at = enforcer.clock()
         if record._idle_entry is None:
             enforcer.connections.idle_queue.push(record, idle_at)
         if idle_at + self.timeout_keep_alive < enforcer.timer_at:

@@ -386,7 +386,7 @@ class _Script:
                 raise CheckFailed(
                     "uvicorn's protocol has no `timeout_keep_alive_handler` (its keep-alive close)"
                 )
-            if task is not TIMED_BY_LIST or record.idle_at != self.now:
+            if task is not TIMED_BY_LIST or record.responded_at != self.now:
                 raise CheckFailed("the end of a response did not leave the keep-alive to connlist's list")
             if self.enforcer.timer_at != self.now + protocol.timeout_keep_alive:
                 raise CheckFailed(

@@ -1,0 +1,188 @@
+"""The enforcer's one timer: when it is armed, where it runs, and how a long sweep yields to the loop.
+
+Theory of operation.  Node.js checks its ConnectionsList every
+``connectionsCheckingInterval`` (30 s by default), so its ``408`` can come up
+to 30 s late.  connlist keeps one ``loop.call_later`` timer per worker
+instead, armed at the earliest moment anything can be due (``_next_due``:
+what that is, is the enforcer's, ``connlist.core.enforcer``).  When it
+fires, the sweep (``_work``) cuts what is due, and the timer is armed again.
+
+A sweep that the loop runs at or after the time its timer was armed for
+takes that time as now: a deadline follows the loop's clock, as the
+server's own timers would (``call_later`` may run a callback a little
+before the monotonic clock reaches its time).  A keep-alive deadline is
+armed for exactly its time (``wake_by``), so the connection is closed then,
+as uvicorn's own timer closes it.
+
+The timer is never armed further away than ``Settings.shortest``: anything
+that starts a clock after the timer was armed (a connection, a request, a
+body, a stall) cannot be due before that, so it never has to move the timer,
+only to arm one if there is none (``watch``): while one is armed, an event
+costs one test.  Nor does an event that leaves nothing due cancel it (a
+connection per request would arm and cancel one each): the timer fires, the
+sweep finds nothing, and arms none, so a worker with nothing to watch has no
+timer after at most ``Settings.shortest``, and a loop with no timer of ours
+in its heap does less at each iteration (asyncio's loop reads its clock at
+every iteration while any timer is scheduled: docs/benchmarks.md,
+"Instructions per request, observing uvicorn").  A clock started outside a
+sweep that can be due sooner (a close's linger) brings the timer forward
+(``bring_forward``).
+
+Cutting a connection off costs tens of microseconds (the ``408``, the
+transport, the callback), so a mass timeout is spread over loop iterations:
+one sweep spends at most ``SWEEP_TIME`` seconds closing (``_work`` says
+whether it finished), then yields to the loop and carries on at the next
+iteration (``call_soon``), so requests of other clients are served in
+between.
+
+The timer runs on the loop the enforcer was given, else on the loop of the
+server's protocols (``attached_loop``), else on the loop running when it is
+armed; a server's loop that refuses it (closed: a server that stopped, and
+the enforcer serves the next one) is forgotten for the running one.  A loop
+is used through ``call_later`` and ``call_soon`` only; cancelling a handle of
+a closed loop does nothing, on asyncio's and uvloop's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from connlist.core.kinds import Settings
+
+__all__ = ["SWEEP_TIME", "Timer"]
+
+# Seconds of cutting-off work per loop iteration (the sweep's time, not the
+# connection budget).
+SWEEP_TIME = 0.008
+
+
+class Timer(ABC):
+    """The one timer of an enforcer: its arming, cancelling and carrying on (module docstring).
+
+    A subclass says what is due (``_next_due``, ``_anything_due``) and
+    sweeps (``_work``).
+    """
+
+    clock: Callable[[], float]
+    settings: Settings
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        # The loop given (the tests' mock loop), and the server's (``attach``).
+        self.loop = loop
+        self.attached_loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        # When the armed timer fires (a clock value; inf: none is armed).
+        self.timer_at = math.inf
+        # Which arming the armed timer is: a timer that was replaced, yet
+        # still fires (a loop that cannot cancel), does nothing.
+        self._arming = 0
+        # A sweep that ran out of its time continues at the next iteration.
+        self._continuing = False
+        self._soon: asyncio.Handle | None = None
+
+    @abstractmethod
+    def _next_due(self, now: float) -> float | None:
+        """The earliest clock value at which anything can be due, or None if nothing can."""
+
+    @abstractmethod
+    def _anything_due(self) -> bool:
+        """Whether anything may become due without starting a clock of its own (a body begun, say)."""
+
+    @abstractmethod
+    def _work(self, floor: float) -> bool:
+        """One sweep, within ``SWEEP_TIME``: whether everything due was done (``floor``: see ``_sweep``)."""
+
+    def watch(self) -> None:
+        """Arm the timer if none is armed; call after ``connect``, ``message_begin`` and ``stall``."""
+        if self._timer is None and not self._continuing:
+            self._arm()
+
+    def cancel(self) -> None:
+        """Forget the timer (and a sweep waiting to carry on): a server is starting, or nothing is due."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self.timer_at = math.inf
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
+            self._continuing = False
+
+    def bring_forward(self, when: float) -> None:
+        """Make sure the timer fires by ``when`` (a clock value): for clocks started outside a sweep."""
+        if self._continuing or (self._timer is not None and self.timer_at <= when):
+            return
+        self.cancel()
+        self._arm()
+
+    def wake_by(self, when: float) -> None:
+        """The timer fires at ``when`` at the latest: a connection idle under the keep-alive the list times.
+
+        The server layer calls it where a response leaves a connection idle,
+        only if the timer is armed for later (``timer_at``): in a busy worker
+        it is not, since it fires for the connection idle longest.  Armed
+        for exactly ``when``, so a loop that runs it has reached ``when``
+        (see ``_sweep``), unless that is further away than
+        ``Settings.shortest``, as no timer may be: then the sweep at that
+        time arms the next, for ``when`` if nothing comes before.
+        """
+        if self._continuing or when >= self.timer_at:
+            return
+        self.cancel()
+        now = self.clock()
+        shortest = self.settings.shortest
+        if shortest and when > now + shortest:
+            # Never further away than that: a connection that arrives while
+            # this timer is armed arms none of its own (``join``).
+            when = now + shortest
+        self._set_timer(now, when)
+
+    def _arm(self) -> None:
+        now = self.clock()
+        due = self._next_due(now)
+        shortest = self.settings.shortest
+        if due is None:
+            if not shortest or not self._anything_due():
+                return  # nothing can be due until a connection is active, stalled or closing
+            # A body that began since the last sweep (with no other timeout on).
+            due = now + shortest
+        elif shortest:
+            # Never later: what starts a clock after this cannot be due earlier than that.
+            due = min(due, now + shortest)
+        self._set_timer(now, due)
+
+    def _set_timer(self, now: float, due: float) -> None:
+        # On the given loop, else the protocols' (``attach``), else the running one.
+        loop = self.loop or self.attached_loop or asyncio.get_running_loop()
+        delay = max(due - now, 0.0)
+        self._arming += 1
+        try:
+            self._timer = loop.call_later(delay, self._sweep, self._arming)
+        except RuntimeError:
+            if loop is not self.attached_loop:
+                raise
+            # The server's loop is closed (asyncio and uvloop refuse then).
+            self.attached_loop = None
+            self._timer = asyncio.get_running_loop().call_later(delay, self._sweep, self._arming)
+        self.timer_at = now + delay
+
+    def _sweep(self, arming: int = 0) -> None:
+        if arming and arming != self._arming:
+            return  # a timer replaced since, which its loop still ran
+        # The loop ran the timer: at least the time it was armed for has come.
+        floor = self.timer_at if arming else 0.0
+        self._timer = None
+        self.timer_at = math.inf
+        self._soon = None
+        self._continuing = False
+        if self._work(floor):
+            self._arm()
+        else:
+            # Out of time: carry on at the next loop iteration, after the
+            # I/O that is ready (other clients) has been served.
+            self._continuing = True
+            loop = self.loop or self.attached_loop or asyncio.get_running_loop()
+            self._soon = loop.call_soon(self._sweep)
