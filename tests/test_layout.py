@@ -192,3 +192,17 @@ def test_the_public_import_paths():
         assert all(getattr(public, name) is getattr(module, name) for name in public.__all__)
     with pytest.raises(AttributeError, match="no attribute '_resolve'"):
         importlib.import_module("connlist.uvicorn")._resolve  # noqa: B018 - the private names stay private
+
+
+# A module's size is set by its one job; past these, it has more than one.
+MODULE_LINES = 600
+CLASS_LINES = 400
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_or_class_is_too_long(module):
+    source = MODULES[module].read_text()
+    assert len(source.splitlines()) <= MODULE_LINES, module
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            assert node.end_lineno - node.lineno + 1 <= CLASS_LINES, f"{module}.{node.name}"
