@@ -87,7 +87,8 @@ class H11Tracking(UvicornCycle, _H11Base):
             if h11_conn.their_state is h11.DONE and not h11_conn.trailing_data[0]:
                 record = self._connlist_record
                 if record is not None and record.last_message_start == 0.0:
-                    # ConnectionsList.message on an idle record (as httptools').
+                    # ConnectionsList.message on an idle record (as httptools';
+                    # tests/test_event_copies.py holds it to the definition).
                     record.requests += 1
                     record.responding = True
                     self._connlist.totals.requests += 1

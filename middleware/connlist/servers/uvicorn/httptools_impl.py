@@ -268,7 +268,8 @@ if httptools_impl is not None:
                 if record.last_message_start == 0.0:
                     # ConnectionsList.message on an idle record: one request
                     # more, responding; the feeder's own writes, on which no
-                    # count of the list depends (connlist.core.connections).
+                    # count of the list depends (connlist.core.connections;
+                    # tests/test_event_copies.py holds it to the definition).
                     record.requests += 1
                     record.responding = True
                     self._connlist.totals.requests += 1
