@@ -135,7 +135,7 @@ def turn_on(config: Any, policy: str) -> Start:
         name = f"{cls.__module__}.{cls.__qualname__}"
         reason = (
             f"the server's HTTP protocol is {name}, neither uvicorn's own httptools or h11 protocol "
-            "nor one of connlist.servers.uvicorn.protocols's, so connlist leaves it alone"
+            "nor one of connlist.uvicorn's, so connlist leaves it alone"
         )
         return off(policy, reason, _advice_foreign())
     ours, failure = protocols.for_server(parser, required=policy == "required")
@@ -181,7 +181,7 @@ def _advice_foreign() -> str:
         return f"serve with gunicorn {_UVICORN_WORKERS}, or with {_ASGI_WORKER}"
     return (
         "serve with uvicorn's own protocol (--http auto, httptools or h11), or base your protocol "
-        "on connlist.servers.uvicorn.protocols's HttpToolsProtocol or H11Protocol"
+        "on connlist.uvicorn's HttpToolsProtocol or H11Protocol"
     )
 
 
