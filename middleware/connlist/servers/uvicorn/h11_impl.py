@@ -54,6 +54,7 @@ class H11Tracking(UvicornCycle, _H11Base):
     __slots__ = ()
 
     connlist_mode = "uvicorn-h11"
+
     def _connlist_response_end(self) -> None:  # pragma: no cover - the class statement names it
         """uvicorn's ``on_response_complete``, or connlist's form of it less its keep-alive timer.
 

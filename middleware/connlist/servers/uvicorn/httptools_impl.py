@@ -177,7 +177,7 @@ class _Pipeline(deque[Any]):
     uvicorn starts a request's app at once if the previous response is
     complete, else queues it here; the one running is then referenced by
     nobody but its task.  A connection connlist cuts off must mark it
-    disconnected too (see ``connlist.servers.uvicorn.cycle.mark_cut``), so the queue
+    disconnected too (see ``UvicornCycle._connlist_mark_cut``), so the queue
     notes it when the first request is queued (the cycle uvicorn compared
     with, its local ``existing_cycle``) and whenever uvicorn starts the next.
     Both happen only with pipelining: a request that is not queued costs
