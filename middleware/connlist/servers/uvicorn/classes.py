@@ -51,6 +51,7 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
 
     class HttpToolsProtocol(HttpToolsTracking, base):  # type: ignore[valid-type, misc]  # uvicorn's, as given
         __doc__ = HttpToolsTracking.__doc__
+        # Its name where it is found (connlist.servers.uvicorn.protocols sets the module), not the function's.
         __qualname__ = "HttpToolsProtocol"
         # Declared here, on the one class with uvicorn's as a base, so that a
         # uvicorn protocol with ``__slots__`` of its own is no layout conflict
