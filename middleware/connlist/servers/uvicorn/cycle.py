@@ -33,23 +33,7 @@ class UvicornCycle(Tracking):
     cycle: Any
     config: Any
     flow: Any
-    timeout_keep_alive: Any
     timeout_keep_alive_handler: Callable[[], None]
-
-    def _connlist_idle(self) -> None:
-        """A response ended and left the connection idle, its keep-alive timed by the list.
-
-        What connlist's forms of uvicorn's ``on_response_complete`` do in
-        place of arming uvicorn's timer (``connlist.servers.uvicorn.keepalive``):
-        ``ConnectionsList.response_complete``, and the enforcer's timer woken
-        by the end of the keep-alive, if it would sleep past it.
-        """
-        enforcer = self._connlist
-        record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
-        enforcer.connections.response_complete(record)
-        deadline = record.idle_at + self.timeout_keep_alive
-        if deadline < enforcer.timer_at:
-            enforcer.wake_by(deadline)
 
     def connlist_close_keepalive(self) -> None:
         """The keep-alive timeout the list times: uvicorn's own handler, as its timer would have called it."""

@@ -11,12 +11,11 @@ one timer per worker already sweeps them (``connlist.core.budget``, the sweep's
 ``keepalive`` step), so connlist's protocols run uvicorn's
 ``on_response_complete`` with that one statement replaced:
 
-* the list's ``response_complete`` notes when the connection went idle
-  (``idle_at``, a reading of the enforcer's clock;
-  ``connlist.servers.uvicorn.cycle.UvicornCycle._connlist_idle``), and the
-  sweep closes it once it has been idle ``timeout_keep_alive`` seconds,
-  through uvicorn's own ``timeout_keep_alive_handler``: the same close, at
-  the same time;
+* the list's ``response_complete``, written out (a call there costs more
+  than the event), notes when the connection went idle (``idle_at``, a
+  reading of the enforcer's clock), and the sweep closes it once it has
+  been idle ``timeout_keep_alive`` seconds, through uvicorn's own
+  ``timeout_keep_alive_handler``: the same close, at the same time;
 * ``timeout_keep_alive_task`` holds ``TIMED_BY_LIST``, so what uvicorn reads
   there (armed or not) stays true, and its cancel, at the next read, costs
   nothing: a request that arrives ends the idle time by itself;
@@ -93,7 +92,19 @@ def _httptools(self: Any) -> None:  # uvicorn 0.45 and later
         self._connlist_record.responding = False
         if self.timeout_keep_alive > 0:
             self.timeout_keep_alive_task = TIMED_BY_LIST
-            self._connlist_idle()
+            enforcer = self._connlist
+            record = self._connlist_record
+            # ConnectionsList.response_complete, written out (its first
+            # statement above); tests/test_event_copies.py holds it to it.
+            record.idle_at = idle_at = enforcer.clock()
+            if (
+                record._idle_entry is None
+                and record.last_message_start == 0.0
+                and record._all_next is not None
+            ):
+                enforcer.connections.idle_queue.push(record, idle_at)
+            if idle_at + self.timeout_keep_alive < enforcer.timer_at:
+                enforcer.wake_by(idle_at + self.timeout_keep_alive)
         else:
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
@@ -124,7 +135,19 @@ def _httptools_create_task(self: Any) -> None:  # uvicorn 0.36 to 0.44
         self._connlist_record.responding = False
         if self.timeout_keep_alive > 0:
             self.timeout_keep_alive_task = TIMED_BY_LIST
-            self._connlist_idle()
+            enforcer = self._connlist
+            record = self._connlist_record
+            # ConnectionsList.response_complete, written out (its first
+            # statement above); tests/test_event_copies.py holds it to it.
+            record.idle_at = idle_at = enforcer.clock()
+            if (
+                record._idle_entry is None
+                and record.last_message_start == 0.0
+                and record._all_next is not None
+            ):
+                enforcer.connections.idle_queue.push(record, idle_at)
+            if idle_at + self.timeout_keep_alive < enforcer.timer_at:
+                enforcer.wake_by(idle_at + self.timeout_keep_alive)
         else:
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
@@ -142,7 +165,16 @@ def _h11(self: Any) -> None:
 
     if self.timeout_keep_alive > 0:
         self.timeout_keep_alive_task = TIMED_BY_LIST
-        self._connlist_idle()
+        enforcer = self._connlist
+        record = self._connlist_record
+        # ConnectionsList.response_complete, written out (less ``responding``:
+        # the caller writes it, once h11 has let in what it held);
+        # tests/test_event_copies.py holds it to the definition.
+        record.idle_at = idle_at = enforcer.clock()
+        if record._idle_entry is None and record.last_message_start == 0.0 and record._all_next is not None:
+            enforcer.connections.idle_queue.push(record, idle_at)
+        if idle_at + self.timeout_keep_alive < enforcer.timer_at:
+            enforcer.wake_by(idle_at + self.timeout_keep_alive)
     else:
         self.timeout_keep_alive_task = self.loop.call_later(
             self.timeout_keep_alive, self.timeout_keep_alive_handler
