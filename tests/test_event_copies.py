@@ -6,8 +6,10 @@ connection, writes ``message`` out (a call there costs more than the event:
 docs/benchmarks.md, "The request path's tricks, each measured").  This test
 reads both syntax trees, as ``connlist.servers.uvicorn.keepalive`` reads
 uvicorn's methods, so that a change to the event cannot miss its copies.
-The other events the feeders run call their definitions (the keep-alive
-forms: ``UvicornCycle._connlist_idle`` calls ``response_complete``).
+The end of a response that leaves a connection idle is written out too, in
+the keep-alive forms (``connlist.servers.uvicorn.keepalive``): its
+``response_complete``.  The other events the feeders run call their
+definitions.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import pytest
 
 from connlist.core.connections import ConnectionsList
 from connlist.servers.uvicorn import keepalive
-from connlist.servers.uvicorn.cycle import UvicornCycle
 from connlist.servers.uvicorn.h11_impl import H11Tracking
 from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
 
@@ -89,14 +90,42 @@ def test_the_hot_path_writes_message_as_the_list_defines_it(parser: str) -> None
     assert [ast.unparse(s) for s in copy.body if s not in written] == ["self._connlist.totals.requests += 1"]
 
 
-def test_the_keep_alive_forms_call_the_event() -> None:
-    """``response_complete`` is not written out: the forms call ``_connlist_idle``, which calls it."""
-    idle = _function(UvicornCycle._connlist_idle)
-    calls = [ast.unparse(node.func) for node in ast.walk(idle) if isinstance(node, ast.Call)]
-    assert "enforcer.connections.response_complete" in calls
-    for where in (HttpToolsTracking, H11Tracking, UvicornCycle, keepalive):
-        source = inspect.getsource(where)
-        assert "idle_queue" not in source and "_idle_entry" not in source, where
-    for forms in keepalive.FORMS.values():
-        for form in forms:
-            assert "self._connlist_idle()" in inspect.getsource(form), form
+class _AsTheList(ast.NodeTransformer):
+    """A keep-alive form's names as ``ConnectionsList``'s: the record, the list, its clock, the time."""
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        text = ast.unparse(node)
+        if text == "enforcer.connections":
+            return ast.Name("self", node.ctx)
+        if text == "enforcer.clock":  # the enforcer's clock is its list's (Enforcer.__init__)
+            return ast.Attribute(ast.Name("self", ast.Load()), "_clock", node.ctx)
+        return node
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.Name({"record": "conn", "idle_at": "now"}.get(node.id, node.id), node.ctx)
+
+
+def _written_out(form: Any) -> list[str]:
+    """The statements of a keep-alive form between its record and its timer: the event, renamed."""
+    branch = _on_idle(_function(form), "self.timeout_keep_alive > 0")
+    names = _dump(branch.body)
+    start = names.index("record = self._connlist_record") + 1
+    end = next(i for i, line in enumerate(names) if "wake_by" in line)
+    return _dump([_AsTheList().visit(statement) for statement in branch.body[start:end]])
+
+
+@pytest.mark.parametrize(
+    "form", [form for forms in keepalive.FORMS.values() for form in forms], ids=lambda form: form.__name__
+)
+def test_the_keep_alive_forms_write_response_complete_as_the_list_defines_it(form: Any) -> None:
+    definition = _dump(_function(ConnectionsList.response_complete).body[1:])  # (after the docstring)
+    # ``responding`` is written where each form's protocol has it: the httptools forms before
+    # (the response's end, pipelined or not), h11's caller after h11 let in what it held.
+    assert definition[0] == "conn.responding = False"
+    assert _written_out(form) == definition[1:]
+    source = inspect.getsource(form)
+    if form.__name__.startswith("_httptools"):
+        assert "self._connlist_record.responding = False" in source
+    else:
+        assert "record.responding = False" in inspect.getsource(H11Tracking.on_response_complete)
