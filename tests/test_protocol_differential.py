@@ -30,8 +30,7 @@ from uvicorn.server import ServerState
 from connlist.core.connections import Connection, connection_state
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.kinds import resolve
-from connlist.servers.seam import Tracking
-from connlist.servers.uvicorn import cycle as uvicorn_cycle
+from connlist.servers.uvicorn.cycle import UvicornCycle
 from connlist.servers.uvicorn.selfcheck import MemoryTransport
 from connlist.uvicorn import H11Protocol, HttpToolsProtocol
 from tests.fakes import FakeClock
@@ -104,17 +103,11 @@ class ObservedH11(_Counting, H11Protocol):
 _BETWEEN, _HEADERS, _BODY = 0, 1, 2
 
 
-class _ReferenceBody(_Counting, Tracking):
-    """Body hooks from the parser-level phase: the phase a read began in and the one it ended in."""
+class _ReferenceBody(_Counting, UvicornCycle):
+    """Body hooks from the parser-level phase: the phase a read began in and the one it ended in.
 
-    # What connlist's protocols read of uvicorn's cycle, as they read it.
-    _connlist_without_middleware = uvicorn_cycle.without_middleware
-    _connlist_response_written = uvicorn_cycle.response_written
-    _connlist_responding = uvicorn_cycle.responding
-    _connlist_cycles = uvicorn_cycle.cycles
-    _connlist_mark_cut = uvicorn_cycle.mark_cut
-    connlist_request = uvicorn_cycle.request
-    connlist_reading_paused = uvicorn_cycle.reading_paused
+    What connlist's protocols read of uvicorn's cycle, it reads as they do (``UvicornCycle``).
+    """
 
     _ref_phase: int
     _ref_entered_body: bool
@@ -179,10 +172,10 @@ class ReferenceHttpTools(_ReferenceBody, httptools_impl.HttpToolsProtocol):
         super().handle_websocket_upgrade()
 
     def _connlist_response_written(self, conn: Connection) -> bool:
-        return bool(self.pipeline) or uvicorn_cycle.response_written(self, conn)
+        return bool(self.pipeline) or UvicornCycle._connlist_response_written(self, conn)
 
     def _connlist_responding(self) -> bool:
-        return bool(self.pipeline) or uvicorn_cycle.responding(self)
+        return bool(self.pipeline) or UvicornCycle._connlist_responding(self)
 
 
 class ReferenceH11(_ReferenceBody, h11_impl.H11Protocol):

@@ -23,20 +23,17 @@ from uvicorn.protocols.http import h11_impl, httptools_impl
 
 from connlist.servers import integration
 from connlist.servers.seam import UPGRADED
-from connlist.servers.uvicorn import cycle as uvicorn_cycle
+from connlist.servers.uvicorn import classes as uvicorn_classes
 from connlist.servers.uvicorn import protocols as connlist_uvicorn
 from connlist.servers.uvicorn import selfcheck as uvicorn_selfcheck
 from connlist.servers.uvicorn import start as uvicorn_start
-from connlist.servers.uvicorn.h11_impl import H11Tracking
-from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
 
 BASES = {"httptools": httptools_impl.HttpToolsProtocol, "h11": h11_impl.H11Protocol}
-MIXINS = {"httptools": HttpToolsTracking, "h11": H11Tracking}
 
 
 def built(parser: str, base: type) -> type:
-    name = "HttpToolsProtocol" if parser == "httptools" else "H11Protocol"
-    return connlist_uvicorn._subclass(name, MIXINS[parser], base)
+    """connlist's class for ``parser``, its class statement run on ``base``."""
+    return uvicorn_classes.PARSERS[parser].build(base)
 
 
 def test_the_installed_uvicorn_passes_quietly(parser: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -58,9 +55,8 @@ def test_the_installed_uvicorn_passes_quietly(parser: str, caplog: pytest.LogCap
 def test_the_names_give_checked_classes() -> None:
     for parser, name in (("httptools", "HttpToolsProtocol"), ("h11", "H11Protocol")):
         cls = getattr(connlist_uvicorn, name)
-        assert cls.connlist_mode == f"uvicorn-{parser}"
-        assert cls.__module__.startswith("connlist.servers.uvicorn.")
-        assert connlist_uvicorn.CHECKS[parser].passed
+        assert cls.connlist_mode == f"uvicorn-{parser}" and cls.__module__ == connlist_uvicorn.__name__
+        assert connlist_uvicorn.outcome(parser).result.passed
         # Looked up again: the same class, no second check.
         assert getattr(connlist_uvicorn, name) is cls
     assert connlist_uvicorn.AutoProtocol is connlist_uvicorn.HttpToolsProtocol
@@ -100,8 +96,8 @@ def test_the_frame_local_is_read_from_the_code() -> None:
             del previous_cycle
 
     with pytest.raises(uvicorn_selfcheck.CheckFailed, match="has no local `existing_cycle`"):
-        uvicorn_selfcheck.check_static(Renamed, uvicorn_cycle.HOOKS, "httptools")
-    uvicorn_selfcheck.check_static(BASES["httptools"], uvicorn_cycle.HOOKS, "httptools")
+        uvicorn_selfcheck.check_static(Renamed, uvicorn_classes.HOOKS, "httptools")
+    uvicorn_selfcheck.check_static(BASES["httptools"], uvicorn_classes.HOOKS, "httptools")
 
 
 def test_an_exception_is_a_failure_too() -> None:
@@ -192,8 +188,7 @@ def test_require_integration_rejects_other_values(monkeypatch: pytest.MonkeyPatc
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """connlist.uvicorn's records of checks and failures, emptied for the test (and restored after)."""
-    monkeypatch.setattr(connlist_uvicorn, "CHECKS", {})
-    monkeypatch.setattr(connlist_uvicorn, "_built", {})
+    monkeypatch.setattr(connlist_uvicorn, "_outcomes", {})
     monkeypatch.setattr(integration, "_failures", {})
     monkeypatch.setattr(integration, "_passed", set())
 
@@ -213,7 +208,11 @@ def test_a_moved_protocol_falls_back_to_uvicorns_own_name_for_it(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, entry: tuple[str, str], words: str
 ) -> None:
     caplog.set_level(logging.ERROR, logger="connlist")
-    monkeypatch.setitem(connlist_uvicorn._PARSERS, "h11", (*entry, H11Tracking))
+    monkeypatch.setitem(
+        uvicorn_classes.PARSERS,
+        "h11",
+        uvicorn_classes.Parser(*entry, uvicorn_classes.h11_protocol, "H11Protocol"),
+    )
     # uvicorn's own "--http h11" class stands in.
     assert connlist_uvicorn._integrate("h11") is h11_impl.H11Protocol
     (line,) = [r.getMessage() for r in caplog.records]
@@ -229,17 +228,23 @@ def test_a_moved_protocol_falls_back_to_uvicorns_own_name_for_it(
 @pytest.mark.usefixtures("fresh")
 def test_a_layout_conflict_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     # A base connlist's slots cannot be added to (here: int) is the same as a __slots__ conflict.
-    with pytest.raises(TypeError):
-        connlist_uvicorn._subclass("H11Protocol", H11Tracking, int)
+    # A base connlist's slots cannot be added to (here: an int too) is the same as a __slots__ conflict.
+    class OnInt(h11_impl.H11Protocol, int):
+        pass
 
-    def conflict(name: str, mixin: type, base: type) -> type:
+    with pytest.raises(TypeError):
+        uvicorn_classes.h11_protocol(OnInt)
+
+    def conflict(base: type) -> type:
         raise TypeError("multiple bases have instance lay-out conflict")
 
-    monkeypatch.setattr(connlist_uvicorn, "_subclass", conflict)
+    where = uvicorn_classes.PARSERS["h11"]
+    monkeypatch.setitem(uvicorn_classes.PARSERS, "h11", where._replace(build=conflict))
     assert connlist_uvicorn._integrate("h11") is h11_impl.H11Protocol
     expected = "connlist's class cannot be built on uvicorn's H11Protocol: "
     assert (
-        connlist_uvicorn.CHECKS["h11"].failure == expected + "multiple bases have instance lay-out conflict"
+        connlist_uvicorn.outcome("h11").result.failure
+        == expected + "multiple bases have instance lay-out conflict"
     )
 
 
@@ -249,8 +254,8 @@ def test_the_refusal_is_one_error_line_and_the_start_failure_status(
 ) -> None:
     caplog.set_level(logging.ERROR, logger="connlist")
     monkeypatch.setenv("CONNLIST_REQUIRE_INTEGRATION", "1")
-    moved = ("uvicorn.protocols.http.moved", "H11Protocol", H11Tracking)
-    monkeypatch.setitem(connlist_uvicorn._PARSERS, "h11", moved)
+    moved = uvicorn_classes.PARSERS["h11"]._replace(module="uvicorn.protocols.http.moved")
+    monkeypatch.setitem(uvicorn_classes.PARSERS, "h11", moved)
     with pytest.raises(SystemExit) as info:
         connlist_uvicorn._integrate("h11")
     # uvicorn's status for a failed startup, gunicorn's for a worker that failed to boot.
@@ -268,7 +273,6 @@ def test_a_newer_uvicorn_that_passes_is_warned_about_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="connlist")
-    monkeypatch.setattr(connlist_uvicorn, "_newer_warned", False)
     monkeypatch.setattr(connlist_uvicorn.uvicorn, "__version__", "0.56.0rc1")
     for parser in ("h11", "httptools"):
         cls = connlist_uvicorn._integrate(parser)

@@ -44,7 +44,7 @@ import uvicorn
 
 from connlist.servers import integration
 from connlist.servers.uvicorn import protocols as connlist_uvicorn
-from connlist.servers.uvicorn.start import TESTED_UVICORN
+from connlist.servers.uvicorn.protocols import TESTED_UVICORN
 from tests.drift_app import HEADERS_TIMEOUT, REQUEST_TIMEOUT
 from tests.servers import EARLY, LATE, is_408, read_response
 from tests.subprocesses import (

@@ -7,176 +7,155 @@ uvicorn's httptools and h11 protocols share their cycle's attributes
 ``loop``, ``timeout_keep_alive``, ``flow``); the self-check reads each of
 them before a class is handed to uvicorn (``connlist.servers.uvicorn.selfcheck``).
 
-These are functions, not a class: each protocol's class
-(``connlist.servers.uvicorn.httptools_impl``, ``connlist.servers.uvicorn.h11_impl``) names them as its
-methods, so that connlist adds no class to the method resolution order of
-uvicorn's protocol beyond the one per parser and ``connlist.servers.seam``'s two.
+``UvicornCycle`` is ``connlist.servers.seam.Tracking`` with the methods that
+read them: the base of each parser's mixin (``connlist.servers.uvicorn.httptools_impl``,
+``connlist.servers.uvicorn.h11_impl``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from connlist.core.connections import Connection
 from connlist.core.logs import route_to_server
-from connlist.servers.seam import BODY, AfterCut
+from connlist.servers.seam import BODY, AfterCut, Tracking
 
-__all__ = [
-    "after_continue",
-    "body_begin",
-    "close_keepalive",
-    "cycles",
-    "mark_cut",
-    "reading_paused",
-    "request",
-    "responding",
-    "response_written",
-    "without_middleware",
-]
-
-# The methods of uvicorn's protocols that connlist overrides (the self-check
-# looks for them before it builds a class on them).
-HOOKS = (
-    "connection_made",
-    "connection_lost",
-    "data_received",
-    "handle_websocket_upgrade",
-    "on_response_complete",
-    "pause_writing",
-    "resume_writing",
-)
+__all__ = ["UvicornCycle"]
 
 
-def close_keepalive(self: Any) -> None:
-    """The keep-alive timeout the list times: uvicorn's own handler, as its timer would have called it."""
-    self.timeout_keep_alive_handler()
+class UvicornCycle(Tracking):
+    """``Tracking``, and what it reads of uvicorn's request cycle (``cycle``) and protocol."""
 
+    __slots__ = ()
 
-def without_middleware(self: Any) -> tuple[object, object]:
-    """No enforcer in the lifespan state: uvicorn's lifespan setting and loaded app, once per worker."""
-    route_to_server()
-    config = getattr(self, "config", None)
-    return getattr(config, "lifespan", None), getattr(config, "loaded_app", None)
+    # uvicorn's protocol's (the self-check finds each before a class is handed to uvicorn).
+    cycle: Any
+    config: Any
+    flow: Any
+    timeout_keep_alive_handler: Callable[[], None]
 
+    def connlist_close_keepalive(self) -> None:
+        """The keep-alive timeout the list times: uvicorn's own handler, as its timer would have called it."""
+        self.timeout_keep_alive_handler()
 
-def body_begin(self: Any, record: Connection) -> None:
-    """A read ended with the request's headers complete and its body not: the minimum rate times it.
+    def _connlist_without_middleware(self) -> tuple[object, object]:
+        """No enforcer in the lifespan state: uvicorn's lifespan setting and loaded app, once per worker."""
+        route_to_server()
+        config = getattr(self, "config", None)
+        return getattr(config, "lifespan", None), getattr(config, "loaded_app", None)
 
-    Called once per request that has a body still to come after a read,
-    never for a request that arrived whole.  The body bytes of this read
-    count too: the app's task has not run yet, so the request's cycle
-    (the newest, ``self.cycle``) still holds exactly them.  A client
-    that asked for ``100 Continue`` sends its body once the server says
-    so, which uvicorn does at the app's first ``receive()``: until then
-    (or until the app answers without reading), the body is not timed
-    by the rate; only the request timeout applies.
-    """
-    enforcer = self._connlist
-    if not enforcer.settings.body_min_rate:
-        return
-    cycle = self.cycle
-    # Read directly: the self-check found both on uvicorn's cycle, with
-    # these meanings, before this class was handed to uvicorn (a default
-    # here would hide a rename and time a body the client may not send).
-    # (bytes or a bytearray, as uvicorn's release has it)
-    record.body_received = len(cycle.body)
-    if cycle.waiting_for_100_continue:
-        self._connlist_after_continue(record, cycle)
-    else:
-        enforcer.connections.body_begin(record, record.body_received)
+    def _connlist_body_begin(self, record: Connection) -> None:
+        """A read ended with the request's headers complete and its body not: the minimum rate times it.
 
-
-def after_continue(self: Any, record: Connection, cycle: Any) -> None:
-    """Start the body's clock when uvicorn sends ``100 Continue``, or the app answers without reading.
-
-    uvicorn hands the app the cycle's ``receive`` and ``send`` when its
-    task first runs, after this read: the cycle gets its own, which note
-    the moment and call uvicorn's.  (Only for a request that expects
-    ``100 Continue``; the bytes received meanwhile go on counting.)  A
-    uvicorn that called the app with other callables would bypass them:
-    the self-check drives both cases, and falls back if they do not
-    start the clock.
-    """
-    receive = cycle.receive
-    send = cycle.send
-    connections = self._connlist.connections
-
-    def begin() -> None:
-        # Still this request's body (the connection's last cycle), not yet begun.
-        if self._connlist_record is record and self.cycle is cycle and self._connlist_phase == BODY:
-            connections.body_begin(record, record.body_received)
-
-    def receive_after_continue() -> Any:
+        Called once per request that has a body still to come after a read,
+        never for a request that arrived whole.  The body bytes of this read
+        count too: the app's task has not run yet, so the request's cycle
+        (the newest, ``self.cycle``) still holds exactly them.  A client
+        that asked for ``100 Continue`` sends its body once the server says
+        so, which uvicorn does at the app's first ``receive()``: until then
+        (or until the app answers without reading), the body is not timed
+        by the rate; only the request timeout applies.
+        """
+        enforcer = self._connlist
+        if not enforcer.settings.body_min_rate:
+            return
+        cycle = self.cycle
+        # Read directly: the self-check found both on uvicorn's cycle, with
+        # these meanings, before this class was handed to uvicorn (a default
+        # here would hide a rename and time a body the client may not send).
+        # (bytes or a bytearray, as uvicorn's release has it)
+        record.body_received = len(cycle.body)
         if cycle.waiting_for_100_continue:
-            begin()  # uvicorn writes 100 Continue as this receive() starts
-        return receive()
+            self._connlist_after_continue(record, cycle)
+        else:
+            enforcer.connections.body_begin(record, record.body_received)
 
-    def send_after_continue(message: Any) -> Any:
-        if cycle.waiting_for_100_continue and message.get("type") == "http.response.start":
-            begin()  # answered without asking for the body
-        return send(message)
+    def _connlist_after_continue(self, record: Connection, cycle: Any) -> None:
+        """Start the body's clock when uvicorn sends ``100 Continue``, or the app answers without reading.
 
-    cycle.receive = receive_after_continue
-    cycle.send = send_after_continue
+        uvicorn hands the app the cycle's ``receive`` and ``send`` when its
+        task first runs, after this read: the cycle gets its own, which note
+        the moment and call uvicorn's.  (Only for a request that expects
+        ``100 Continue``; the bytes received meanwhile go on counting.)  A
+        uvicorn that called the app with other callables would bypass them:
+        the self-check drives both cases, and falls back if they do not
+        start the clock.
+        """
+        receive = cycle.receive
+        send = cycle.send
+        connections = self._connlist.connections
 
+        def begin() -> None:
+            # Still this request's body (the connection's last cycle), not yet begun.
+            if self._connlist_record is record and self.cycle is cycle and self._connlist_phase == BODY:
+                connections.body_begin(record, record.body_received)
 
-def response_written(self: Any, record: Connection) -> bool:
-    """Whether a 408 now would corrupt the response stream or follow this request's response."""
-    # ``self.cycle`` is the current request's cycle once its headers are
-    # in; before that it is the previous request's, which may still be
-    # writing its response.
-    cycle = self.cycle
-    if cycle is None or not cycle.response_started:
-        return False
-    return not cycle.response_complete or record.headers_completed
+        def receive_after_continue() -> Any:
+            if cycle.waiting_for_100_continue:
+                begin()  # uvicorn writes 100 Continue as this receive() starts
+            return receive()
 
+        def send_after_continue(message: Any) -> Any:
+            if cycle.waiting_for_100_continue and message.get("type") == "http.response.start":
+                begin()  # answered without asking for the body
+            return send(message)
 
-def responding(self: Any) -> bool:
-    """Whether a response to a received request is unfinished."""
-    cycle = self.cycle
-    return cycle is not None and not cycle.response_complete
+        cycle.receive = receive_after_continue
+        cycle.send = send_after_continue
 
+    def _connlist_response_written(self, record: Connection) -> bool:
+        """Whether a 408 now would corrupt the response stream or follow this request's response."""
+        # ``self.cycle`` is the current request's cycle once its headers are
+        # in; before that it is the previous request's, which may still be
+        # writing its response.
+        cycle = self.cycle
+        if cycle is None or not cycle.response_started:
+            return False
+        return not cycle.response_complete or record.headers_completed
 
-def request(self: Any) -> tuple[str | None, str | None]:
-    """``ConnectionHandle.connlist_request``: the method and path of the last request received."""
-    # The last cycle is the last request whose headers were received
-    # (pipelined ones included); its scope has the method and path.
-    cycle = self.cycle
-    if cycle is None:
-        return None, None
-    scope = cycle.scope
-    return scope.get("method"), scope.get("path")
+    def _connlist_responding(self) -> bool:
+        """Whether a response to a received request is unfinished."""
+        cycle = self.cycle
+        return cycle is not None and not cycle.response_complete
 
+    def connlist_request(self) -> tuple[str | None, str | None]:
+        """``ConnectionHandle.connlist_request``: the method and path of the last request received."""
+        # The last cycle is the last request whose headers were received
+        # (pipelined ones included); its scope has the method and path.
+        cycle = self.cycle
+        if cycle is None:
+            return None, None
+        scope = cycle.scope
+        return scope.get("method"), scope.get("path")
 
-def cycles(self: Any) -> list[Any]:
-    """The request cycles of this connection whose app may still run (h11: the newest only)."""
-    cycle = self.cycle
-    return [] if cycle is None else [cycle]
+    def _connlist_cycles(self) -> list[Any]:
+        """The request cycles of this connection whose app may still run (h11: the newest only)."""
+        cycle = self.cycle
+        return [] if cycle is None else [cycle]
 
+    def _connlist_mark_cut(self) -> None:
+        """The connection is being cut off: its apps' sends are dropped from now on, receives disconnect.
 
-def mark_cut(self: Any) -> None:
-    """The connection is being cut off: its apps' sends are dropped from now on, receives disconnect.
+        uvicorn marks only its current cycle disconnected when the connection
+        is lost; a cycle still running behind it (pipelining) would go on
+        writing to a closed transport, which uvloop answers with an exception
+        (a traceback per connection).  And the app's ``ClientDisconnect``
+        (a handler awaiting the body) is connlist's doing, not the app's
+        failure: each cycle's logger becomes one that leaves it out of the
+        log (any other exception is logged as before).  Nothing of this runs
+        per request.
+        """
+        for cycle in self._connlist_cycles():
+            if not isinstance(cycle.logger, AfterCut):
+                cycle.logger = AfterCut(cycle.logger)
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
 
-    uvicorn marks only its current cycle disconnected when the connection
-    is lost; a cycle still running behind it (pipelining) would go on
-    writing to a closed transport, which uvloop answers with an exception
-    (a traceback per connection).  And the app's ``ClientDisconnect``
-    (a handler awaiting the body) is connlist's doing, not the app's
-    failure: each cycle's logger becomes one that leaves it out of the
-    log (any other exception is logged as before).  Nothing of this runs
-    per request.
-    """
-    for cycle in self._connlist_cycles():
-        if not isinstance(cycle.logger, AfterCut):
-            cycle.logger = AfterCut(cycle.logger)
-        if not cycle.response_complete:
-            cycle.disconnected = True
-            cycle.message_event.set()
-
-
-def reading_paused(self: Any) -> bool:
-    """``ConnectionHandle.connlist_reading_paused``."""
-    # uvicorn stops reading a body the app does not consume (64 KiB
-    # buffered), and a request queued behind a pipelined one.
-    flow: Any = getattr(self, "flow", None)
-    return flow is not None and bool(flow.read_paused)
+    def connlist_reading_paused(self) -> bool:
+        """``ConnectionHandle.connlist_reading_paused``."""
+        # uvicorn stops reading a body the app does not consume (64 KiB
+        # buffered), and a request queued behind a pipelined one.
+        flow: Any = getattr(self, "flow", None)
+        return flow is not None and bool(flow.read_paused)

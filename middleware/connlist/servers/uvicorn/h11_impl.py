@@ -10,8 +10,8 @@ unread by h11 (uvicorn pauses reading); it is timed from the moment the server
 reads it.  httptools parses it at once, so it is timed from its first byte, as
 in Node.js.
 
-``connlist.servers.uvicorn.protocols`` builds the class uvicorn runs on this mixin and checks
-it before uvicorn gets it.
+``connlist.servers.uvicorn.classes`` has the class uvicorn runs, on this
+mixin; ``connlist.servers.uvicorn.protocols`` checks it before uvicorn gets it.
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ from connlist.servers.seam import BETWEEN as _BETWEEN
 from connlist.servers.seam import BODY as _BODY
 from connlist.servers.seam import HEADERS as _HEADERS
 from connlist.servers.seam import UPGRADED as _UPGRADED
-from connlist.servers.seam import Tracking
 from connlist.servers.seam import headers_received as _headers_received
-from connlist.servers.uvicorn import cycle as _cycle
-from connlist.servers.uvicorn import keepalive as _keepalive
 from connlist.servers.uvicorn import websocket as _websocket
+from connlist.servers.uvicorn.cycle import UvicornCycle
 
 try:
     from uvicorn.protocols.http import h11_impl
@@ -38,7 +36,8 @@ except ImportError:  # pragma: no cover - a uvicorn that moved it: the self-chec
 __all__ = ["H11Tracking"]
 
 # What mypy checks the mixin against: uvicorn's class.  At run time the
-# mixin derives from object, and ``connlist.servers.uvicorn.protocols`` puts uvicorn's class after it.
+# mixin derives from object, and the class statement of
+# ``connlist.servers.uvicorn.classes`` puts uvicorn's class after it.
 if TYPE_CHECKING:
     _H11Base = h11_impl.H11Protocol
 else:
@@ -47,33 +46,21 @@ else:
 # uvicorn's class as a module global: its methods are called as ``_H11.method(self)``, not through
 # ``super()`` (docs/benchmarks.md, "The request path's tricks, each measured").
 _H11: Any = None if h11_impl is None else h11_impl.H11Protocol
-# uvicorn's on_response_complete, less its keep-alive timer if it is a form
-# connlist knows (connlist.servers.uvicorn.keepalive), else as it is.
-# (A uvicorn without the method fails the self-check before any is called.)
-_KEEPALIVE, _KEEPALIVE_NOT = _keepalive.replacement("h11", getattr(_H11, "on_response_complete", None))
-_on_response_complete: Any = _KEEPALIVE or getattr(_H11, "on_response_complete", None)
 
 
-class H11Tracking(Tracking, _H11Base):
+class H11Tracking(UvicornCycle, _H11Base):
     """uvicorn's h11 protocol, feeding connlist by observing h11's state machine (see above)."""
 
     __slots__ = ()
 
     connlist_mode = "uvicorn-h11"
-    connlist_keepalive = _KEEPALIVE is not None
-    connlist_keepalive_not = _KEEPALIVE_NOT
 
-    # What it reads of uvicorn's cycle and protocol, as the httptools protocol does.
-    _connlist_without_middleware = _cycle.without_middleware
-    _connlist_body_begin = _cycle.body_begin
-    _connlist_after_continue = _cycle.after_continue
-    _connlist_response_written = _cycle.response_written
-    _connlist_responding = _cycle.responding
-    _connlist_cycles = _cycle.cycles
-    _connlist_mark_cut = _cycle.mark_cut
-    connlist_close_keepalive = _cycle.close_keepalive
-    connlist_request = _cycle.request
-    connlist_reading_paused = _cycle.reading_paused
+    def _connlist_response_end(self) -> None:  # pragma: no cover - the class statement names it
+        """uvicorn's ``on_response_complete``, or connlist's form of it less its keep-alive timer.
+
+        The class statement chooses (``connlist.servers.uvicorn.keepalive.form``).
+        """
+        raise NotImplementedError
 
     def connection_made(self, transport: Any) -> None:
         self._connlist_base_made(transport)
@@ -101,7 +88,8 @@ class H11Tracking(Tracking, _H11Base):
             if h11_conn.their_state is h11.DONE and not h11_conn.trailing_data[0]:
                 record = self._connlist_record
                 if record is not None and record.last_message_start == 0.0:
-                    # ConnectionsList.message on an idle record (as httptools').
+                    # ConnectionsList.message on an idle record (as httptools';
+                    # tests/test_event_copies.py holds it to the definition).
                     record.requests += 1
                     record.responding = True
                     self._connlist.totals.requests += 1
@@ -150,13 +138,13 @@ class H11Tracking(Tracking, _H11Base):
     def on_response_complete(self) -> None:
         phase = self._connlist_phase
         cycle = self.cycle
-        _on_response_complete(self)
+        self._connlist_response_end()
         record = self._connlist_record
         if record is not None:
             # A finished response lets h11 go on to what it held.
             self._connlist_events(phase, cycle)
             if not self._connlist_responding():
-                if _KEEPALIVE is None:
+                if not self.connlist_keepalive:
                     # uvicorn's own method: the idle time begins now (with
                     # connlist's, it began where its timer would have been armed).
                     self._connlist.connections.response_complete(record)

@@ -35,8 +35,8 @@ response is complete), so ``more_body`` stays True.  For the reads of such a
 body, and only for them, connlist lends uvicorn a stand-in cycle
 (``_BodyTail``) that drops the body and records ``more_body``.
 
-``connlist.servers.uvicorn.protocols`` builds the class uvicorn runs on this mixin and checks
-it before uvicorn gets it.
+``connlist.servers.uvicorn.classes`` has the class uvicorn runs, on this
+mixin; ``connlist.servers.uvicorn.protocols`` checks it before uvicorn gets it.
 """
 
 from __future__ import annotations
@@ -52,11 +52,10 @@ from connlist.servers.seam import BODY as _BODY
 from connlist.servers.seam import HEADERS as _HEADERS
 from connlist.servers.seam import UPGRADE_REFUSED as _UPGRADE_REFUSED
 from connlist.servers.seam import UPGRADED as _UPGRADED
-from connlist.servers.seam import Tracking
 from connlist.servers.seam import headers_received as _headers_received
-from connlist.servers.uvicorn import cycle as _cycle
 from connlist.servers.uvicorn import keepalive as _keepalive
 from connlist.servers.uvicorn import websocket as _websocket
+from connlist.servers.uvicorn.cycle import UvicornCycle
 
 try:
     from uvicorn.protocols.http import httptools_impl
@@ -178,7 +177,7 @@ class _Pipeline(deque[Any]):
     uvicorn starts a request's app at once if the previous response is
     complete, else queues it here; the one running is then referenced by
     nobody but its task.  A connection connlist cuts off must mark it
-    disconnected too (see ``connlist.servers.uvicorn.cycle.mark_cut``), so the queue
+    disconnected too (see ``UvicornCycle._connlist_mark_cut``), so the queue
     notes it when the first request is queued (the cycle uvicorn compared
     with, its local ``existing_cycle``) and whenever uvicorn starts the next.
     Both happen only with pipelining: a request that is not queued costs
@@ -203,7 +202,8 @@ class _Pipeline(deque[Any]):
 
 
 # What mypy checks the mixin against: uvicorn's class.  At run time the
-# mixin derives from object, and ``connlist.servers.uvicorn.protocols`` puts uvicorn's class after it.
+# mixin derives from object, and the class statement of
+# ``connlist.servers.uvicorn.classes`` puts uvicorn's class after it.
 if TYPE_CHECKING:
     _HttpToolsBase = httptools_impl.HttpToolsProtocol
 else:
@@ -217,34 +217,17 @@ if httptools_impl is not None:
     # measured").  (A release that lacks one fails the self-check before any
     # is called.)
     _HttpTools: Any = httptools_impl.HttpToolsProtocol
-    # uvicorn's on_response_complete, less its keep-alive timer if it is a
-    # form connlist knows (connlist.servers.uvicorn.keepalive), else as it is.
-    # (A uvicorn without the method fails the self-check before any is called.)
-    _KEEPALIVE, _KEEPALIVE_NOT = _keepalive.replacement(
-        "httptools", getattr(_HttpTools, "on_response_complete", None)
-    )
     _TIMED = _keepalive.TIMED_BY_LIST
 
-    class HttpToolsTracking(Tracking, _HttpToolsBase):
+    class HttpToolsTracking(UvicornCycle, _HttpToolsBase):
         """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""
 
         __slots__ = ()
 
         connlist_mode = "uvicorn-httptools"
-        connlist_keepalive = _KEEPALIVE is not None
-        connlist_keepalive_not = _KEEPALIVE_NOT
-
-        # What it reads of uvicorn's cycle and protocol, as the h11 protocol does.
-        _connlist_without_middleware = _cycle.without_middleware
-        _connlist_body_begin = _cycle.body_begin
-        _connlist_after_continue = _cycle.after_continue
-        _connlist_mark_cut = _cycle.mark_cut
-        connlist_close_keepalive = _cycle.close_keepalive
-        connlist_request = _cycle.request
-        connlist_reading_paused = _cycle.reading_paused
 
         def connection_made(self, transport: Any) -> None:
-            # uvicorn's (the base's, named on the class by connlist.servers.uvicorn.protocols._subclass).
+            # uvicorn's (the base's, named on the class statement of connlist.servers.uvicorn.classes).
             self._connlist_base_made(transport)
             enforcer = self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
             self.pipeline = _Pipeline()  # (no __init__ of ours: uvicorn passes its arguments by keyword)
@@ -285,7 +268,8 @@ if httptools_impl is not None:
                 if record.last_message_start == 0.0:
                     # ConnectionsList.message on an idle record: one request
                     # more, responding; the feeder's own writes, on which no
-                    # count of the list depends (connlist.core.connections).
+                    # count of the list depends (connlist.core.connections;
+                    # tests/test_event_copies.py holds it to the definition).
                     record.requests += 1
                     record.responding = True
                     self._connlist.totals.requests += 1
@@ -377,19 +361,16 @@ if httptools_impl is not None:
                 n += 1
             return n
 
-        if _KEEPALIVE is not None:
-            # uvicorn's method less its timer, which also writes what the
-            # method below writes (connlist.servers.uvicorn.keepalive): one call.
-            on_response_complete = _KEEPALIVE
-        else:
-
-            def on_response_complete(self) -> None:
-                _HttpTools.on_response_complete(self)
-                # self.cycle is the newest request's: if uvicorn has just
-                # started a pipelined one, or any is still queued, it is not complete.
-                if self.cycle.response_complete:
-                    record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
-                    self._connlist.connections.response_complete(record)
+        def on_response_complete(self) -> None:
+            # Where uvicorn's method is not a form connlist knows: uvicorn's,
+            # then the list's event (the class statement chooses, see
+            # connlist.servers.uvicorn.keepalive.form).
+            _HttpTools.on_response_complete(self)
+            # self.cycle is the newest request's: if uvicorn has just
+            # started a pipelined one, or any is still queued, it is not complete.
+            if self.cycle.response_complete:
+                record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
+                self._connlist.connections.response_complete(record)
 
         def handle_websocket_upgrade(self) -> None:
             # Handed over, or refused with 503 (connlist.servers.uvicorn.websocket); held
@@ -400,10 +381,10 @@ if httptools_impl is not None:
         def _connlist_response_written(self, record: Connection) -> bool:
             # With requests queued behind it, the running request is an
             # earlier one, whose response may be on the wire: never a 408.
-            return bool(self.pipeline) or _cycle.response_written(self, record)
+            return bool(self.pipeline) or UvicornCycle._connlist_response_written(self, record)
 
         def _connlist_responding(self) -> bool:
-            return bool(self.pipeline) or _cycle.responding(self)
+            return bool(self.pipeline) or UvicornCycle._connlist_responding(self)
 
 else:  # pragma: no cover - httptools missing
     HttpToolsTracking = None  # type: ignore[misc]

@@ -11,9 +11,10 @@ one timer per worker already sweeps them (``connlist.core.sweep``, its
 ``keepalive`` step), so connlist's protocols run uvicorn's
 ``on_response_complete`` with that one statement replaced:
 
-* the connection's record notes when it went idle (``responded_at``, a reading
-  of the enforcer's clock), and the sweep closes it once it has been idle
-  ``timeout_keep_alive`` seconds, through uvicorn's own
+* the list's ``response_complete``, written out (a call there costs more
+  than the event), notes when the connection went idle (``responded_at``,
+  a reading of the enforcer's clock), and the sweep closes it once it has
+  been idle ``timeout_keep_alive`` seconds, through uvicorn's own
   ``timeout_keep_alive_handler``: the same close, at the same time;
 * ``timeout_keep_alive_task`` holds ``TIMED_BY_LIST``, so what uvicorn reads
   there (armed or not) stays true, and its cancel, at the next read, costs
@@ -30,8 +31,9 @@ statements name ``_connlist`` attributes.  Each replacement is taken only
 for a uvicorn whose method is the same but for these statements
 (``replacement`` compares the two syntax trees); any other uvicorn keeps its
 own method and its timer, and connlist says so in one WARNING line
-(``connlist.servers.uvicorn.protocols``).  The self-check then drives the class it built
-(``connlist.servers.uvicorn.selfcheck``).
+(``connlist.servers.uvicorn.protocols``).  ``form`` is that rule; each class
+statement of ``connlist.servers.uvicorn.classes`` names its outcome.  The
+self-check then drives the class (``connlist.servers.uvicorn.selfcheck``).
 """
 
 from __future__ import annotations
@@ -40,14 +42,14 @@ import ast
 import inspect
 import textwrap
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 try:
     import h11
 except ImportError:  # pragma: no cover - uvicorn requires h11
     h11 = None  # type: ignore[assignment]
 
-__all__ = ["FORMS", "TIMED_BY_LIST", "replacement"]
+__all__ = ["FORMS", "TIMED_BY_LIST", "Form", "form", "replacement"]
 
 
 class _TimedByList:
@@ -92,9 +94,14 @@ def _httptools(self: Any) -> None:  # uvicorn 0.45 and later
             self.timeout_keep_alive_task = TIMED_BY_LIST
             enforcer = self._connlist
             record = self._connlist_record
-            # ConnectionsList.response_complete, written out.
+            # ConnectionsList.response_complete, written out (its first
+            # statement above); tests/test_event_copies.py holds it to it.
             record.responded_at = idle_at = enforcer.clock()
-            if record._idle_entry is None:
+            if (
+                record._idle_entry is None
+                and record.last_message_start == 0.0
+                and record._all_next is not None
+            ):
                 enforcer.connections.idle_queue.push(record, idle_at)
             if idle_at + self.timeout_keep_alive < enforcer.timer_at:
                 enforcer.wake_by(idle_at + self.timeout_keep_alive)
@@ -130,9 +137,14 @@ def _httptools_create_task(self: Any) -> None:  # uvicorn 0.36 to 0.44
             self.timeout_keep_alive_task = TIMED_BY_LIST
             enforcer = self._connlist
             record = self._connlist_record
-            # ConnectionsList.response_complete, written out.
+            # ConnectionsList.response_complete, written out (its first
+            # statement above); tests/test_event_copies.py holds it to it.
             record.responded_at = idle_at = enforcer.clock()
-            if record._idle_entry is None:
+            if (
+                record._idle_entry is None
+                and record.last_message_start == 0.0
+                and record._all_next is not None
+            ):
                 enforcer.connections.idle_queue.push(record, idle_at)
             if idle_at + self.timeout_keep_alive < enforcer.timer_at:
                 enforcer.wake_by(idle_at + self.timeout_keep_alive)
@@ -156,9 +168,10 @@ def _h11(self: Any) -> None:
         enforcer = self._connlist
         record = self._connlist_record
         # ConnectionsList.response_complete, written out (less ``responding``:
-        # the caller writes it, once h11 has let in what it held).
+        # the caller writes it, once h11 has let in what it held);
+        # tests/test_event_copies.py holds it to the definition.
         record.responded_at = idle_at = enforcer.clock()
-        if record._idle_entry is None:
+        if record._idle_entry is None and record.last_message_start == 0.0 and record._all_next is not None:
             enforcer.connections.idle_queue.push(record, idle_at)
         if idle_at + self.timeout_keep_alive < enforcer.timer_at:
             enforcer.wake_by(idle_at + self.timeout_keep_alive)
@@ -229,6 +242,33 @@ def _as_uvicorn(node: ast.FunctionDef) -> ast.FunctionDef:
 
     tree = Back().visit(node)
     return ast.fix_missing_locations(tree)  # type: ignore[no-any-return]
+
+
+class Form(NamedTuple):
+    """What connlist's class runs at the end of a response, and whether the list times the keep-alive."""
+
+    method: Callable[[Any], None]
+    # The class's ``connlist_keepalive`` and ``connlist_keepalive_not`` (``connlist.servers.seam.Feeder``).
+    timed_by_list: bool
+    why_not: str
+
+
+def form(parser: str, base: type, otherwise: Callable[[Any], None] | None = None) -> Form:
+    """The keep-alive form a class built on uvicorn's ``base`` runs: the one rule of the choice.
+
+    Where ``base``'s ``on_response_complete`` is one of the forms connlist
+    knows (``replacement``), the replacement, and the list times the
+    keep-alive; else ``otherwise`` (uvicorn's own method if None), and
+    uvicorn keeps its timer, and why (the WARNING line says it).
+    """
+    theirs = getattr(base, "on_response_complete", None)
+    known, why_not = replacement(parser, theirs)
+    if known is not None:
+        return Form(known, True, "")
+    fallback = otherwise if otherwise is not None else theirs
+    if fallback is None:
+        raise TypeError(f"{base.__qualname__} has no on_response_complete")
+    return Form(fallback, False, why_not)
 
 
 def replacement(parser: str, method: Callable[..., Any] | None) -> tuple[Callable[[Any], None] | None, str]:

@@ -15,13 +15,15 @@ which of the list's events happened in that read.  No parser callback is
 overridden: httptools calls four of them for every request, and each Python
 frame added there costs more than all of connlist's bookkeeping.
 
-The protocols' own modules say how each tells the list's events from
-uvicorn's state: ``connlist.servers.uvicorn.httptools_impl`` (what each read changed in
-the protocol's scope, cycle and pipeline) and ``connlist.servers.uvicorn.h11_impl``
+The classes are ``class`` statements of ``connlist.servers.uvicorn.classes``.
+Their mixins say how each tells the list's events from uvicorn's state:
+``connlist.servers.uvicorn.httptools_impl`` (what each read changed in the
+protocol's scope, cycle and pipeline) and ``connlist.servers.uvicorn.h11_impl``
 (h11's state machine); ``connlist.servers.uvicorn.cycle`` has what both read of
 uvicorn's request cycle, and ``connlist.servers.seam`` what reads nothing of
 uvicorn's (the connection joining the list and leaving it, flow control,
-the handle's transport methods).
+the handle's transport methods).  This module is the decision: which class
+each name and each server gets (``Outcome``, one per parser and process).
 
 The ``ConnectionsMiddleware`` owns the list and hands it over in the ASGI
 lifespan state, which uvicorn gives every protocol it creates.  With no
@@ -47,7 +49,9 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 import threading
+from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -55,50 +59,61 @@ import uvicorn
 
 from connlist.core.logs import follow_uvicorn_logger, log, logger, route_to_server
 from connlist.servers import integration
-from connlist.servers.seam import SLOTS
 from connlist.servers.uvicorn import selfcheck as uvicorn_selfcheck
-from connlist.servers.uvicorn.cycle import HOOKS
-from connlist.servers.uvicorn.h11_impl import H11Tracking
-from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
-from connlist.servers.uvicorn.start import TESTED_RANGE, TESTED_UVICORN
+from connlist.servers.uvicorn.classes import HOOKS, PARSERS
 
-try:
-    from uvicorn.protocols.http import h11_impl
-except ImportError:  # pragma: no cover - a uvicorn that moved it: the self-check reports it
-    h11_impl = None  # type: ignore[assignment]
 try:
     from uvicorn.protocols.http import httptools_impl
 except ImportError:  # httptools is not installed
     httptools_impl = None  # type: ignore[assignment]
 
-__all__ = ["AutoProtocol", "H11Protocol", "HttpToolsProtocol"]
+__all__ = [
+    "TESTED_RANGE",
+    "TESTED_UVICORN",
+    "AutoProtocol",
+    "H11Protocol",
+    "HttpToolsProtocol",
+    "Outcome",
+    "for_server",
+    "outcome",
+    "parser_of",
+]
+
+# The uvicorn releases CI runs the integration's tests on: the oldest
+# supported one (0.36.0, the first whose --http takes an import string) and
+# the newest at the time.  pyproject.toml has no upper bound: the self-check
+# decides, and a newer release gets a warning.
+TESTED_UVICORN = ("0.36.0", "0.55.0")
+TESTED_RANGE = f"{TESTED_UVICORN[0]} to {TESTED_UVICORN[1]}"
 
 # -- the classes handed to uvicorn: built, checked, or uvicorn's own ----------
 #
 # ``connlist.uvicorn:HttpToolsProtocol`` and the others are looked up by
-# uvicorn (``Config.load``) before the server starts.  The first lookup of
-# each builds connlist's class on uvicorn's and checks it
-# (``connlist.servers.uvicorn.selfcheck``); if anything fails, the name gives uvicorn's own
-# class instead, and one ERROR line says what failed and what is lost.  So
-# each class is checked once per process, when it is first used, and only
-# the ones used are checked.
+# uvicorn (``Config.load``) before the server starts, and the middleware
+# asks for the class of the server's parser at the lifespan startup
+# (``for_server``).  The first of either builds connlist's class on uvicorn's
+# (``connlist.servers.uvicorn.classes``) and checks it
+# (``connlist.servers.uvicorn.selfcheck``); if anything fails, the name gives
+# uvicorn's own class instead, and one ERROR line says what failed and what
+# is lost.  So each class is checked once per process, when it is first
+# used, and only the ones used are checked.
 
-_PARSERS = {
-    # parser -> (the module of uvicorn's class, the class's name, connlist's mixin)
-    "httptools": ("uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol", HttpToolsTracking),
-    "h11": ("uvicorn.protocols.http.h11_impl", "H11Protocol", H11Tracking),
-}
-# connlist's name for each parser's class.
-_NAMES = {"httptools": "HttpToolsProtocol", "h11": "H11Protocol"}
-# Each parser's class as a --http flag gets it (connlist's, or uvicorn's in its place).
-_resolved: dict[str, type[Any]] = {}
-# Each parser's build and check (_checked), shared by the flag and the automatic path.
-_built: dict[str, tuple[type[Any] | None, type | None, uvicorn_selfcheck.Result]] = {}
+
+@dataclass
+class Outcome:
+    """One parser's build and check, once per process: the one record of the decision."""
+
+    # connlist's class if it passed, uvicorn's if found, and the check's result.
+    cls: type[Any] | None
+    base: type | None
+    result: uvicorn_selfcheck.Result
+    # What a ``--http connlist.uvicorn:...`` flag gets, once asked (connlist's, or uvicorn's in its place).
+    flag: type[Any] | None = None
+
+
+# Each parser's outcome, once built and checked: the flag and the automatic path share it.
+_outcomes: dict[str, Outcome] = {}
 _lock = threading.RLock()
-_newer_warned = False
-
-# The outcome of each parser's check, once it ran (connlist.servers.uvicorn.selfcheck.Result).
-CHECKS: dict[str, uvicorn_selfcheck.Result] = {}
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -115,84 +130,71 @@ def _connlist_version() -> str:
         return __version__
 
 
-def _subclass(name: str, mixin: type, base: type) -> type[Any]:
-    """connlist's protocol: the mixin's methods over uvicorn's class, with connlist's slots.
-
-    The slots are declared here, on the one class that has uvicorn's as a
-    base, so that a uvicorn protocol with ``__slots__`` of its own is no
-    layout conflict (see ``connlist.servers.seam.Tracking``).  The base's
-    ``connection_made`` and ``connection_lost`` are named here too, for the
-    mixin's to call: a method of the class, not ``super()``, which costs a
-    connection more (docs/benchmarks.md, "A connection per request").
-    """
-    namespace = {
-        "__slots__": SLOTS,
-        "__module__": __name__,
-        "__qualname__": name,
-        "__doc__": mixin.__doc__,
-        # (A base without them fails the self-check, which looks for both, before any is called.)
-        "_connlist_base_made": getattr(base, "connection_made", None),
-        "_connlist_base_lost": getattr(base, "connection_lost", None),
-    }
-    return type(name, (mixin, base), namespace)
+def parser_of(cls: type) -> str | None:
+    """Which parser ``cls`` is uvicorn's own protocol for ("httptools", "h11"), or None."""
+    for parser, where in PARSERS.items():
+        module = sys.modules.get(where.module)
+        if module is not None and getattr(module, where.uvicorn_name, None) is cls:
+            return parser
+    return None
 
 
-def _build(parser: str) -> tuple[type[Any] | None, type | None, uvicorn_selfcheck.Result]:
-    """connlist's class for ``parser`` built on uvicorn's and checked (once per process, see _checked).
-
-    Returns (connlist's class if it passed, uvicorn's class if found, the check's result).
-    """
-    module_name, base_name, mixin = _PARSERS[parser]
-    name = _NAMES[parser]
+def _build(parser: str) -> Outcome:
+    """connlist's class for ``parser`` built on uvicorn's and checked."""
+    where = PARSERS[parser]
     base: type | None = None
     cls: type[Any] | None = None
     try:
-        module = importlib.import_module(module_name)
-        base = getattr(module, base_name, None)
+        module = importlib.import_module(where.module)
+        base = getattr(module, where.uvicorn_name, None)
         if not isinstance(base, type):
-            raise uvicorn_selfcheck.CheckFailed(f"{module_name} has no class {base_name}")
+            raise uvicorn_selfcheck.CheckFailed(f"{where.module} has no class {where.uvicorn_name}")
         uvicorn_selfcheck.check_static(base, HOOKS, parser)
         try:
-            cls = _subclass(name, mixin, base)
+            cls = where.build(base)
         except TypeError as exc:
             raise uvicorn_selfcheck.CheckFailed(
-                f"connlist's class cannot be built on uvicorn's {name}: {exc}"
+                f"connlist's class cannot be built on uvicorn's {where.uvicorn_name}: {exc}"
             ) from None
+        # Where its name gives it (its repr says so, and pickle finds it there).
+        cls.__module__ = __name__
     except uvicorn_selfcheck.CheckFailed as failed:
         result = uvicorn_selfcheck.Result(str(failed))
     except ImportError as exc:
-        result = uvicorn_selfcheck.Result(f"uvicorn has no {module_name} ({exc})")
+        result = uvicorn_selfcheck.Result(f"uvicorn has no {where.module} ({exc})")
     else:
         result = uvicorn_selfcheck.run_in_thread(cls, base, parser)
-    CHECKS[parser] = result
     if result.logger_name:
         # connlist's lines go wherever uvicorn's protocols write theirs.
         follow_uvicorn_logger(result.logger_name)
     if not result.passed:
-        return None, base, result
+        return Outcome(None, base, result)
     assert cls is not None
+    first = not any(done.cls is not None for done in _outcomes.values())
     integration.record_pass(cls)
-    _warn_if_newer()
+    if first:
+        _warn_if_newer()
     _warn_keepalive(cls, parser)
-    return cls, base, result
+    return Outcome(cls, base, result)
 
 
-def _checked(parser: str) -> tuple[type[Any] | None, type | None, uvicorn_selfcheck.Result]:
-    """``_build``'s outcome for ``parser``, built once per process: both paths below share it."""
+def outcome(parser: str) -> Outcome:
+    """``parser``'s build and check, made once per process (the flag and the automatic path share it)."""
     with _lock:
-        built = _built.get(parser)
-        if built is None:
-            built = _built[parser] = _build(parser)
-        return built
+        done = _outcomes.get(parser)
+        if done is None:
+            done = _outcomes[parser] = _build(parser)
+        return done
 
 
 def _integrate(parser: str) -> type[Any]:
     """The class a ``--http connlist.uvicorn:...`` flag names: connlist's, or uvicorn's in its place."""
     integration.require_integration()  # a bad value stops the start here, naming the variable
-    cls, base, result = _checked(parser)
-    if cls is not None:
-        return cls
-    return _fall_back(parser, base, result.failure or "")
+    with _lock:
+        done = outcome(parser)
+        if done.flag is None:
+            done.flag = done.cls or _fall_back(parser, done.base, done.result.failure or "")
+        return done.flag
 
 
 def for_server(parser: str, *, required: bool) -> tuple[type[Any] | None, str | None]:
@@ -204,13 +206,13 @@ def for_server(parser: str, *, required: bool) -> tuple[type[Any] | None, str | 
     logged unless ``required``, where the middleware's refusal to start
     says it instead.
     """
-    cls, base, result = _checked(parser)
-    if cls is not None:
-        return cls, None
-    failure = result.failure or ""
+    done = outcome(parser)
+    if done.cls is not None:
+        return done.cls, None
+    failure = done.result.failure or ""
     reason = _reason(parser, failure)
-    if base is not None:
-        integration.record_failure(base, reason)
+    if done.base is not None:
+        integration.record_failure(done.base, reason)
     if required:
         what, advice = _failure_text(parser, failure)
         return None, f"{what}. {advice}"
@@ -224,10 +226,9 @@ def for_server(parser: str, *, required: bool) -> tuple[type[Any] | None, str | 
 
 
 def _warn_if_newer() -> None:
-    global _newer_warned
-    if _newer_warned or _version(uvicorn.__version__) <= _version(TESTED_UVICORN[1]):
+    """One WARNING, at the first check that passes, where uvicorn is newer than the newest tested."""
+    if _version(uvicorn.__version__) <= _version(TESTED_UVICORN[1]):
         return
-    _newer_warned = True
     route_to_server()
     logger.warning(
         "connlist %s is tested with uvicorn %s; this is %s; the self-check passed",
@@ -247,7 +248,7 @@ def _warn_keepalive(cls: type[Any], parser: str) -> None:
         "(a timer per response, as without connlist); connlist's other protections are on. "
         "connlist %s knows the forms of uvicorn %s",
         uvicorn.__version__,
-        _NAMES[parser],
+        PARSERS[parser].name,
         getattr(cls, "connlist_keepalive_not", "") or "it is not one of the forms connlist knows",
         _connlist_version(),
         TESTED_RANGE,
@@ -263,7 +264,7 @@ def _failure_text(parser: str, failure: str) -> tuple[str, str]:
     """What failed, and what to do: the ERROR line's and the refusal's words."""
     what = (
         f"connlist {_connlist_version()} does not work with uvicorn {uvicorn.__version__} "
-        f"({_NAMES[parser]}: {failure})"
+        f"({PARSERS[parser].name}: {failure})"
     )
     advice = (
         f"connlist is tested with uvicorn {TESTED_RANGE}: pin uvicorn to that range (pip install "
@@ -299,7 +300,7 @@ def _fall_back(parser: str, base: type | None, failure: str) -> type[Any]:
 
 def _reason(parser: str, failure: str) -> str:
     """Why the integration is off after a failed check, as the view and the page show it."""
-    return f"uvicorn {uvicorn.__version__}: {_NAMES[parser]}: {failure}"
+    return f"uvicorn {uvicorn.__version__}: {PARSERS[parser].name}: {failure}"
 
 
 def _say_off(parser: str, failure: str, verb: str, refuse: str) -> None:
@@ -318,14 +319,6 @@ def _say_off(parser: str, failure: str, verb: str, refuse: str) -> None:
     )
 
 
-def _resolve(parser: str) -> type[Any]:
-    with _lock:
-        cls = _resolved.get(parser)
-        if cls is None:
-            cls = _resolved[parser] = _integrate(parser)
-        return cls
-
-
 def _needs_httptools(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - httptools missing
     raise RuntimeError(
         "connlist.uvicorn:HttpToolsProtocol needs httptools: pip install 'connlist[httptools]', "
@@ -334,12 +327,11 @@ def _needs_httptools(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - ht
 
 
 if TYPE_CHECKING:
-    # What the names give when the check passes (mypy's view).
-    class HttpToolsProtocol(HttpToolsTracking, httptools_impl.HttpToolsProtocol):
-        pass
-
-    class H11Protocol(H11Tracking, h11_impl.H11Protocol):
-        pass
+    # What the names give when the check passes, as mypy sees it: the
+    # parser's mixin, which mypy checks on uvicorn's class (the class
+    # statements are connlist.servers.uvicorn.classes's).
+    from connlist.servers.uvicorn.h11_impl import H11Tracking as H11Protocol
+    from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking as HttpToolsProtocol
 
     AutoProtocol: type[Any]
 else:
@@ -347,10 +339,10 @@ else:
     def __getattr__(name: str) -> Any:
         """``HttpToolsProtocol``, ``H11Protocol``, ``AutoProtocol``: checked when first looked up."""
         if name == "HttpToolsProtocol":
-            return _needs_httptools if httptools_impl is None else _resolve("httptools")
+            return _needs_httptools if httptools_impl is None else _integrate("httptools")
         if name == "H11Protocol":
-            return _resolve("h11")
+            return _integrate("h11")
         if name == "AutoProtocol":
             # httptools when it is installed, else h11, as uvicorn's ``--http auto``.
-            return _resolve("h11" if httptools_impl is None else "httptools")
+            return _integrate("h11" if httptools_impl is None else "httptools")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -381,7 +381,7 @@ class _Script:
             raise CheckFailed("reading was not resumed at the end of a response (`flow.resume_reading`)")
         task = getattr(protocol, "timeout_keep_alive_task", None)
         if getattr(self.cls, "connlist_keepalive", False):
-            # What the list's keep-alive close calls (connlist.servers.uvicorn.cycle.close_keepalive).
+            # What the list's keep-alive close calls (UvicornCycle.connlist_close_keepalive).
             if not callable(getattr(protocol, "timeout_keep_alive_handler", None)):
                 raise CheckFailed(
                     "uvicorn's protocol has no `timeout_keep_alive_handler` (its keep-alive close)"

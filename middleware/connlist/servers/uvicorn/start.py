@@ -13,9 +13,9 @@ is), which reads the server's protocol class and, by the
 * uvicorn's own ``HttpToolsProtocol`` or ``H11Protocol`` (what ``--http
   auto``, ``httptools`` and ``h11`` resolve to: ``uvicorn app:app``,
   ``fastapi run``, gunicorn's ``uvicorn_worker`` workers): connlist's class
-  for the same parser is built and checked (``connlist.servers.uvicorn.selfcheck``) and put
-  in the config in its place; on a failed check uvicorn's stays, with one
-  ERROR line;
+  for the same parser, built and checked once per process
+  (``connlist.servers.uvicorn.protocols.for_server``), is put in the config
+  in its place; on a failed check uvicorn's stays, with one ERROR line;
 * uvicorn's own class standing in for connlist's whose check failed: off,
   and why;
 * any other class (a user's own protocol, ``--http zttp``): left alone, off;
@@ -38,22 +38,15 @@ from typing import Any
 from connlist.core.logs import log
 from connlist.servers import integration
 from connlist.servers.integration import FELL_BACK, OFF, Start, off
+from connlist.servers.uvicorn import protocols
+from connlist.servers.uvicorn.protocols import TESTED_RANGE, TESTED_UVICORN
 
 __all__ = [
-    "TESTED_RANGE",
-    "TESTED_UVICORN",
     "advice_without_lifespan",
     "gunicorn_master",
     "server_config",
     "turn_on",
 ]
-
-# The uvicorn releases CI runs the integration's tests on: the oldest
-# supported one (0.36.0, the first whose --http takes an import string) and
-# the newest at the time.  pyproject.toml has no upper bound: the self-check
-# decides, and a newer release gets a warning.
-TESTED_UVICORN = ("0.36.0", "0.55.0")
-TESTED_RANGE = f"{TESTED_UVICORN[0]} to {TESTED_UVICORN[1]}"
 
 NOT_UVICORN = (
     "the server is neither uvicorn nor gunicorn's ASGI worker (or does not tell which HTTP protocol it runs)"
@@ -137,7 +130,7 @@ def turn_on(config: Any, policy: str) -> Start:
             return Start(None)  # not known yet: a connection of connlist's protocol tells
         return off(policy, reason, _advice_not_uvicorn())
     assert config is not None
-    parser = _uvicorn_parser(cls)
+    parser = protocols.parser_of(cls)
     if parser is None:
         name = f"{cls.__module__}.{cls.__qualname__}"
         reason = (
@@ -145,9 +138,7 @@ def turn_on(config: Any, policy: str) -> Start:
             "nor one of connlist.uvicorn's, so connlist leaves it alone"
         )
         return off(policy, reason, _advice_foreign())
-    from connlist.servers.uvicorn import protocols as connlist_uvicorn
-
-    ours, failure = connlist_uvicorn.for_server(parser, required=policy == "required")
+    ours, failure = protocols.for_server(parser, required=policy == "required")
     if ours is None:
         assert failure is not None
         return off(policy, failure, FELL_BACK)
@@ -158,17 +149,6 @@ def turn_on(config: Any, policy: str) -> Start:
 
 def _uvicorn_version() -> str:
     return str(getattr(sys.modules.get("uvicorn"), "__version__", "?"))
-
-
-def _uvicorn_parser(cls: type) -> str | None:
-    """Which parser ``cls`` is uvicorn's own protocol for ("httptools", "h11"), or None."""
-    from connlist.servers.uvicorn import protocols as connlist_uvicorn
-
-    for parser, (module_name, class_name, _) in connlist_uvicorn._PARSERS.items():
-        module = sys.modules.get(module_name)
-        if module is not None and getattr(module, class_name, None) is cls:
-            return parser
-    return None
 
 
 def launcher() -> str:

@@ -1,0 +1,131 @@
+"""The list's events where a feeder writes them out for speed: statement by statement, the definition's.
+
+``connlist.core.connections.ConnectionsList`` defines each event once.  The
+uvicorn feeders' hot path, a whole request in one read on an idle
+connection, writes ``message`` out (a call there costs more than the event:
+docs/benchmarks.md, "The request path's tricks, each measured").  This test
+reads both syntax trees, as ``connlist.servers.uvicorn.keepalive`` reads
+uvicorn's methods, so that a change to the event cannot miss its copies.
+The end of a response that leaves a connection idle is written out too, in
+the keep-alive forms (``connlist.servers.uvicorn.keepalive``): its
+``response_complete``.  The other events the feeders run call their
+definitions.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from typing import Any
+
+import pytest
+
+from connlist.core.connections import ConnectionsList
+from connlist.servers.uvicorn import keepalive
+from connlist.servers.uvicorn.h11_impl import H11Tracking
+from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
+
+FEEDERS = {"httptools": HttpToolsTracking, "h11": H11Tracking}
+
+
+def _function(function: Any) -> ast.FunctionDef:
+    node = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
+    assert isinstance(node, ast.FunctionDef)
+    return node
+
+
+def _dump(statements: list[ast.stmt]) -> list[str]:
+    return [ast.unparse(statement) for statement in statements]
+
+
+class _Rename(ast.NodeTransformer):
+    """The feeder's name of the record (``record``) as the definition's (``conn``)."""
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.Name("conn", node.ctx) if node.id == "record" else node
+
+
+def _on_idle(function: ast.FunctionDef, test: str) -> ast.If:
+    """The one ``if`` of ``function`` whose condition (renamed) includes ``test``."""
+    found = [
+        node
+        for node in ast.walk(function)
+        if isinstance(node, ast.If) and test in ast.unparse(_Rename().visit(node.test))
+    ]
+    assert len(found) == 1, [ast.unparse(node.test) for node in found]
+    return found[0]
+
+
+IDLE = "conn.last_message_start == 0.0"
+
+
+def _definition() -> ast.If:
+    """``message``'s branch for an idle record (its first statement after the docstring)."""
+    function = _function(ConnectionsList.message)
+    branch = function.body[1]
+    assert isinstance(branch, ast.If)
+    assert ast.unparse(branch.test) == f"{IDLE} and conn._all_next is not None"
+    return branch
+
+
+@pytest.mark.parametrize("parser", list(FEEDERS))
+def test_the_hot_path_writes_message_as_the_list_defines_it(parser: str) -> None:
+    definition = _dump(_definition().body)
+    copy = _on_idle(_function(FEEDERS[parser].data_received), IDLE)
+    written = [
+        statement
+        for statement in copy.body
+        if not (isinstance(statement, ast.AugAssign) and "totals" in ast.unparse(statement.target))
+    ]
+    # The copy is the definition's statements in the definition's order, but one: the feeders
+    # complete a message only after its headers (each of their message_complete follows
+    # headers_complete), so an idle record's headers_completed is True already.  Its test
+    # leaves out ``_all_next``: a read never comes after connection_lost or an upgrade.
+    assert _dump([_Rename().visit(statement) for statement in written]) == [
+        line for line in definition if line != "conn.headers_completed = True"
+    ]
+    assert "conn.headers_completed = True" in definition
+    # What the feeder counts besides, once per request whose headers are complete (seam.Feeder).
+    assert [ast.unparse(s) for s in copy.body if s not in written] == ["self._connlist.totals.requests += 1"]
+
+
+class _AsTheList(ast.NodeTransformer):
+    """A keep-alive form's names as ``ConnectionsList``'s: the record, the list, its clock, the time."""
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        text = ast.unparse(node)
+        if text == "enforcer.connections":
+            return ast.Name("self", node.ctx)
+        if text == "enforcer.clock":  # the enforcer's clock is its list's (Enforcer.__init__)
+            return ast.Attribute(ast.Name("self", ast.Load()), "_clock", node.ctx)
+        return node
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.Name({"record": "conn", "idle_at": "now"}.get(node.id, node.id), node.ctx)
+
+
+def _written_out(form: Any) -> list[str]:
+    """The statements of a keep-alive form between its record and its timer: the event, renamed."""
+    branch = _on_idle(_function(form), "self.timeout_keep_alive > 0")
+    names = _dump(branch.body)
+    start = names.index("record = self._connlist_record") + 1
+    end = next(i for i, line in enumerate(names) if "wake_by" in line)
+    return _dump([_AsTheList().visit(statement) for statement in branch.body[start:end]])
+
+
+@pytest.mark.parametrize(
+    "form", [form for forms in keepalive.FORMS.values() for form in forms], ids=lambda form: form.__name__
+)
+def test_the_keep_alive_forms_write_response_complete_as_the_list_defines_it(form: Any) -> None:
+    definition = _dump(_function(ConnectionsList.response_complete).body[1:])  # (after the docstring)
+    # ``responding`` is written where each form's protocol has it: the httptools forms before
+    # (the response's end, pipelined or not), h11's caller after h11 let in what it held.
+    assert definition[0] == "conn.responding = False"
+    assert _written_out(form) == definition[1:]
+    source = inspect.getsource(form)
+    if form.__name__.startswith("_httptools"):
+        assert "self._connlist_record.responding = False" in source
+    else:
+        assert "record.responding = False" in inspect.getsource(H11Tracking.on_response_complete)
