@@ -4,11 +4,14 @@
 - ``queues``: the intrusive queues and the heap the list keeps its records in;
 - ``connections``: ``ConnectionsList``, Node's list and its events;
 - ``views``: what the list shows by walking it;
-- ``kinds``: the table of timeout and room kinds, and the options' checks;
-- ``budget``: the connection budget (``max_connections``, ``max_upgraded``);
+- ``kinds``: the table of timeout and room kinds, and the settings;
+- ``checks``: the options' checks and defaults;
+- ``budget``: the connection budget's choice of what to close;
 - ``sweep``: the steps of the one timer, in the order they run;
-- ``enforcer``: the worker's one timer, and the cuts;
-- ``logs``: what connlist writes to the log.
+- ``timer``: the worker's one timer on the server's loop;
+- ``enforcer``: the cuts, the totals, and what the servers' feeders call;
+- ``logs``: what connlist writes to the log;
+- ``version``: the package's version.
 
 Nothing here imports a server, the ASGI side or an observer.
 """

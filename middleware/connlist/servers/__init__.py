@@ -4,6 +4,8 @@
   feeder's contract, the handle's transport methods, the fallback enforcer);
 - ``integration``: the start-up policy (``server_integration``), for any server;
 - ``selection``: the servers connlist knows, in the order they are asked;
+- ``selfcheck``: what every server's in-memory self-check shares;
+- ``supervisor``: which server master supervises this worker;
 - ``uvicorn``: uvicorn's protocols (httptools and h11), its keep-alive forms,
   their self-check and the start at the lifespan;
 - ``gunicorn``: gunicorn's own ASGI worker, and the worker classes.

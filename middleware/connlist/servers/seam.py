@@ -436,7 +436,7 @@ class Tracking(TransportHandle):
     transport: Any
     # The server's connection_made and connection_lost, where its class's
     # own replace Tracking's, named on connlist's class (connlist.servers.gunicorn.protocol's
-    # ASGIProtocol; connlist.servers.uvicorn.protocols's classes).
+    # ASGIProtocol; connlist.servers.uvicorn.classes's statements).
     _connlist_base_made: Callable[[Any], None]
     _connlist_base_lost: Callable[[Exception | None], None]
     client: tuple[str, int] | None
