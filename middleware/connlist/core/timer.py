@@ -169,6 +169,10 @@ class Timer(ABC):
             self._timer = asyncio.get_running_loop().call_later(delay, self._sweep, self._arming)
         self.timer_at = now + delay
 
+    def sweep_now(self) -> None:
+        """A sweep now, as if the timer had fired: for a caller that moved the clock (a self-check's)."""
+        self._sweep()
+
     def _sweep(self, arming: int = 0) -> None:
         if arming and arming != self._arming:
             return  # a timer replaced since, which its loop still ran

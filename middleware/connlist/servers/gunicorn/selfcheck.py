@@ -259,7 +259,7 @@ class _Script:
         self.expect("two pipelined requests", record, "idle", 5)
         # The keep-alive timeout, closed by gunicorn's handler.
         self.now += KEEP_ALIVE
-        enforcer._sweep()
+        enforcer.sweep_now()
         require(
             transport.closing and protocol._closed,
             "the keep-alive timeout did not close the connection with gunicorn's handler",
