@@ -31,8 +31,9 @@ def gunicorn_parser(request: pytest.FixtureRequest) -> str:
 def fresh_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The process's records of the servers' self-checks, empty for the test (and restored after).
 
-    They are all ``connlist.servers.integration``'s: each server's build and
-    check (``check_once``), the classes that passed, and the failures.
+    ``connlist.servers.integration``'s: gunicorn's build and check
+    (``check_once``), the classes that passed, and the failures.  uvicorn's
+    outcomes are its protocols' (``tests/test_selfcheck.py``'s ``fresh``).
     """
     monkeypatch.setattr(integration, "_checked", {})
     monkeypatch.setattr(integration, "_passed", set())

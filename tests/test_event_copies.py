@@ -2,7 +2,7 @@
 
 ``connlist.core.connections.ConnectionsList`` defines each event once.  The
 uvicorn feeders' hot path, a whole request in one read on an idle
-connection, writes ``message`` out (a call there costs more than the event:
+connection, writes ``message`` out, and gunicorn's does too (a call there costs more than the event:
 docs/benchmarks.md, "The request path's tricks, each measured").  This test
 reads both syntax trees, as ``connlist.servers.uvicorn.keepalive`` reads
 uvicorn's methods, so that a change to the event cannot miss its copies.
@@ -88,6 +88,19 @@ def test_the_hot_path_writes_message_as_the_list_defines_it(parser: str) -> None
     assert "conn.headers_completed = True" in definition
     # What the feeder counts besides, once per request whose headers are complete (seam.Feeder).
     assert [ast.unparse(s) for s in copy.body if s not in written] == ["self._connlist.totals.requests += 1"]
+
+
+def test_gunicorns_hot_path_writes_message_as_the_list_defines_it() -> None:
+    from connlist.servers.gunicorn.protocol import ASGIProtocol
+
+    definition = _dump(_definition().body)
+    copy = _on_idle(_function(ASGIProtocol._feed_callback_parser), IDLE)
+    # As uvicorn's feeders (above); the request is counted before the test, for both branches,
+    # and the branch's return is the one after them both.
+    assert definition[-1] == "return"
+    assert _dump([_Rename().visit(statement) for statement in copy.body]) == [
+        line for line in definition[:-1] if line != "conn.headers_completed = True"
+    ]
 
 
 class _AsTheList(ast.NodeTransformer):

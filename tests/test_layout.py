@@ -25,8 +25,9 @@ PARTS = ["core", "servers", "observe", "asgi"]
 NEUTRAL = {"connlist.servers.seam", "connlist.servers.integration", "connlist.servers.selfcheck"}
 SERVERS = {"uvicorn", "gunicorn"}
 PUBLIC = {"connlist", "connlist.uvicorn", "connlist.gunicorn", "connlist.prometheus", "connlist.otel"}
-# A whole string naming a module of the package, with an attribute or not: an import by string.
-BY_STRING = re.compile(r"^(connlist(?:\.\w+)*)(?::\w+)?$")
+# A whole string naming a module of the package, with an attribute or not: an import by string
+# ("connlist" alone is a name, the logger's).
+BY_STRING = re.compile(r"^(connlist(?:\.\w+)+)(?::\w+)?$|^(connlist):\w+$")
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -68,26 +69,27 @@ def imports(module: str) -> set[str]:
     docstrings = _docstrings(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
-        names: list[str] = []
+        targets: list[str | None] = []
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            targets = [_target(alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(
-                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
-                )
-            # ``from connlist.servers import integration`` imports the submodule.
-            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            # ``from connlist.servers import integration`` imports the submodule;
+            # ``from connlist import __version__``, the package's ``__init__``.
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else _target(base)
+                for alias in node.names
+            ]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             match = BY_STRING.match(node.value)
-            if match:
-                names = [match.group(1)]
-        for name in names:
-            target = _target(name)
-            # A module's own package (its ``__init__``) is not an import of it.
-            if target is not None and target != module and not module.startswith(target + "."):
-                found.add(target)
+            # Only a whole module's name: "connlist.enforcer" (a key of the lifespan state) names none.
+            name = match and (match.group(1) or match.group(2))
+            if name in MODULES:
+                targets = [name]
+        found.update(target for target in targets if target is not None and target != module)
     return found
 
 
@@ -117,6 +119,8 @@ def test_the_graph_reads_every_kind_of_import():
     assert "connlist.servers.uvicorn.protocols" in GRAPH["connlist.uvicorn"]
     assert "connlist.servers.uvicorn.start" in GRAPH["connlist.servers.selection"]
     assert "connlist.servers.uvicorn.protocols" in GRAPH["connlist.servers.gunicorn.workers"]
+    # The package's own __init__, imported from (it would import the middleware).
+    assert "connlist.core.version" in GRAPH["connlist"] and "connlist" not in GRAPH["connlist.core.enforcer"]
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

@@ -21,6 +21,7 @@ import pytest
 import uvicorn
 from uvicorn.protocols.http import h11_impl, httptools_impl
 
+from connlist import __version__
 from connlist.servers import integration
 from connlist.servers.seam import UPGRADED
 from connlist.servers.uvicorn import classes as uvicorn_classes
@@ -216,9 +217,7 @@ def test_a_moved_protocol_falls_back_to_uvicorns_own_name_for_it(
     # uvicorn's own "--http h11" class stands in.
     assert connlist_uvicorn._integrate("h11") is h11_impl.H11Protocol
     (line,) = [r.getMessage() for r in caplog.records]
-    assert line.startswith(
-        f"connlist: the server integration is off: connlist {connlist_uvicorn._connlist_version()}"
-    )
+    assert line.startswith(f"connlist: the server integration is off: connlist {__version__}")
     assert words in line and "Set CONNLIST_REQUIRE_INTEGRATION=1 to refuse to start instead." in line
     (reason,) = integration._failures.values()
     assert list(integration._failures) == [h11_impl.H11Protocol]
@@ -278,7 +277,7 @@ def test_a_newer_uvicorn_that_passes_is_warned_about_once(
         cls = connlist_uvicorn._integrate(parser)
         assert cls.connlist_mode == f"uvicorn-{parser}"
     assert [r.getMessage() for r in caplog.records] == [
-        f"connlist {connlist_uvicorn._connlist_version()} is tested with uvicorn 0.36.0 to 0.55.0; "
+        f"connlist {__version__} is tested with uvicorn 0.36.0 to 0.55.0; "
         "this is 0.56.0rc1; the self-check passed"
     ]
     assert connlist_uvicorn._version("0.56.0rc1") == (0, 56, 0) > connlist_uvicorn._version("0.55.0")

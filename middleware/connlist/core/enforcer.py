@@ -90,7 +90,7 @@ __all__ = [
 
 # The key under which the middleware hands its enforcer to the server's
 # protocols, in the ASGI lifespan state (uvicorn gives every protocol it).
-STATE_KEY = "connlist.core.enforcer"
+STATE_KEY = "connlist.enforcer"
 
 # How long a connection connlist closed may take to go (long enough for a
 # well-behaved client to read the 408) before it is aborted.

@@ -70,7 +70,7 @@ class Timer(ABC):
     settings: Settings
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        # The loop given (the tests' mock loop), and the server's (``attach``).
+        # The loop given (``Enforcer(loop=...)``), and the server's (``attach``).
         self.loop = loop
         self.attached_loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None

@@ -7,7 +7,7 @@ default) and ``ConnectionsMiddleware.snapshot()`` returns the same data; see
 What it shows
 -------------
 
-The states and counts are the list's (``connlist.core.connections``: "States"),
+The states and counts are the list's (``connlist.core.views``: "States"),
 presented here: ``all`` in connection order, ``active`` by the start of the
 current message (the next to expire is near the head), ``idle`` in
 connection order.  ``docs/debug-endpoint.md`` is the reference of the JSON.

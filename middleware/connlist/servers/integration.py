@@ -12,9 +12,10 @@ A server's start-up side is a module that implements ``Server``
 (``connlist.servers.uvicorn.start`` is uvicorn's); its protocol classes record
 here whether their self-check passed (``record_pass``, ``record_failure``),
 so that a server that does not tell its protocol can still be told about.
-A server builds and checks its class once per process through ``check_once``,
-whose outcome is kept here too: the process's records of its checks are
-this module's, and a test that wants a fresh process resets them here.
+gunicorn's start builds and checks its class once per process through
+``check_once``, whose outcome is kept here too; uvicorn's protocols keep
+theirs with the class a ``--http`` flag resolved to
+(``connlist.servers.uvicorn.protocols.outcome``).
 
 Where the integration is off, every line that says so (the middleware's
 WARNING, a failed check's ERROR line, uvicorn-worker's) says what is lost
@@ -205,7 +206,7 @@ def off(policy: str, reason: str, advice: str) -> Start:
 
 
 class Server(Protocol):
-    """A server integration's start-up side: a module of ``SERVERS`` (``connlist.servers.uvicorn.start``)."""
+    """A server integration's start-up side: a module of ``selection.SERVERS`` (``uvicorn.start``)."""
 
     def server_config(self, receive: Any, state: object = None) -> Any:
         """The config of the server whose lifespan is starting (found from its ``receive``), or None."""

@@ -346,10 +346,6 @@ class ASGIProtocol(Tracking, _Gunicorn):
         if not receiver.expect_continue:
             enforcer.connections.body_begin(record, record.body_received)
 
-    @staticmethod
-    def _connlist_body_bytes(record: Connection, n: int) -> None:
-        record.body_received += n
-
     # -- the response, and the keep-alive the list times -----------------------
 
     def _arm_keepalive_timer(self) -> None:

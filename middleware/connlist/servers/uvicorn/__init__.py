@@ -8,7 +8,8 @@
 - ``keepalive``: uvicorn's keep-alive timed by the list (its forms);
 - ``websocket``: the hand-over of an upgraded connection;
 - ``selfcheck``: the protocols driven through a conversation in memory;
-- ``start``: the integration at the lifespan startup (a ``Server``).
+- ``start``: the integration at the lifespan startup (a ``Server``);
+- ``tested``: the uvicorn releases connlist is tested with.
 
 The public names are ``connlist.uvicorn``'s.
 """

@@ -16,6 +16,7 @@ mixin; ``connlist.servers.uvicorn.protocols`` checks it before uvicorn gets it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import h11
@@ -55,12 +56,9 @@ class H11Tracking(UvicornCycle, _H11Base):
 
     connlist_mode = "uvicorn-h11"
 
-    def _connlist_response_end(self) -> None:  # pragma: no cover - the class statement names it
-        """uvicorn's ``on_response_complete``, or connlist's form of it less its keep-alive timer.
-
-        The class statement chooses (``connlist.servers.uvicorn.keepalive.form``).
-        """
-        raise NotImplementedError
+    # uvicorn's ``on_response_complete``, or connlist's form of it less its
+    # keep-alive timer: the class statement chooses (``keepalive.form``).
+    _connlist_response_end: Callable[[], None]
 
     def connection_made(self, transport: Any) -> None:
         self._connlist_base_made(transport)

@@ -52,15 +52,16 @@ import re
 import sys
 import threading
 from dataclasses import dataclass
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from connlist.core.logs import follow_uvicorn_logger, log, logger, route_to_server
+from connlist.core.version import __version__
 from connlist.servers import integration
 from connlist.servers.uvicorn import selfcheck as uvicorn_selfcheck
 from connlist.servers.uvicorn.classes import HOOKS, PARSERS
+from connlist.servers.uvicorn.tested import TESTED_RANGE, TESTED_UVICORN
 
 try:
     from uvicorn.protocols.http import httptools_impl
@@ -78,13 +79,6 @@ __all__ = [
     "outcome",
     "parser_of",
 ]
-
-# The uvicorn releases CI runs the integration's tests on: the oldest
-# supported one (0.36.0, the first whose --http takes an import string) and
-# the newest at the time.  pyproject.toml has no upper bound: the self-check
-# decides, and a newer release gets a warning.
-TESTED_UVICORN = ("0.36.0", "0.55.0")
-TESTED_RANGE = f"{TESTED_UVICORN[0]} to {TESTED_UVICORN[1]}"
 
 # -- the classes handed to uvicorn: built, checked, or uvicorn's own ----------
 #
@@ -119,15 +113,6 @@ _lock = threading.RLock()
 def _version(text: str) -> tuple[int, ...]:
     """The leading numbers of a version: "0.55.0rc1" -> (0, 55, 0)."""
     return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
-
-
-def _connlist_version() -> str:
-    try:
-        return metadata.version("connlist")
-    except metadata.PackageNotFoundError:  # pragma: no cover - not installed (a source tree)
-        from connlist.core.version import __version__
-
-        return __version__
 
 
 def parser_of(cls: type) -> str | None:
@@ -232,7 +217,7 @@ def _warn_if_newer() -> None:
     route_to_server()
     logger.warning(
         "connlist %s is tested with uvicorn %s; this is %s; the self-check passed",
-        _connlist_version(),
+        __version__,
         TESTED_RANGE,
         uvicorn.__version__,
     )
@@ -250,7 +235,7 @@ def _warn_keepalive(cls: type[Any], parser: str) -> None:
         uvicorn.__version__,
         PARSERS[parser].name,
         getattr(cls, "connlist_keepalive_not", "") or "it is not one of the forms connlist knows",
-        _connlist_version(),
+        __version__,
         TESTED_RANGE,
     )
 
@@ -263,7 +248,7 @@ REFUSAL_STATUS = 3
 def _failure_text(parser: str, failure: str) -> tuple[str, str]:
     """What failed, and what to do: the ERROR line's and the refusal's words."""
     what = (
-        f"connlist {_connlist_version()} does not work with uvicorn {uvicorn.__version__} "
+        f"connlist {__version__} does not work with uvicorn {uvicorn.__version__} "
         f"({PARSERS[parser].name}: {failure})"
     )
     advice = (

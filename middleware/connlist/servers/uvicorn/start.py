@@ -38,8 +38,7 @@ from typing import Any
 from connlist.core.logs import log
 from connlist.servers import integration
 from connlist.servers.integration import FELL_BACK, OFF, Start, off
-from connlist.servers.uvicorn import protocols
-from connlist.servers.uvicorn.protocols import TESTED_RANGE, TESTED_UVICORN
+from connlist.servers.uvicorn.tested import TESTED_RANGE, TESTED_UVICORN
 
 __all__ = [
     "advice_without_lifespan",
@@ -130,6 +129,10 @@ def turn_on(config: Any, policy: str) -> Start:
             return Start(None)  # not known yet: a connection of connlist's protocol tells
         return off(policy, reason, _advice_not_uvicorn())
     assert config is not None
+    # Here only, under uvicorn: every server's lifespan imports this module, and
+    # the others need not import uvicorn and connlist's classes on it.
+    from connlist.servers.uvicorn import protocols
+
     parser = protocols.parser_of(cls)
     if parser is None:
         name = f"{cls.__module__}.{cls.__qualname__}"
