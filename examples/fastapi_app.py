@@ -22,6 +22,7 @@ import os
 from fastapi import FastAPI, Request
 
 from connlist import ConnectionsMiddleware
+
 app = FastAPI(title="connlist example")
 
 
