@@ -39,10 +39,10 @@ self-check then drives the class (``connlist.servers.uvicorn.selfcheck``).
 from __future__ import annotations
 
 import ast
-import inspect
-import textwrap
 from collections.abc import Callable
 from typing import Any, NamedTuple
+
+from connlist.servers.forms import canonical, source_tree
 
 try:
     import h11
@@ -196,21 +196,6 @@ FORMS: dict[str, tuple[Callable[[Any], None], ...]] = {
 }
 
 
-def _tree(function: Callable[..., Any]) -> ast.FunctionDef:
-    node = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
-    if not isinstance(node, ast.FunctionDef):  # pragma: no cover - a method is a def
-        raise TypeError(f"{function!r} is not a function")
-    return node
-
-
-def _canonical(node: ast.FunctionDef) -> str:
-    """The method's body and arguments, without names, annotations or comments (which ast drops)."""
-    for arg in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs):
-        arg.annotation = None
-    text = ast.dump(ast.Module(body=node.body, type_ignores=[]))
-    return text
-
-
 def _ours(statement: ast.stmt) -> bool:
     """Whether a simple statement is connlist's own: it names a ``_connlist`` attribute or name."""
     return any(
@@ -281,10 +266,10 @@ def replacement(parser: str, method: Callable[..., Any] | None) -> tuple[Callabl
     if method is None:
         return None, "uvicorn's protocol has no such method"
     try:
-        theirs = _canonical(_tree(method))
+        theirs = canonical(source_tree(method))
     except (OSError, TypeError, SyntaxError) as exc:
         return None, f"its source cannot be read ({exc.__class__.__name__}: {exc})"
     for form in FORMS.get(parser, ()):
-        if _canonical(_as_uvicorn(_tree(form))) == theirs:
+        if canonical(_as_uvicorn(source_tree(form))) == theirs:
             return form, ""
     return None, "it is not one of the forms connlist knows"
