@@ -7,9 +7,11 @@ docs/benchmarks.md, "The request path's tricks, each measured").  This test
 reads both syntax trees, as ``connlist.servers.uvicorn.keepalive`` reads
 uvicorn's methods, so that a change to the event cannot miss its copies.
 The end of a response that leaves a connection idle is written out too, in
-the keep-alive forms (``connlist.servers.uvicorn.keepalive``): its
-``response_complete``.  The other events the feeders run call their
-definitions.
+the keep-alive forms (``connlist.servers.uvicorn.keepalive``) and in
+gunicorn's ``_arm_keepalive_timer``: its ``response_complete``.  gunicorn's
+class also writes its read's hook, between messages, into its
+``data_received`` (``connlist.servers.gunicorn.reads``).  The other events
+the feeders run call their definitions.
 """
 
 from __future__ import annotations
@@ -90,17 +92,39 @@ def test_the_hot_path_writes_message_as_the_list_defines_it(parser: str) -> None
     assert [ast.unparse(s) for s in copy.body if s not in written] == ["self._connlist.totals.requests += 1"]
 
 
-def test_gunicorns_hot_path_writes_message_as_the_list_defines_it() -> None:
+@pytest.mark.parametrize("method", ["_feed_callback_parser", "_connlist_data_received"])
+def test_gunicorns_hot_path_writes_message_as_the_list_defines_it(method: str) -> None:
     from connlist.servers.gunicorn.protocol import ASGIProtocol
 
     definition = _dump(_definition().body)
-    copy = _on_idle(_function(ASGIProtocol._feed_callback_parser), IDLE)
+    copy = _on_idle(_function(getattr(ASGIProtocol, method)), IDLE)
     # As uvicorn's feeders (above); the request is counted before the test, for both branches,
     # and the branch's return is the one after them both.
     assert definition[-1] == "return"
     assert _dump([_Rename().visit(statement) for statement in copy.body]) == [
         line for line in definition[:-1] if line != "conn.headers_completed = True"
     ]
+
+
+def test_gunicorns_data_received_writes_the_hooks_path_between_messages_as_it_is() -> None:
+    from connlist.servers.gunicorn.protocol import ASGIProtocol
+
+    hook = _function(ASGIProtocol._feed_callback_parser)
+    written = _function(ASGIProtocol._connlist_data_received)
+    # The hook's statements between messages (after its open-message branch, less its
+    # ``return fed``) are the ``else`` of data_received's test of the phase, as they are.
+    [phase_test] = [
+        node
+        for node in written.body
+        if isinstance(node, ast.If) and "_connlist_phase" in ast.unparse(node.test)
+    ]
+    [open_branch] = [
+        node for node in hook.body if isinstance(node, ast.If) and "phase" in ast.unparse(node.test)
+    ]
+    between = hook.body[hook.body.index(open_branch) + 1 :]
+    assert ast.unparse(between[-1]) == "return fed"
+    assert _dump(phase_test.orelse) == _dump(between[:-1])
+    assert "self._connlist_base_feed(data)" in ast.unparse(phase_test.orelse[2])
 
 
 class _AsTheList(ast.NodeTransformer):
@@ -126,6 +150,17 @@ def _written_out(form: Any) -> list[str]:
     start = names.index("record = self._connlist_record") + 1
     end = next(i for i, line in enumerate(names) if "wake_by" in line)
     return _dump([_AsTheList().visit(statement) for statement in branch.body[start:end]])
+
+
+def test_gunicorns_keep_alive_writes_response_complete_as_the_list_defines_it() -> None:
+    from connlist.servers.gunicorn.protocol import ASGIProtocol
+
+    definition = _dump(_function(ConnectionsList.response_complete).body[1:])  # (after the docstring)
+    function = _function(ASGIProtocol._arm_keepalive_timer)
+    names = _dump(function.body)
+    start = names.index("record.responding = False")
+    end = next(i for i, line in enumerate(names) if "wake_by" in line)
+    assert _dump([_AsTheList().visit(statement) for statement in function.body[start:end]]) == definition
 
 
 @pytest.mark.parametrize(

@@ -82,6 +82,7 @@ from starlette.requests import ClientDisconnect
 
 from connlist.core.connections import Connection
 from connlist.core.logs import route_to_server
+from connlist.servers.gunicorn import reads
 from connlist.servers.seam import (
     BETWEEN,
     BODY,
@@ -159,6 +160,8 @@ if TYPE_CHECKING:
         def pause_writing(self) -> None: ...
 
         def resume_writing(self) -> None: ...
+
+        def data_received(self, data: Any) -> None: ...
 
         def _feed_callback_parser(self, data: Any) -> bool: ...
 
@@ -263,40 +266,101 @@ class ASGIProtocol(Tracking, _Gunicorn):
     def _feed_callback_parser(self, data: Any) -> bool:
         phase = self._connlist_phase
         record = self._connlist_record
-        if record is None or phase >= UPGRADED:
-            return self._connlist_base_feed(data)
-        parser = self._callback_parser
-        if phase == BETWEEN:
-            if parser.is_complete or not data or (data[0] in _BLANK and not data.strip(_CRLF)):
-                # Held behind a response (a pipelined request: fed again
-                # once it is done), or blank lines: no message begins.
+        if phase or record is None:
+            if record is None or phase >= UPGRADED:
                 return self._connlist_base_feed(data)
+            if phase == BODY:
+                self._connlist_body_bytes(record, len(data))
             request = self._current_request
+            fed = self._connlist_base_feed(data)
+            self._connlist_events(record, phase, request, fed)
+            return fed
+        # Between messages (also written into _connlist_data_received).
+        request = self._current_request
+        held = self._callback_parser.is_complete
+        fed = self._connlist_base_feed(data)
+        new = self._current_request
+        parser = self._callback_parser
+        if (
+            new is not request
+            and not held
+            and parser is not None
+            and parser.is_complete
+            and self._h2c_upgrade_settings is None
+        ):
+            # A whole request in one read: ConnectionsList.message.
+            self._connlist_last = new
+            enforcer = self._connlist
+            enforcer.totals.requests += 1
+            if record.last_message_start == 0.0:
+                # On an idle record: the feeder's own writes.
+                record.requests += 1
+                record.responding = True
+            else:
+                enforcer.connections.message(record)
+        else:
+            self._connlist_begun(record, request, held, data, fed)
+        return fed
+
+    def _connlist_begun(self, record: Connection, request: Any, held: bool, data: Any, fed: object) -> None:
+        """A feed between messages that was not a whole request: the message it began, if any.
+
+        ``held``: the parser held the read behind a response (a pipelined
+        request, fed again once it is done).  A read of blank lines only
+        begins nothing either (RFC 9112 lets a server skip them).
+        """
+        if held or not data or (data[0] in _BLANK and not data.strip(_CRLF)):
+            return
+        self._connlist.connections.message_begin(record)
+        self._connlist_events(record, HEADERS, request, fed)
+
+    def _connlist_data_received(self, data: Any) -> None:
+        """gunicorn's ``data_received`` with the hook's between-messages path written in (``reads``)."""
+        if self._websocket or self._h2c_buffer is not None or self.reader or not self._callback_parser:
+            # Not HTTP/1's callback parser: gunicorn's own.
+            _Gunicorn.data_received(self, data)
+            return
+        record = self._connlist_record
+        if self._connlist_phase or record is None:
+            fed = self._feed_callback_parser(data)
+        else:
+            # Between messages: _feed_callback_parser's.
+            request = self._current_request
+            held = self._callback_parser.is_complete
             fed = self._connlist_base_feed(data)
             new = self._current_request
             parser = self._callback_parser
-            if new is not request and parser is not None and parser.is_complete:
+            if (
+                new is not request
+                and not held
+                and parser is not None
+                and parser.is_complete
+                and self._h2c_upgrade_settings is None
+            ):
                 self._connlist_last = new
-                if self._h2c_upgrade_settings is None:
-                    # A whole request in one read: ConnectionsList.message.
-                    enforcer = self._connlist
-                    enforcer.totals.requests += 1
-                    if record.last_message_start == 0.0:
-                        # On an idle record: the feeder's own writes.
-                        record.requests += 1
-                        record.responding = True
-                    else:
-                        enforcer.connections.message(record)
-                    return fed
-            self._connlist.connections.message_begin(record)
-            self._connlist_events(record, HEADERS, request, fed)
-            return fed
-        if phase == BODY:
-            self._connlist_body_bytes(record, len(data))
-        request = self._current_request
-        fed = self._connlist_base_feed(data)
-        self._connlist_events(record, phase, request, fed)
-        return fed
+                enforcer = self._connlist
+                enforcer.totals.requests += 1
+                if record.last_message_start == 0.0:
+                    record.requests += 1
+                    record.responding = True
+                else:
+                    enforcer.connections.message(record)
+            else:
+                self._connlist_begun(record, request, held, data, fed)
+        # The rest of gunicorn's HTTP/1 branch.
+        if not fed:
+            return
+        if (
+            not self._reading_paused
+            and self._callback_parser is not None
+            and self._http1_buffered() > self._max_buffer_size
+        ):
+            self._pause_reading()
+
+    # gunicorn's data_received where it is the form connlist's is written for
+    # (connlist.servers.gunicorn.reads), else gunicorn's own, which calls the hook.
+    connlist_reads_written_in = reads.known(getattr(_Gunicorn, "data_received", None))
+    data_received = _connlist_data_received if connlist_reads_written_in else _Gunicorn.data_received
 
     def _connlist_events(self, record: Connection, phase: int, request: Any, fed: object) -> None:
         """The events of the feed that just ended: the open message (at ``phase``) got its headers, ended."""
@@ -354,14 +418,18 @@ class ASGIProtocol(Tracking, _Gunicorn):
         # (Set by connection_made: a connection is idle only after a request.)
         record: Connection = self._connlist_record  # type: ignore[assignment]
         enforcer = self._connlist
-        # ConnectionsList.response_complete: idle from now, in the idle queue.
-        enforcer.connections.response_complete(record)
         if not enforcer.keep_alive_timed:
+            enforcer.connections.response_complete(record)
             _Gunicorn._arm_keepalive_timer(self)
             return
-        due = record.responded_at + self._keepalive
-        if due < enforcer.timer_at:
-            enforcer.wake_by(due)
+        # ConnectionsList.response_complete, written out (a call here costs
+        # more than the event); tests/test_event_copies.py holds it to it.
+        record.responding = False
+        record.responded_at = idle_at = enforcer.clock()
+        if record._idle_entry is None and record.last_message_start == 0.0 and record._all_next is not None:
+            enforcer.connections.idle_queue.push(record, idle_at)
+        if idle_at + self._keepalive < enforcer.timer_at:
+            enforcer.wake_by(idle_at + self._keepalive)
 
     def connlist_close_keepalive(self) -> None:
         self._keepalive_timeout()
