@@ -738,10 +738,32 @@ def test_addresses_as_asgi_has_them(monkeypatch: pytest.MonkeyPatch) -> None:
             (None, b"\0abstract", None, None),
         ]:
             protocol = cls(worker)
-            protocol.connection_made(Transport(peer, own))
+            transport = Transport(peer, own)
+            protocol.connection_made(transport)
             record = protocol._connlist_record
+            # Read from the transport when asked, not at the connection's start.
+            transport.names = {}
+            assert (record.client, record.server) == (None, None)
+            transport.names = {"peername": peer, "sockname": own}
             assert (record.client, record.server) == (client, server)
+            kept = protocol._connlist_record
+            kept.keep_from_handle()  # as for a record handed to on_timeout
             _close(protocol, enforcer)
+            assert kept.handle is None and (kept.client, kept.server) == (client, server)
+        # A record not kept has no addresses once its connection is gone; a transport that
+        # cannot tell any more (uvloop asks a socket that may be closed) has none either.
+        protocol = cls(worker)
+        transport = Transport(("10.0.0.1", 5000), ("10.0.0.2", 8000))
+        protocol.connection_made(transport)
+        record = protocol._connlist_record
+
+        def closed(name: str, default: Any = None) -> Any:
+            raise OSError(9, "Bad file descriptor")
+
+        transport.get_extra_info = closed  # type: ignore[method-assign]
+        assert (record.client, record.server) == (None, None)
+        _close(protocol, enforcer)
+        assert record.handle is None and (record.client, record.server) == (None, None)
 
     asyncio.run(main())
 

@@ -154,7 +154,7 @@ def test_tracking_requires_what_only_the_server_can_answer(enforcer: Enforcer) -
     with pytest.raises(NotImplementedError):
         protocol._connlist_settle(record, server.BODY, True)  # asks _connlist_body_begin
     with pytest.raises(NotImplementedError):
-        record.keep_request()  # asks connlist_request, for a record handed to on_timeout
+        record.keep_from_handle()  # asks connlist_request, for a record handed to on_timeout
 
 
 async def _app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover - never called

@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from connlist.core.connections import Connection, ConnectionsList
 from connlist.core.enforcer import Enforcer
 from connlist.core.logs import logger
+from connlist.core.records import Address
 
 __all__ = ["AsgiOnly", "AsgiRequest", "serve_with_body"]
 
@@ -305,6 +306,9 @@ class AsgiRequest:
 
     def connlist_request(self) -> tuple[str | None, str | None]:
         return None, None  # the record stores the request's method and path itself
+
+    def connlist_addresses(self) -> tuple[Address, Address]:
+        return None, None  # the record stores the scope's addresses itself
 
     def connlist_pending(self) -> int:
         return 0  # never stalled: ASGI has no view of the transport

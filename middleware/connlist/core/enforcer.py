@@ -489,7 +489,7 @@ class Enforcer(Timer):
         self.count(TIMEOUT_BY_NAME[kind], conn)
         on_timeout = self.on_timeout
         if on_timeout is not None:
-            conn.keep_request()  # the callback may keep the record
+            conn.keep_from_handle()  # the callback may keep the record
             started = self.clock()
             try:
                 on_timeout(conn, kind)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from connlist.core.queues import UNQUEUED, Link
 
 __all__ = [
+    "FROM_HANDLE",
     "NO_LINK",
     "OUT_CLOSING",
     "OUT_NONE",
@@ -74,11 +75,23 @@ class ConnectionHandle(Protocol):
         copy them at every request.
         """
 
+    def connlist_addresses(self) -> tuple[Address, Address]:
+        """The peer's address and the server's own, as ASGI has them (see ``Address``).
+
+        Read by ``Connection.client`` and ``.server`` when the server layer
+        stored ``FROM_HANDLE`` at connect: where the server does not keep
+        them, asking the transport at every connection costs more than
+        asking when a view or a cut needs them.
+        """
+
 
 # A peer or local address as the server layer has it: an ASGI ``(host, port)``
 # pair (uvicorn's ``client`` and ``server``), a string, or None (unknown, or a
 # unix socket); the debug view formats it.
 Address = tuple[str, int | None] | str | None
+
+# A record's ``client`` or ``server`` that its handle has (``connlist_addresses``), read when asked.
+FROM_HANDLE: Any = type("FromHandle", (), {"__slots__": (), "__repr__": lambda self: "FROM_HANDLE"})()
 
 # The links of a record the list does not hold (not yet connected, or
 # removed): None, so that no record refers to itself once the list lets go
@@ -112,13 +125,14 @@ class Connection:
         "_all_prev",
         "_begun",
         "_body_link",
+        "_client",
         "_idle_entry",
         "_method",
         "_out_link",
         "_path",
+        "_server",
         "body_received",
         "body_started",
-        "client",
         "connected_at",
         "evicted",
         "handle",
@@ -135,7 +149,6 @@ class Connection:
         "requests",
         "responded_at",
         "responding",
-        "server",
     )
 
     def __init__(
@@ -160,8 +173,9 @@ class Connection:
         self._idle_entry: list[Any] | None = None
         # Given by ASGI-only mode, which numbers its requests as it counts them.
         self.id: int = next_id() if id is None else id
-        self.client = client
-        self.server = server
+        # The addresses (FROM_HANDLE: the handle's, see ``client``).
+        self._client = client
+        self._server = server
         self.handle = handle
         self.connected_at = connected_at
         # Clock value at which the current message began; 0 when idle.
@@ -230,14 +244,51 @@ class Connection:
     def path(self, value: str | None) -> None:
         self._path = value
 
-    def keep_request(self) -> None:
-        """Store the method and path the handle has now: the record shows them once the handle is gone.
+    @property
+    def client(self) -> Address:
+        """The peer's address: as stored, else (``FROM_HANDLE``) the handle's, None once it is gone."""
+        client = self._client
+        if client is FROM_HANDLE:
+            handle = self.handle
+            return None if handle is None else handle.connlist_addresses()[0]
+        return client
 
-        For a record handed out (``on_timeout``), which its holder may read
-        after the connection is removed and its handle dropped.
+    @client.setter
+    def client(self, value: Address) -> None:
+        self._client = value
+
+    @property
+    def server(self) -> Address:
+        """The server's own address: as stored, else as the handle has it (as ``client``)."""
+        server = self._server
+        if server is FROM_HANDLE:
+            handle = self.handle
+            return None if handle is None else handle.connlist_addresses()[1]
+        return server
+
+    @server.setter
+    def server(self, value: Address) -> None:
+        self._server = value
+
+    def keep_from_handle(self) -> None:
+        """Store what the record reads from its handle now: it shows them once the handle is gone.
+
+        The method and path, and the addresses where the server layer left
+        them to the handle: for a record handed out (``on_timeout``), which
+        its holder may read after the connection is removed and its handle
+        dropped.
         """
-        if self._method is None and self.handle is not None:
-            self._method, self._path = self.handle.connlist_request()
+        handle = self.handle
+        if handle is None:
+            return
+        if self._method is None:
+            self._method, self._path = handle.connlist_request()
+        if self._client is FROM_HANDLE or self._server is FROM_HANDLE:
+            client, server = handle.connlist_addresses()
+            if self._client is FROM_HANDLE:
+                self._client = client
+            if self._server is FROM_HANDLE:
+                self._server = server
 
     @property
     def tracked(self) -> bool:

@@ -82,6 +82,7 @@ from starlette.requests import ClientDisconnect
 
 from connlist.core.connections import Connection
 from connlist.core.logs import route_to_server
+from connlist.core.records import FROM_HANDLE
 from connlist.servers.gunicorn import reads
 from connlist.servers.seam import (
     BETWEEN,
@@ -134,13 +135,6 @@ class _AfterCutLog:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._log, name)
-
-
-def _address(address: Any) -> Any:
-    """A transport's ``peername`` or ``sockname`` as ASGI has it: (host, port), or None."""
-    if isinstance(address, (tuple, list)) and len(address) >= 2:
-        return (address[0], address[1])
-    return address if isinstance(address, str) else None
 
 
 if TYPE_CHECKING:
@@ -229,14 +223,9 @@ class ASGIProtocol(Tracking, _Gunicorn):
         enforcer = Tracking._connlist_setup(self, state, self.worker.loop, self._keepalive)
         self._connlist_last = None
         self._connlist_base_made(transport)
-        get = transport.get_extra_info
-        client = get("peername")
-        if client.__class__ is not tuple or len(client) != 2:
-            client = _address(client)
-        server = get("sockname")
-        if server.__class__ is not tuple or len(server) != 2:
-            server = _address(server)
-        record = self._connlist_record = enforcer.join(client, server, self)
+        # The addresses are read from the transport when a view or a cut
+        # needs them (gunicorn keeps none; asking costs uvloop two system calls).
+        record = self._connlist_record = enforcer.join(FROM_HANDLE, FROM_HANDLE, self)
         parser = self._callback_parser
         if parser is None:
             # HTTP/2 (ALPN, or h2c with prior knowledge) or uWSGI: counted, not timed.
