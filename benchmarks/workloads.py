@@ -78,6 +78,8 @@ SEED = 20240601
 _INF = float("inf")
 _PAYLOAD = tuple(slot for slot in Connection.__slots__ if not slot.endswith(("_next", "_prev", "_link")))
 _DEFAULTS = [(slot, getattr(Connection(), slot)) for slot in _PAYLOAD if slot != "id"]
+# The payload's slots behind Connection's properties (the addresses).
+_SLOT_OF = {"client": "_client", "server": "_server"}
 _ids = itertools.count(1)
 
 
@@ -99,7 +101,7 @@ class Conn:
         self.tracked = self.active = True
         self.key: Any = None
         for name, value in details.items():
-            setattr(self, name, value)
+            setattr(self, _SLOT_OF.get(name, name), value)
 
 
 class _Alternative:
