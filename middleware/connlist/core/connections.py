@@ -132,6 +132,9 @@ from connlist.core.views import PHASES, STATES, ListViews, connection_state
 
 __all__ = ["PHASES", "STATES", "Connection", "ConnectionHandle", "ConnectionsList", "connection_state"]
 
+_new = object.__new__
+_init = Connection.__init__
+
 
 class ConnectionsList(ListViews):
     """Every connection of one worker: Node's ``all`` and ``active``, and the queues (module docstring)."""
@@ -209,7 +212,11 @@ class ConnectionsList(ListViews):
     ) -> Connection:
         """A new connection: joins ``all`` and ``active``; its clock starts now."""
         now = self._clock()
-        conn = Connection(client, server, handle, now, id)
+        # Connection(...) through its __init__ as a function: a Python call
+        # the interpreter runs inline, where the class's call enters a new
+        # one (docs/benchmarks.md, "A connection per request").
+        conn = _new(Connection)
+        _init(conn, client, server, handle, now, id)
         conn.last_message_start = now
         # Appended to all and to active.
         root = self._all_root
