@@ -132,6 +132,10 @@ from connlist.core.views import PHASES, STATES, ListViews, connection_state
 
 __all__ = ["PHASES", "STATES", "Connection", "ConnectionHandle", "ConnectionsList", "connection_state"]
 
+# ``connect`` makes its record with these, not ``Connection(...)``: the
+# class's call runs ``__init__`` in an interpreter of its own (called from
+# C), while a Python function called from Python runs inline
+# (docs/benchmarks.md, "The record built without the class's call").
 _new = object.__new__
 _init = Connection.__init__
 
@@ -212,10 +216,7 @@ class ConnectionsList(ListViews):
     ) -> Connection:
         """A new connection: joins ``all`` and ``active``; its clock starts now."""
         now = self._clock()
-        # Connection(...) through its __init__ as a function: a Python call
-        # the interpreter runs inline, where the class's call enters a new
-        # one (docs/benchmarks.md, "A connection per request").
-        conn = _new(Connection)
+        conn = _new(Connection)  # Connection(...), without the class's call (see _init)
         _init(conn, client, server, handle, now, id)
         conn.last_message_start = now
         # Appended to all and to active.
