@@ -35,7 +35,10 @@ CR or LF                           RFC 9112 lets a server skip them)
 =================================  ===========================================
 
 A whole request in one read on an idle connection is the list's
-``message``: the feeder's own writes, as uvicorn's protocols do.  A request
+``message``: the feeder's own writes, as uvicorn's protocols do.  Where
+gunicorn's ``data_received`` is the one connlist's was copied from
+(``connlist.servers.gunicorn.reads``), the class's own runs the hook's
+between-messages path in its place, without the hook's call.  A request
 held in the parser's buffer while a response is written is timed from the
 moment gunicorn feeds it (as uvicorn's h11 protocol does).
 
