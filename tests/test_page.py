@@ -363,7 +363,9 @@ def test_chromium_shows_every_state_and_the_escaped_path(tmp_path: Path) -> None
             assert row["time left"] == "\u2013", row
         else:
             left = float(row["time left"].removesuffix(" s"))
-            assert limit - 10 < left < limit, row
+            # (A connection made as the view is taken, such as Chromium's spare
+            # one, shows the whole limit to the millisecond the page prints.)
+            assert limit - 10 < left <= limit, row
     assert dom.links == [("_connections?format=json", "JSON"), ("_connections?workers=all", "every worker")]
     # The counts at the top match the rows.
     ((_, names), (_, values)) = dom.rows[:2]
