@@ -220,12 +220,31 @@ def child(app_spec: str, http: str, requests: int, loop: str, layout: int, workl
     # Kept to the end: freed, it would leave holes that the imports fill.
     _ballast[:] = ballast(layout)
     sys.path.insert(0, str(HERE))
+    report: dict[str, Any] = {}
     if loop == "uvloop":
         import uvloop
 
-        uvloop.run(drive(app_spec, http, requests, workload=workload))
+        uvloop.run(drive(app_spec, http, requests, report, workload=workload))
     else:
-        asyncio.run(drive(app_spec, http, requests, workload=workload))
+        asyncio.run(drive(app_spec, http, requests, report, workload=workload))
+    check_mode(app_spec, http, report["enforcer"])
+
+
+def check_mode(app_spec: str, http: str, enforcer: Any) -> None:
+    """Exit if connlist ran in another mode than the setup's: a class that failed its self-check, say.
+
+    Its protocol then falls back to uvicorn's and the middleware to
+    ASGI-only mode, which would be measured under the setup's name.  (Read
+    after the run: the same for both children of a pair, it cancels out.)
+    """
+    from setups import SETUPS
+
+    expected = {(setup.app, setup.http): setup.mode for setup in SETUPS}.get((app_spec, http))
+    mode = None if enforcer is None else enforcer.mode
+    if mode != expected:
+        raise SystemExit(
+            f"{app_spec} with {http}: connlist ran in mode {mode!r}, not the setup's {expected!r}"
+        )
 
 
 def child_env(layout: int) -> dict[str, str]:

@@ -57,6 +57,21 @@ def test_each_setup_serves_keep_alive_requests_in_process(setup: setups.Setup) -
         assert enforcer.totals.requests == 5  # type: ignore[attr-defined]
 
 
+def test_a_run_in_another_mode_than_its_setups_is_refused() -> None:
+    class Enforcer:
+        mode = "uvicorn-httptools"
+
+    connlist = setups.SETUP_BY_KEY["connlist"]
+    per_request.check_mode(connlist.app, connlist.http, Enforcer())
+    per_request.check_mode(setups.SETUP_BY_KEY["bare"].app, "httptools", None)
+    # The integration's class fell back (its self-check failed): ASGI-only mode, under connlist's name.
+    Enforcer.mode = "asgi"
+    with pytest.raises(SystemExit, match="ran in mode 'asgi', not the setup's 'uvicorn-httptools'"):
+        per_request.check_mode(connlist.app, connlist.http, Enforcer())
+    with pytest.raises(SystemExit, match="ran in mode 'asgi', not the setup's None"):
+        per_request.check_mode(setups.SETUP_BY_KEY["bare"].app, "httptools", Enforcer())
+
+
 @pytest.mark.parametrize("workload", ["close", "close-alone"])
 @pytest.mark.parametrize("setup", setups.SETUPS, ids=lambda setup: setup.key)
 def test_each_setup_serves_a_connection_per_request_in_process(setup: setups.Setup, workload: str) -> None:
