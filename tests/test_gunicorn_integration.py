@@ -722,8 +722,10 @@ def test_addresses_as_asgi_has_them(monkeypatch: pytest.MonkeyPatch) -> None:
         def __init__(self, peer: Any, own: Any) -> None:
             super().__init__()
             self.names = {"peername": peer, "sockname": own}
+            self.asked: list[str] = []
 
         def get_extra_info(self, name: str, default: Any = None) -> Any:
+            self.asked.append(name)
             return self.names.get(name, default)
 
     async def main() -> None:
@@ -745,7 +747,9 @@ def test_addresses_as_asgi_has_them(monkeypatch: pytest.MonkeyPatch) -> None:
             transport.names = {}
             assert (record.client, record.server) == (None, None)
             transport.names = {"peername": peer, "sockname": own}
-            assert (record.client, record.server) == (client, server)
+            transport.asked.clear()
+            assert record.client == client and transport.asked == ["peername"]  # one address, one question
+            assert record.server == server and transport.asked == ["peername", "sockname"]
             kept = protocol._connlist_record
             kept.keep_from_handle()  # as for a record handed to on_timeout
             _close(protocol, enforcer)

@@ -307,8 +307,8 @@ class AsgiRequest:
     def connlist_request(self) -> tuple[str | None, str | None]:
         return None, None  # the record stores the request's method and path itself
 
-    def connlist_addresses(self) -> tuple[Address, Address]:
-        return None, None  # the record stores the scope's addresses itself
+    def connlist_address(self, own: bool) -> Address:
+        return None  # the record stores the scope's addresses itself
 
     def connlist_pending(self) -> int:
         return 0  # never stalled: ASGI has no view of the transport

@@ -75,13 +75,13 @@ class ConnectionHandle(Protocol):
         copy them at every request.
         """
 
-    def connlist_addresses(self) -> tuple[Address, Address]:
-        """The peer's address and the server's own, as ASGI has them (see ``Address``).
+    def connlist_address(self, own: bool) -> Address:
+        """The peer's address, or (``own``) the server's own, as ASGI has it (see ``Address``).
 
         Read by ``Connection.client`` and ``.server`` when the server layer
         stored ``FROM_HANDLE`` at connect: where the server does not keep
         them, asking the transport at every connection costs more than
-        asking when a view or a cut needs them.
+        asking when a view or a cut needs one.
         """
 
 
@@ -90,7 +90,7 @@ class ConnectionHandle(Protocol):
 # unix socket); the debug view formats it.
 Address = tuple[str, int | None] | str | None
 
-# A record's ``client`` or ``server`` that its handle has (``connlist_addresses``), read when asked.
+# A record's ``client`` or ``server`` that its handle has (``connlist_address``), read when asked.
 FROM_HANDLE: Any = type("FromHandle", (), {"__slots__": (), "__repr__": lambda self: "FROM_HANDLE"})()
 
 # The links of a record the list does not hold (not yet connected, or
@@ -248,10 +248,7 @@ class Connection:
     def client(self) -> Address:
         """The peer's address: as stored, else (``FROM_HANDLE``) the handle's, None once it is gone."""
         client = self._client
-        if client is FROM_HANDLE:
-            handle = self.handle
-            return None if handle is None else handle.connlist_addresses()[0]
-        return client
+        return self._from_handle(False) if client is FROM_HANDLE else client
 
     @client.setter
     def client(self, value: Address) -> None:
@@ -261,14 +258,15 @@ class Connection:
     def server(self) -> Address:
         """The server's own address: as stored, else as the handle has it (as ``client``)."""
         server = self._server
-        if server is FROM_HANDLE:
-            handle = self.handle
-            return None if handle is None else handle.connlist_addresses()[1]
-        return server
+        return self._from_handle(True) if server is FROM_HANDLE else server
 
     @server.setter
     def server(self, value: Address) -> None:
         self._server = value
+
+    def _from_handle(self, own: bool) -> Address:
+        handle = self.handle
+        return None if handle is None else handle.connlist_address(own)
 
     def keep_from_handle(self) -> None:
         """Store what the record reads from its handle now: it shows them once the handle is gone.
@@ -283,12 +281,10 @@ class Connection:
             return
         if self._method is None:
             self._method, self._path = handle.connlist_request()
-        if self._client is FROM_HANDLE or self._server is FROM_HANDLE:
-            client, server = handle.connlist_addresses()
-            if self._client is FROM_HANDLE:
-                self._client = client
-            if self._server is FROM_HANDLE:
-                self._server = server
+        if self._client is FROM_HANDLE:
+            self._client = handle.connlist_address(False)
+        if self._server is FROM_HANDLE:
+            self._server = handle.connlist_address(True)
 
     @property
     def tracked(self) -> bool:

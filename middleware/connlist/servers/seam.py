@@ -262,16 +262,27 @@ class TransportHandle:
     def _connlist_mark_cut(self) -> None:
         raise NotImplementedError
 
-    def connlist_addresses(self) -> tuple[Address, Address]:
-        """``ConnectionHandle.connlist_addresses``: the transport's ``peername`` and ``sockname``.
+    def connlist_address(self, own: bool) -> Address:
+        """``ConnectionHandle.connlist_address``: the transport's ``peername`` (or ``sockname``).
 
-        Asked when a view or a cut needs them, maybe after the transport
+        Asked when a view or a cut needs it, maybe after the transport
         closed: an address it no longer has is None.
         """
         transport = self.transport
         if transport is None:
-            return None, None
-        return _asked(transport, "peername"), _asked(transport, "sockname")
+            return None
+        try:
+            address = transport.get_extra_info("sockname" if own else "peername")
+        except (
+            OSError,
+            RuntimeError,
+            AttributeError,
+            ValueError,
+        ):  # uvloop asks the socket, which may be closed
+            return None
+        if isinstance(address, (tuple, list)) and len(address) >= 2:
+            return (address[0], address[1])
+        return address if isinstance(address, str) else None
 
     def _connlist_linger(self) -> None:
         """A close connlist decided outside a sweep: abort the connection if it has not gone in time."""
@@ -402,20 +413,6 @@ UPGRADE_REFUSED = 4  # an upgrade refused with 503 at max_upgraded: closing, no 
 
 # The attributes ``Tracking`` adds to the server's protocol.
 SLOTS = ("_connlist", "_connlist_phase", "_connlist_record")
-
-
-def asgi_address(address: Any) -> Address:
-    """A transport's ``peername`` or ``sockname`` as ASGI has it: (host, port), a string, or None."""
-    if isinstance(address, (tuple, list)) and len(address) >= 2:
-        return (address[0], address[1])
-    return address if isinstance(address, str) else None
-
-
-def _asked(transport: Any, name: str) -> Address:
-    try:
-        return asgi_address(transport.get_extra_info(name))
-    except (OSError, RuntimeError, AttributeError, ValueError):  # uvloop asks the socket, which may be closed
-        return None
 
 
 def headers_received(record: Connection, enforcer: Enforcer) -> None:
