@@ -127,6 +127,26 @@ def test_gunicorns_data_received_writes_the_hooks_path_between_messages_as_it_is
     assert "self._connlist_base_feed(data)" in ast.unparse(phase_test.orelse[2])
 
 
+def test_gunicorns_data_received_ends_as_the_form_it_was_copied_from() -> None:
+    from connlist.servers.gunicorn import reads
+    from connlist.servers.gunicorn.protocol import ASGIProtocol
+
+    written = _function(ASGIProtocol._connlist_data_received)
+    # The form's HTTP/1 branch (``elif self._callback_parser``): the feed, then the backpressure test.
+    form = _function(reads.FORMS[0])
+    [http1] = [
+        node
+        for node in ast.walk(form)
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "self.reader"
+    ]
+    branch = http1.orelse[0]
+    assert isinstance(branch, ast.If) and ast.unparse(branch.test) == "self._callback_parser"
+    feed, backpressure, _return = branch.body
+    assert ast.unparse(feed) == "if not self._feed_callback_parser(data):\n    return"
+    # connlist's fed the parser itself (fed), then ends with the same test, as it is.
+    assert _dump(written.body[-2:]) == ["if not fed:\n    return", ast.unparse(backpressure)]
+
+
 class _AsTheList(ast.NodeTransformer):
     """A keep-alive form's names as ``ConnectionsList``'s: the record, the list, its clock, the time."""
 
