@@ -7,7 +7,8 @@ Each class names where its methods come from: the parser's mixin
 ``connlist.servers.seam.Tracking``), then uvicorn's class; and, in its
 body, connlist's slots, uvicorn's ``connection_made`` and
 ``connection_lost`` for the mixin to call, and the keep-alive form chosen
-by ``connlist.servers.uvicorn.keepalive.form``.
+by ``connlist.servers.uvicorn.keepalive.form``; after it, uvicorn's
+``__init__`` with connlist's names (``connlist.servers.uvicorn.construct``).
 
 The statements run in functions, on the uvicorn class they are given:
 ``connlist.servers.uvicorn.protocols`` looks uvicorn's class up, checks
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from connlist.servers.seam import SLOTS
-from connlist.servers.uvicorn import keepalive
+from connlist.servers.uvicorn import construct, keepalive
 from connlist.servers.uvicorn.h11_impl import H11Tracking
 from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
 
@@ -48,6 +49,7 @@ HOOKS = (
 
 def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
     """connlist's httptools protocol on uvicorn's ``base`` (TypeError: a layout connlist cannot join)."""
+    init = construct.constructor(base.__init__, HttpToolsTracking.connlist_init_names) or base.__init__
 
     class HttpToolsProtocol(HttpToolsTracking, base):  # type: ignore[valid-type, misc]  # uvicorn's, as given
         __doc__ = HttpToolsTracking.__doc__
@@ -68,11 +70,15 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
             "httptools", base, HttpToolsTracking.on_response_complete
         )
 
+    # uvicorn's __init__, run with connlist's names where it reads them
+    # (connlist.servers.uvicorn.construct), else as it is.
+    HttpToolsProtocol.__init__ = init  # type: ignore[method-assign]
     return HttpToolsProtocol
 
 
 def h11_protocol(base: type[UvicornH11]) -> type[H11Tracking]:
     """connlist's h11 protocol on uvicorn's ``base`` (TypeError: a layout connlist cannot join)."""
+    init = construct.constructor(base.__init__, H11Tracking.connlist_init_names) or base.__init__
 
     class H11Protocol(H11Tracking, base):  # type: ignore[valid-type, misc]  # uvicorn's, as given
         __doc__ = H11Tracking.__doc__
@@ -85,6 +91,7 @@ def h11_protocol(base: type[UvicornH11]) -> type[H11Tracking]:
         # less its keep-alive timer, or uvicorn's own.
         _connlist_response_end, connlist_keepalive, connlist_keepalive_not = keepalive.form("h11", base)
 
+    H11Protocol.__init__ = init  # type: ignore[method-assign]  # as HttpToolsProtocol's
     return H11Protocol
 
 

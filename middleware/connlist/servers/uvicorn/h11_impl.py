@@ -16,8 +16,8 @@ mixin; ``connlist.servers.uvicorn.protocols`` checks it before uvicorn gets it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import h11
 
@@ -55,6 +55,8 @@ class H11Tracking(UvicornCycle, _H11Base):
     __slots__ = ()
 
     connlist_mode = "uvicorn-h11"
+    # uvicorn's __init__ runs with connlist's ``logging`` only (connlist.servers.uvicorn.construct).
+    connlist_init_names: ClassVar[Mapping[str, Any]] = {}
 
     # uvicorn's ``on_response_complete``, or connlist's form of it less its
     # keep-alive timer: the class statement chooses (``keepalive.form``).

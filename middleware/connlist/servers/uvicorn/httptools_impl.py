@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from connlist.core.connections import Connection
 from connlist.core.enforcer import Enforcer
@@ -225,12 +226,16 @@ if httptools_impl is not None:
         __slots__ = ()
 
         connlist_mode = "uvicorn-httptools"
+        # What uvicorn's __init__ makes with connlist's names (connlist.servers.uvicorn.construct).
+        connlist_init_names: ClassVar[Mapping[str, Any]] = {"deque": _Pipeline}
 
         def connection_made(self, transport: Any) -> None:
             # uvicorn's (the base's, named on the class statement of connlist.servers.uvicorn.classes).
             self._connlist_base_made(transport)
             enforcer = self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
-            self.pipeline = _Pipeline()  # (no __init__ of ours: uvicorn passes its arguments by keyword)
+            if self.pipeline.__class__ is not _Pipeline:
+                # uvicorn's __init__ made its own (connlist.servers.uvicorn.construct).
+                self.pipeline = _Pipeline()
             self._connlist_record = enforcer.join(self.client, self.server, self)
 
         def connection_lost(self, exc: Exception | None) -> None:
