@@ -10,8 +10,10 @@ The end of a response that leaves a connection idle is written out too, in
 the keep-alive forms (``connlist.servers.uvicorn.keepalive``) and in
 gunicorn's ``_arm_keepalive_timer``: its ``response_complete``.  gunicorn's
 class also writes its read's hook, between messages, into its
-``data_received`` (``connlist.servers.gunicorn.reads``).  The other events
-the feeders run call their definitions.
+``data_received`` (``connlist.servers.gunicorn.reads``).  The uvicorn
+feeders' ``connection_made`` and ``connection_lost`` write out the seam's
+setup and removal (``Tracking._connlist_setup``, ``_connlist_remove``).  The
+other events the feeders run call their definitions.
 """
 
 from __future__ import annotations
@@ -197,3 +199,31 @@ def test_the_keep_alive_forms_write_response_complete_as_the_list_defines_it(for
         assert "self._connlist_record.responding = False" in source
     else:
         assert "record.responding = False" in inspect.getsource(H11Tracking.on_response_complete)
+
+
+def _contains_run(whole: list[str], run: list[str]) -> bool:
+    """Whether ``run`` is in ``whole``, statement after statement."""
+    return any(whole[i : i + len(run)] == run for i in range(len(whole) - len(run) + 1))
+
+
+class _Unaliased(ast.NodeTransformer):
+    """The seam's names as the feeders import them (``_STATE_KEY``, ``_BETWEEN``), as the seam writes them."""
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.Name({"_STATE_KEY": "STATE_KEY", "_BETWEEN": "BETWEEN"}.get(node.id, node.id), node.ctx)
+
+
+@pytest.mark.parametrize("parser", list(FEEDERS))
+def test_the_feeders_write_the_seams_setup_and_removal_as_it_defines_them(parser: str) -> None:
+    from connlist.servers.seam import Tracking
+
+    feeder = FEEDERS[parser]
+    setup = _dump(_function(Tracking._connlist_setup).body[1:-1])  # (no docstring, no return)
+    made = _dump([_Unaliased().visit(statement) for statement in _function(feeder.connection_made).body])
+    # The setup's arguments, taken where uvicorn has them.
+    assert "state, loop, keep_alive = (self.app_state, self.loop, self.timeout_keep_alive)" in made
+    assert _contains_run(made, setup), made
+    removal = _dump(_function(Tracking._connlist_remove).body)
+    lost = _dump(_function(feeder.connection_lost).body)
+    assert _contains_run(lost, removal), lost
+    assert lost[-1] == "self._connlist_base_lost(exc)"

@@ -24,6 +24,7 @@ import h11
 from connlist.servers.seam import BETWEEN as _BETWEEN
 from connlist.servers.seam import BODY as _BODY
 from connlist.servers.seam import HEADERS as _HEADERS
+from connlist.servers.seam import STATE_KEY as _STATE_KEY
 from connlist.servers.seam import UPGRADED as _UPGRADED
 from connlist.servers.seam import headers_received as _headers_received
 from connlist.servers.uvicorn import websocket as _websocket
@@ -64,11 +65,24 @@ class H11Tracking(UvicornCycle, _H11Base):
 
     def connection_made(self, transport: Any) -> None:
         self._connlist_base_made(transport)
-        enforcer = self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
+        # Tracking._connlist_setup, written out: a call costs a connection
+        # more than the setup's test (tests/test_event_copies.py holds the two the same).
+        state, loop, keep_alive = self.app_state, self.loop, self.timeout_keep_alive
+        enforcer = state.get(_STATE_KEY)
+        if enforcer is None or enforcer.fed_by is not type(self) or enforcer.attached_loop is not loop:
+            enforcer = self._connlist_tell(state, loop, keep_alive)
+        self._connlist = enforcer
+        self._connlist_record = None
+        self._connlist_phase = _BETWEEN
         self._connlist_record = enforcer.join(self.client, self.server, self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._connlist_remove()
+        # Tracking._connlist_remove, written out (as the setup above).
+        record = self._connlist_record
+        if record is not None:
+            self._connlist.connections.remove(record)
+            # Break the protocol <-> record cycle; a removed record needs no handle.
+            record.handle = None
         self._connlist_base_lost(exc)
 
     def data_received(self, data: bytes) -> None:

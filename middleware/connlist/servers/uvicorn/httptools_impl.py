@@ -51,6 +51,7 @@ from connlist.core.enforcer import Enforcer
 from connlist.servers.seam import BETWEEN as _BETWEEN
 from connlist.servers.seam import BODY as _BODY
 from connlist.servers.seam import HEADERS as _HEADERS
+from connlist.servers.seam import STATE_KEY as _STATE_KEY
 from connlist.servers.seam import UPGRADE_REFUSED as _UPGRADE_REFUSED
 from connlist.servers.seam import UPGRADED as _UPGRADED
 from connlist.servers.seam import headers_received as _headers_received
@@ -232,14 +233,27 @@ if httptools_impl is not None:
         def connection_made(self, transport: Any) -> None:
             # uvicorn's (the base's, named on the class statement of connlist.servers.uvicorn.classes).
             self._connlist_base_made(transport)
-            enforcer = self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
+            # Tracking._connlist_setup, written out: a call costs a connection
+            # more than the setup's test (tests/test_event_copies.py holds the two the same).
+            state, loop, keep_alive = self.app_state, self.loop, self.timeout_keep_alive
+            enforcer = state.get(_STATE_KEY)
+            if enforcer is None or enforcer.fed_by is not type(self) or enforcer.attached_loop is not loop:
+                enforcer = self._connlist_tell(state, loop, keep_alive)
+            self._connlist = enforcer
+            self._connlist_record = None
+            self._connlist_phase = _BETWEEN
             if self.pipeline.__class__ is not _Pipeline:
                 # uvicorn's __init__ made its own (connlist.servers.uvicorn.construct).
                 self.pipeline = _Pipeline()
             self._connlist_record = enforcer.join(self.client, self.server, self)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._connlist_remove()
+            # Tracking._connlist_remove, written out (as the setup above).
+            record = self._connlist_record
+            if record is not None:
+                self._connlist.connections.remove(record)
+                # Break the protocol <-> record cycle; a removed record needs no handle.
+                record.handle = None
             self._connlist_base_lost(exc)
 
         def _connlist_cycles(self) -> list[Any]:
