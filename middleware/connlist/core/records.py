@@ -118,7 +118,15 @@ class Connection:
     view and the enforcer, and written by the server layer.
     """
 
+    # The fields every connection's events read or write, in slots: the
+    # cheapest to read and write.  The fields only a body, a stalled
+    # response or a view needs are the class's below: a record takes them
+    # from the class until it writes its own, which go to its ``__dict__``,
+    # made at its first such write.  So a connection that never needs
+    # them pays no write for them (docs/benchmarks.md, "A record's fields
+    # in two kinds").
     __slots__ = (
+        "__dict__",
         "_active_next",
         "_active_prev",
         "_all_next",
@@ -127,12 +135,8 @@ class Connection:
         "_body_link",
         "_client",
         "_idle_entry",
-        "_method",
         "_out_link",
-        "_path",
         "_server",
-        "body_received",
-        "body_started",
         "connected_at",
         "evicted",
         "handle",
@@ -140,16 +144,30 @@ class Connection:
         "id",
         "idle_since",
         "last_message_start",
-        "out_acked",
-        "out_pending",
-        "out_sampled",
-        "out_since",
         "out_state",
-        "out_step",
         "requests",
         "responded_at",
         "responding",
     )
+
+    # Method and path (never the query string) of the current or last
+    # request, when the server layer stores them (see ``method``).
+    _method: str | None = None
+    _path: str | None = None
+    # The body being received (while in ``body``): when it began, and
+    # how many bytes have arrived since (framing included).
+    body_started: float = 0.0
+    body_received: int = 0
+    # Stalled (``out_state``): last progress, last sample, bytes unsent
+    # then; closing: when the enforcer closed it; upgraded: when it left HTTP.
+    out_since: float = 0.0
+    out_sampled: float = 0.0
+    out_pending: int = 0
+    # Stalled: the bytes the client had acknowledged at the last sample
+    # (-1: the transport cannot tell), and the largest step in which its
+    # acknowledgements came (kept from one stall to the next).
+    out_acked: int = -1
+    out_step: int = 0
 
     def __init__(
         self,
@@ -183,10 +201,6 @@ class Connection:
         self.headers_completed = False
         # Requests fully received on this connection.
         self.requests = 0
-        # Method and path (never the query string) of the current or last
-        # request, when the server layer stores them (see ``method``).
-        self._method: str | None = None
-        self._path: str | None = None
         # Whether a byte of a request ever arrived (``message_begin``): a
         # connection that has not is ``new``.
         self._begun = False
@@ -194,23 +208,9 @@ class Connection:
         # ``response_begin`` (``headers_complete`` with the request,
         # ``message``) to ``response_complete`` (``remove``).
         self.responding = False
-        # The body being received (while in ``body``): when it began, and
-        # how many bytes have arrived since (framing included).
-        self.body_started = 0.0
-        self.body_received = 0
         # ``stalled``, ``closing`` or ``upgraded`` (OUT_STALLED, OUT_CLOSING,
-        # OUT_UPGRADED; OUT_NONE: in none).  Stalled: last progress, last
-        # sample, bytes unsent then; closing: when the enforcer closed it;
-        # upgraded: when it left HTTP.
+        # OUT_UPGRADED; OUT_NONE: in none; their fields are the class's above).
         self.out_state = OUT_NONE
-        self.out_since = 0.0
-        self.out_sampled = 0.0
-        self.out_pending = 0
-        # Stalled: the bytes the client had acknowledged at the last sample
-        # (-1: the transport cannot tell), and the largest step in which its
-        # acknowledgements came (kept from one stall to the next).
-        self.out_acked = -1
-        self.out_step = 0
         # While in ``idle_queue`` (see ``connlist.core.sweep``): its key there,
         # a clock value no later than the start of its idle time.
         self.idle_since = 0.0
