@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from connlist.servers.seam import SLOTS
-from connlist.servers.uvicorn import construct, keepalive
+from connlist.servers.uvicorn import construct, joined, keepalive
 from connlist.servers.uvicorn.h11_impl import H11Tracking
 from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
 
@@ -64,6 +64,8 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
         # connection more (docs/benchmarks.md, "A connection per request").
         _connlist_base_made = base.connection_made
         _connlist_base_lost = base.connection_lost
+        # uvicorn's and the mixin's, as one function each where that is the same.
+        connection_made, connection_lost = joined.methods(base, HttpToolsTracking)
         # The end of a response: uvicorn's method less its keep-alive timer,
         # or uvicorn's then the list's event (the mixin's).
         on_response_complete, connlist_keepalive, connlist_keepalive_not = keepalive.form(
@@ -87,6 +89,7 @@ def h11_protocol(base: type[UvicornH11]) -> type[H11Tracking]:
         __slots__ = SLOTS
         _connlist_base_made = base.connection_made
         _connlist_base_lost = base.connection_lost
+        connection_made, connection_lost = joined.methods(base, H11Tracking)
         # What the mixin's on_response_complete runs first: uvicorn's method
         # less its keep-alive timer, or uvicorn's own.
         _connlist_response_end, connlist_keepalive, connlist_keepalive_not = keepalive.form("h11", base)
