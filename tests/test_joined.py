@@ -27,6 +27,7 @@ from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
 
 BASES = {"httptools": httptools_impl.HttpToolsProtocol, "h11": h11_impl.H11Protocol}
 MIXINS = {"httptools": HttpToolsTracking, "h11": H11Tracking}
+MADE, LOST = "self._connlist_base_made", "self._connlist_base_lost"
 
 
 def _statements(function: Any) -> list[str]:
@@ -42,21 +43,28 @@ def _joined_statements(function: Any) -> list[str]:
     return [ast.unparse(statement) for statement in node.body]
 
 
+def _in_place(ours: list[str], callee: str, theirs: list[str]) -> list[str]:
+    """``ours`` with its call of ``callee`` replaced by ``theirs``."""
+    at = [i for i, line in enumerate(ours) if line.startswith(callee + "(")]
+    assert len(at) == 1, ours
+    return ours[: at[0]] + theirs + ours[at[0] + 1 :]
+
+
 @pytest.mark.parametrize("parser", list(BASES))
 def test_the_installed_uvicorns_methods_are_joined(parser: str) -> None:
     base, mixin = BASES[parser], MIXINS[parser]
     cls = uvicorn_classes.PARSERS[parser].build(base)
-    made, lost = cls.connection_made, cls.connection_lost
-    assert made is not mixin.connection_made and lost is not mixin.connection_lost
-    assert made.__code__.co_filename.startswith("<connlist ")
-    # uvicorn's statements, then the mixin's less its call of uvicorn's; the other way round at the loss.
-    assert (
-        _joined_statements(made) == _statements(base.connection_made) + _statements(mixin.connection_made)[1:]
-    )
-    assert _joined_statements(lost) == _statements(mixin.connection_lost)[:-1] + _statements(
-        base.connection_lost
-    )
-    assert made.__qualname__ == mixin.connection_made.__qualname__
+    assert set(mixin.connlist_joins) >= {"connection_made", "connection_lost"}
+    for name, callee in mixin.connlist_joins.items():
+        function, ours = getattr(cls, name), getattr(mixin, name)
+        assert function is not ours and function.__code__.co_filename.startswith("<connlist "), name
+        assert function.__qualname__ == ours.__qualname__
+        theirs = _statements(getattr(base, name))
+        if name == "data_received":
+            # The parse error's return, last in its handler, is the end of uvicorn's statements.
+            assert "\n    return\n" in theirs[1]
+            theirs[1] = theirs[1].replace("\n    return\n", "\n")
+        assert _joined_statements(function) == _in_place(_statements(ours), callee, theirs), name
     assert uvicorn_selfcheck.run_in_thread(cls, base, parser).passed
 
 
@@ -97,7 +105,7 @@ class _Conflicting(httptools_impl.HttpToolsProtocol):
     ],
 )
 def test_where_joining_is_not_the_call_the_mixins_method_stays(base: type, why: str) -> None:
-    function, reason = joined.join(base.connection_made, HttpToolsTracking.connection_made, ours_first=False)
+    function, reason = joined.join(base.connection_made, HttpToolsTracking.connection_made, MADE)
     assert (function, reason) == (None, why)
     cls = uvicorn_classes.PARSERS["httptools"].build(base)
     assert cls.connection_made is HttpToolsTracking.connection_made
@@ -113,9 +121,7 @@ def test_a_return_after_connlists_statements_is_joined() -> None:
                 return
             httptools_impl.HttpToolsProtocol.connection_lost(self, exc)
 
-    function, why = joined.join(
-        LostReturns.connection_lost, HttpToolsTracking.connection_lost, ours_first=True
-    )
+    function, why = joined.join(LostReturns.connection_lost, HttpToolsTracking.connection_lost, LOST)
     assert function is not None and why == ""
 
 
@@ -125,7 +131,7 @@ def _names_super(self: Any, transport: Any) -> None:
 
 
 def test_a_function_naming_super_is_not_joined() -> None:
-    assert joined.join(_names_super, HttpToolsTracking.connection_made, ours_first=False) == (
+    assert joined.join(_names_super, HttpToolsTracking.connection_made, MADE) == (
         None,
         "it names super",
     )
@@ -137,7 +143,7 @@ def test_a_closure_is_not_joined() -> None:
     def connection_made(self: Any, transport: Any) -> None:
         base.connection_made(self, transport)
 
-    assert joined.join(connection_made, HttpToolsTracking.connection_made, ours_first=False) == (
+    assert joined.join(connection_made, HttpToolsTracking.connection_made, MADE) == (
         None,
         "one of the two reads variables of an enclosing function",
     )
@@ -145,8 +151,8 @@ def test_a_closure_is_not_joined() -> None:
 
 def test_no_source_or_no_function_is_not_joined() -> None:
     no_source = eval("lambda self, transport: None")
-    assert joined.join(no_source, HttpToolsTracking.connection_made, ours_first=False)[0] is None
-    assert joined.join(len, HttpToolsTracking.connection_made, ours_first=False) == (
+    assert joined.join(no_source, HttpToolsTracking.connection_made, MADE)[0] is None
+    assert joined.join(len, HttpToolsTracking.connection_made, MADE) == (
         None,
         "one of the two is not a Python function",
     )
@@ -154,7 +160,37 @@ def test_no_source_or_no_function_is_not_joined() -> None:
     def no_call(self: Any, transport: Any) -> None:
         self.x = transport
 
-    assert joined.join(httptools_impl.HttpToolsProtocol.connection_made, no_call, ours_first=False) == (
+    assert joined.join(httptools_impl.HttpToolsProtocol.connection_made, no_call, MADE) == (
         None,
         "connlist's method does not call uvicorn's where it should",
     )
+
+
+def _ending(source: str) -> str | None:
+    node = ast.parse(textwrap.dedent(source))
+    ending = joined._ending(node.body)
+    return None if ending is None else ast.unparse(ast.Module(body=ending, type_ignores=[]))
+
+
+@pytest.mark.parametrize(
+    ("source", "ending"),
+    [
+        ("a()\nreturn", "a()"),
+        ("a()\nreturn None", "a()"),
+        ("if x:\n    return\nelse:\n    b()", "if x:\n    pass\nelse:\n    b()"),
+        ("try:\n    a()\nexcept E:\n    b()\n    return", "try:\n    a()\nexcept E:\n    b()"),
+        ("with c:\n    a()\n    return", "with c:\n    a()"),
+        (
+            "try:\n    a()\nexcept E:\n    pass\nelse:\n    return",
+            "try:\n    a()\nexcept E:\n    pass\nelse:\n    pass",
+        ),
+        ("def f():\n    return 1", "def f():\n    return 1"),  # a function of its own: its return is its
+        ("return 1", None),  # a value
+        ("if x:\n    return\nb()", None),  # not last
+        ("for i in x:\n    return", None),  # in a loop
+        ("try:\n    a()\nfinally:\n    return", None),
+        ("try:\n    return\nexcept E:\n    pass\nelse:\n    b()", None),  # before the else
+    ],
+)
+def test_only_a_return_that_ends_uvicorns_statements_is_taken_out(source: str, ending: str | None) -> None:
+    assert _ending(source) == ending

@@ -64,8 +64,6 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
         # connection more (docs/benchmarks.md, "A connection per request").
         _connlist_base_made = base.connection_made
         _connlist_base_lost = base.connection_lost
-        # uvicorn's and the mixin's, as one function each where that is the same.
-        connection_made, connection_lost = joined.methods(base, HttpToolsTracking)
         # The end of a response: uvicorn's method less its keep-alive timer,
         # or uvicorn's then the list's event (the mixin's).
         on_response_complete, connlist_keepalive, connlist_keepalive_not = keepalive.form(
@@ -75,6 +73,8 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
     # uvicorn's __init__, run with connlist's names where it reads them
     # (connlist.servers.uvicorn.construct), else as it is.
     HttpToolsProtocol.__init__ = init  # type: ignore[method-assign]
+    # The mixin's methods that call uvicorn's, joined with them where that is the same.
+    joined.install(HttpToolsProtocol, HttpToolsTracking.connlist_joins)
     return HttpToolsProtocol
 
 
@@ -89,12 +89,12 @@ def h11_protocol(base: type[UvicornH11]) -> type[H11Tracking]:
         __slots__ = SLOTS
         _connlist_base_made = base.connection_made
         _connlist_base_lost = base.connection_lost
-        connection_made, connection_lost = joined.methods(base, H11Tracking)
         # What the mixin's on_response_complete runs first: uvicorn's method
         # less its keep-alive timer, or uvicorn's own.
         _connlist_response_end, connlist_keepalive, connlist_keepalive_not = keepalive.form("h11", base)
 
     H11Protocol.__init__ = init  # type: ignore[method-assign]  # as HttpToolsProtocol's
+    joined.install(H11Protocol, H11Tracking.connlist_joins)
     return H11Protocol
 
 

@@ -58,6 +58,12 @@ class H11Tracking(UvicornCycle, _H11Base):
     connlist_mode = "uvicorn-h11"
     # uvicorn's __init__ runs with connlist's ``logging`` only (connlist.servers.uvicorn.construct).
     connlist_init_names: ClassVar[Mapping[str, Any]] = {}
+    # The methods that call uvicorn's, and how: joined with it where that is
+    # the same (connlist.servers.uvicorn.joined).
+    connlist_joins: ClassVar[Mapping[str, str]] = {
+        "connection_made": "self._connlist_base_made",
+        "connection_lost": "self._connlist_base_lost",
+    }
 
     # uvicorn's ``on_response_complete``, or connlist's form of it less its
     # keep-alive timer: the class statement chooses (``keepalive.form``).

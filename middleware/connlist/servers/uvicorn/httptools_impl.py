@@ -229,6 +229,13 @@ if httptools_impl is not None:
         connlist_mode = "uvicorn-httptools"
         # What uvicorn's __init__ makes with connlist's names (connlist.servers.uvicorn.construct).
         connlist_init_names: ClassVar[Mapping[str, Any]] = {"deque": _Pipeline}
+        # The methods that call uvicorn's, and how: joined with it where that is
+        # the same (connlist.servers.uvicorn.joined).
+        connlist_joins: ClassVar[Mapping[str, str]] = {
+            "connection_made": "self._connlist_base_made",
+            "connection_lost": "self._connlist_base_lost",
+            "data_received": "_HttpTools.data_received",
+        }
 
         def connection_made(self, transport: Any) -> None:
             # uvicorn's (the base's, named on the class statement of connlist.servers.uvicorn.classes).

@@ -1,23 +1,24 @@
-"""uvicorn's ``connection_made`` and ``connection_lost`` and connlist's, joined into one function each.
+"""connlist's methods that call uvicorn's, joined with them into one function each.
 
-connlist's mixin methods (``connlist.servers.uvicorn.httptools_impl``) call
-uvicorn's: at ``connection_made`` uvicorn's first, then the list's join; at
-``connection_lost`` the list's removal, then uvicorn's.  That call is one
-Python call per connection more than bare uvicorn makes, twice
-(docs/benchmarks.md, "uvicorn's constructor, and its connection's two
-calls").  So the class statement joins the two into one function: uvicorn's
-statements and then the mixin's (``connection_made``), or the mixin's and
-then uvicorn's (``connection_lost``), without the mixin's call of uvicorn's
-method.  Nothing is copied by hand: the statements are read from both
-sources when the class is built, so every statement of uvicorn's is the
-release's own.
+connlist's mixin methods (``connlist.servers.uvicorn.httptools_impl``,
+``h11_impl``) call uvicorn's: at ``connection_made`` uvicorn's first, then
+the list's join; at ``connection_lost`` the list's removal, then uvicorn's;
+httptools' ``data_received`` between the read's checks before and its
+events after.  Each is one Python call more than bare uvicorn makes, per
+connection or per read (docs/benchmarks.md, "uvicorn's constructor, and
+the calls around uvicorn's methods").  So the class statement joins each
+pair (the mixin's ``connlist_joins`` names them) into one function: the
+mixin's statements with uvicorn's in place of the call.  Nothing is copied
+by hand: the statements are read from both sources when the class is
+built, so every statement of uvicorn's is the release's own.
 
 A function is joined only where that is the same as the call:
 
-* both sources can be read, and the mixin's method calls uvicorn's as its
-  first statement (``connection_made``) or its last (``connection_lost``);
-* uvicorn's statements that run before the mixin's have no ``return`` (the
-  mixin's would not run);
+* both sources can be read, and the mixin's method makes the call once, as
+  a statement of its own, with its own parameters (named as uvicorn's);
+* a ``return`` in uvicorn's statements, where the mixin's has statements
+  after the call, only one that ends them (``_ending`` takes it out, so
+  that the mixin's statements run next, as they ran after the call);
 * neither has ``yield``, ``await``, ``super`` or ``__class__``, nor reads
   a variable of an enclosing function (which a function built apart
   cannot have);
@@ -35,14 +36,13 @@ import ast
 import itertools
 import linecache
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from connlist.servers.forms import source_tree
 
-__all__ = ["join"]
+__all__ = ["install", "join"]
 
-_FORBIDDEN = (ast.Return, ast.Yield, ast.YieldFrom, ast.Await)
 _numbers = itertools.count(1)
 _BUILTIN = object()
 
@@ -69,13 +69,65 @@ def _nodes(statements: list[ast.stmt]) -> list[ast.AST]:
     return found
 
 
-def _why_not(statements: list[ast.stmt], first: bool) -> str | None:
+def _why_not(statements: list[ast.stmt]) -> str | None:
     for node in _nodes(statements):
-        if isinstance(node, _FORBIDDEN) and (first or not isinstance(node, ast.Return)):
+        if isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
             return f"it has {type(node).__name__.lower()}"
         if isinstance(node, ast.Name) and node.id in ("super", "__class__"):
             return f"it names {node.id}"
     return None
+
+
+def _returns(statements: list[ast.stmt]) -> bool:
+    return any(isinstance(node, ast.Return) for node in _nodes(statements))
+
+
+def _ending(statements: list[ast.stmt]) -> list[ast.stmt] | None:  # noqa: C901 - one case per statement kind
+    """``statements`` less the plain ``return`` that ends the function in them; None if another.
+
+    A ``return`` with no value, last in the statements, or last in a branch
+    that ends them (``if``, ``else``, ``with``, a ``try``'s handlers), is the
+    end of the function there: taken out, what follows them runs next, as
+    it ran after the call.  A ``return`` anywhere else (in a loop, before
+    other statements, with a value, in ``finally``) cannot be taken out.
+    """
+    if not statements:
+        return statements
+    *head, last = statements
+    if _returns(head):
+        return None
+    if isinstance(last, ast.Return):
+        value = last.value
+        return head if value is None or (isinstance(value, ast.Constant) and value.value is None) else None
+    if isinstance(last, ast.If):
+        body, orelse = _ending(last.body), _ending(last.orelse)
+        if body is None or orelse is None:
+            return None
+        last.body, last.orelse = body or [ast.Pass()], orelse
+    elif isinstance(last, ast.With):
+        body = _ending(last.body)
+        if body is None:
+            return None
+        last.body = body or [ast.Pass()]
+    elif isinstance(last, ast.Try):
+        if _returns(last.finalbody):
+            return None
+        if last.orelse:
+            if _returns(last.body) or (orelse := _ending(last.orelse)) is None:
+                return None
+            last.orelse = orelse or [ast.Pass()]
+        elif (body := _ending(last.body)) is None:
+            return None
+        else:
+            last.body = body or [ast.Pass()]
+        for handler in last.handlers:
+            ending = _ending(handler.body)
+            if ending is None:
+                return None
+            handler.body = ending or [ast.Pass()]
+    elif _returns([last]):
+        return None
+    return [*head, last]
 
 
 def _globals(statements: list[ast.stmt]) -> set[str]:
@@ -96,12 +148,22 @@ def _stored(statements: list[ast.stmt]) -> set[str]:
     }
 
 
-def join(theirs: Any, ours: Any, *, ours_first: bool) -> tuple[Callable[..., None] | None, str]:
-    """uvicorn's method ``theirs`` and the mixin's ``ours`` as one function; or None, and why not.
+def _calls(statement: ast.stmt, callee: str, params: list[str]) -> bool:
+    """Whether ``statement`` is ``callee(...)`` with the function's own parameters, in order."""
+    if not (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call)):
+        return False
+    call = statement.value
+    if ast.unparse(call.func) != callee or call.keywords:
+        return False
+    names = [arg.id if isinstance(arg, ast.Name) else None for arg in call.args]
+    return names in (params, params[1:])  # with self, or on self
 
-    ``ours`` calls ``theirs`` as ``self._connlist_base_made(...)`` or
-    ``self._connlist_base_lost(...)``: its last statement if ``ours_first``
-    (``connection_lost``), else its first.
+
+def join(theirs: Any, ours: Any, callee: str) -> tuple[Callable[..., None] | None, str]:
+    """uvicorn's method ``theirs`` in the mixin's ``ours`` in place of its call; or None, and why not.
+
+    ``ours`` calls ``theirs`` as ``callee`` (``self._connlist_base_made``,
+    say), once, as one of its own statements, with its own parameters.
     """
     if not isinstance(theirs, types.FunctionType) or not isinstance(ours, types.FunctionType):
         return None, "one of the two is not a Python function"
@@ -111,26 +173,26 @@ def join(theirs: Any, ours: Any, *, ours_first: bool) -> tuple[Callable[..., Non
         their_tree, our_tree = source_tree(theirs), source_tree(ours)
     except (OSError, TypeError, SyntaxError) as exc:
         return None, f"a source cannot be read ({exc.__class__.__name__}: {exc})"
+    params = [a.arg for a in our_tree.args.args]
+    if [a.arg for a in their_tree.args.args] != params or their_tree.args.vararg or their_tree.args.kwarg:
+        return None, "the two take their arguments under other names"
     their_body, our_body = _body(their_tree), _body(our_tree)
-    call = our_body[-1] if ours_first else our_body[0]
-    if not (
-        isinstance(call, ast.Expr)
-        and isinstance(call.value, ast.Call)
-        and ast.unparse(call.value.func) in ("self._connlist_base_made", "self._connlist_base_lost")
-    ):
+    at = [i for i, statement in enumerate(our_body) if _calls(statement, callee, params)]
+    if len(at) != 1:
         return None, "connlist's method does not call uvicorn's where it should"
-    our_body = our_body[:-1] if ours_first else our_body[1:]
-    why = _why_not(their_body, first=not ours_first) or _why_not(our_body, first=ours_first)
+    before, after = our_body[: at[0]], our_body[at[0] + 1 :]
+    why = _why_not(their_body) or _why_not(our_body)
     if why is not None:
         return None, why
-    # The two parts' arguments are named alike (self, and uvicorn's argument).
-    if [a.arg for a in their_tree.args.args] != [a.arg for a in our_tree.args.args]:
-        return None, "the two take their arguments under other names"
-    local = {a.arg for a in (*their_tree.args.args, *their_tree.args.kwonlyargs)} | _stored(
-        [*their_body, *our_body]
-    )
+    if after:
+        # connlist's statements after the call must run wherever uvicorn's ended.
+        ending = _ending(their_body)
+        if ending is None:
+            return None, "it has return"
+        their_body = ending
+    local = set(params) | _stored([*their_body, *our_body])
     namespace: dict[str, Any] = {}
-    for part, function in ((their_body, theirs), (our_body, ours)):
+    for part, function in ((their_body, theirs), ([*before, *after], ours)):
         for name in _globals(part) - local:
             # A name a module does not define is a builtin there.
             value = function.__globals__.get(name, _BUILTIN)
@@ -144,7 +206,7 @@ def join(theirs: Any, ours: Any, *, ours_first: bool) -> tuple[Callable[..., Non
     node = ast.FunctionDef(
         name=theirs.__name__,
         args=args,
-        body=[*our_body, *their_body] if ours_first else [*their_body, *our_body],
+        body=[*before, *their_body, *after],
         decorator_list=[],
         returns=None,
         type_comment=None,
@@ -162,8 +224,26 @@ def join(theirs: Any, ours: Any, *, ours_first: bool) -> tuple[Callable[..., Non
     return function, ""
 
 
-def methods(base: type, mixin: type) -> tuple[Callable[..., None], Callable[..., None]]:
-    """The ``connection_made`` and ``connection_lost`` on uvicorn's ``base``: joined or the mixin's."""
-    made, _ = join(getattr(base, "connection_made", None), mixin.connection_made, ours_first=False)  # type: ignore[attr-defined]
-    lost, _ = join(getattr(base, "connection_lost", None), mixin.connection_lost, ours_first=True)  # type: ignore[attr-defined]
-    return made or mixin.connection_made, lost or mixin.connection_lost  # type: ignore[attr-defined]
+def _named(callee: str, cls: type, ours: Any) -> Any:
+    """The function ``callee`` names: a class attribute (``self.name``), else a global's attribute."""
+    owner, _, name = callee.partition(".")
+    holder = cls if owner == "self" else ours.__globals__.get(owner)
+    return getattr(holder, name, None)
+
+
+def install(cls: type, joins: Mapping[str, str]) -> dict[str, str]:
+    """Join each method of ``cls`` that ``joins`` names with the one it calls; why not, for the others.
+
+    Before: each name is the mixin's method, which calls uvicorn's as
+    ``joins[name]`` says.  After: the joined function where ``join`` makes
+    one, else still the mixin's.
+    """
+    not_joined = {}
+    for name, callee in joins.items():
+        ours = getattr(cls, name)
+        function, why = join(_named(callee, cls, ours), ours, callee)
+        if function is None:
+            not_joined[name] = why
+        else:
+            setattr(cls, name, function)
+    return not_joined
