@@ -65,6 +65,8 @@ class Model:
     removed: bool = False
     # Left HTTP (``upgrade``): out of the ring, in ``upgraded`` until removed.
     upgraded: bool = False
+    # Closed to make room (``evict``): no longer counted in ``occupied``, in the ring until removed.
+    evicted: bool = False
     responding: bool = False
     begun: bool = False
     body_started: float = 0.0
@@ -193,11 +195,27 @@ class ConnectionsListMachine(RuleBasedStateMachine):
             self.discard(order, conn)
 
     @rule(conn=conns)
+    def evict(self, conn: Connection) -> None:
+        # Closed to make room: out of the budget's count, and timed out (``time_out``) until removed.
+        self.lst.evict(conn)
+        m = self.model[conn]
+        if m.removed or m.upgraded or m.evicted:
+            return
+        m.evicted = True
+        self.idle_heap.discard(conn)
+        if conn in self.active_order:
+            self.active_order.remove(conn)
+            self.discard(self.body_order, conn)
+        elif m.start == 0.0:
+            m.start = self.clock.now
+        m.idle_start = None
+
+    @rule(conn=conns)
     def upgrade(self, conn: Connection) -> None:
         # A websocket: held in ``upgraded``, stamped now, until removed; no HTTP event moves it.
         self.lst.upgrade(conn, "GET", "/ws")
         m = self.model[conn]
-        if m.removed or m.upgraded:
+        if m.removed or m.upgraded or m.evicted:
             return
         self.leave_http(conn)
         m.upgraded = True
@@ -265,14 +283,15 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         assert len(due) <= limit and len(set(due)) == len(due)
         for conn in due:
             m = self.model[conn]
-            assert conn in before and not m.removed and m.start == 0.0 and not m.responding
+            assert conn in before and not m.removed and m.start == 0.0 and not m.responding and not m.evicted
             assert conn not in self.stalled_order and conn not in self.closing_order
             assert m.idle_start is not None and m.idle_start + idle_time <= now, (m.idle_start, now)
         after = set(self.lst.idle_queue)
         assert after <= before and after.isdisjoint(due)
-        # The others it took out were no longer idle (they join again at message_complete).
+        # The others it took out were no longer idle (they join again at message_complete), or
+        # were on their way out (evicted, closing).
         for conn in before - after - set(due):
-            assert self.model[conn].start != 0.0 or conn in self.closing_order
+            assert self.model[conn].start != 0.0 or self.model[conn].evicted or conn in self.closing_order
         self.idle_heap = after
 
     @staticmethod
@@ -393,8 +412,8 @@ class ConnectionsListMachine(RuleBasedStateMachine):
         idle = [c for c in self.all_order if self.model[c].start == 0]
         assert lst.idle() == idle
         assert len(lst) == len(self.all_order) + len(self.upgraded_order)
-        # No evictions here: every connection held counts against the budget, websockets too.
-        assert lst.occupied == len(lst)
+        # Every connection held counts against the budget, websockets too, but those evicted.
+        assert lst.occupied == len(lst) - sum(self.model[c].evicted for c in self.all_order)
         assert lst.upgraded_count == len(self.upgraded_order)
         assert lst.active_count == len(self.active_order)
         assert lst.idle_count == len(idle)

@@ -89,9 +89,11 @@ Invariants:
   removed one), so every HTTP event is a no-op on it, at no cost to the
   events: it is held by ``upgraded`` alone, which ``all()`` and the counts
   add.  ``remove`` takes it out of there.
-* The counts are kept as the nodes move, so each is O(1): ``all``,
-  ``active``, expired connections not yet closed (``timed_out``), and active
-  connections whose headers are incomplete; idle is what remains (``all -
+* The counts are kept as the nodes move, so each is O(1): ``occupied``,
+  ``active``, expired connections not yet closed (``timed_out``), active
+  connections whose headers are incomplete, and those evicted; ``all`` is
+  ``occupied`` less the upgraded plus the evicted (a connection's join and
+  removal update one count, not two), and idle is what remains (``all -
   active - timed_out``), so a request updates one count, not two.
   ``headers_completed`` and ``last_message_start`` must therefore change
   only through the list's events.
@@ -148,7 +150,7 @@ class ConnectionsList(ListViews):
         "_all_root",
         "_clock",
         "_n_active",
-        "_n_all",
+        "_n_evicted",
         "_n_headers_pending",
         "_n_timed_out",
         "body",
@@ -167,8 +169,8 @@ class ConnectionsList(ListViews):
         root._all_prev = root._all_next = root
         self._active_root = root = Connection()
         root._active_prev = root._active_next = root
-        # The counts (see the invariants).
-        self._n_all = self._n_active = self._n_timed_out = self._n_headers_pending = 0
+        # The counts (see the invariants; ``all``'s is the views' ``_n_all``).
+        self._n_evicted = self._n_active = self._n_timed_out = self._n_headers_pending = 0
         # Connections that count against the budget: those in ``all`` not
         # evicted (closed to make room, not yet removed).  Read-only outside the list.
         self.occupied = 0
@@ -232,7 +234,6 @@ class ConnectionsList(ListViews):
         conn._active_next = root
         last._active_next = conn
         root._active_prev = conn
-        self._n_all += 1
         self.occupied += 1
         self._n_active += 1
         self._n_headers_pending += 1
@@ -394,9 +395,10 @@ class ConnectionsList(ListViews):
         elif conn.last_message_start != 0.0:
             self._n_timed_out -= 1
         conn._all_prev = conn._all_next = conn._active_prev = conn._active_next = NO_LINK
-        self._n_all -= 1
         if not conn.evicted:
             self.occupied -= 1
+        else:
+            self._n_evicted -= 1
         # Nothing is left to finish on a removed record.
         conn.responding = False
         # The queues beyond Node's, which a connection per request never joins.
@@ -443,6 +445,7 @@ class ConnectionsList(ListViews):
         if conn._all_next is not None and not conn.evicted:
             conn.evicted = True
             self.occupied -= 1
+            self._n_evicted += 1
             self.time_out(conn)
             self.idle_queue.unlink(conn)
 

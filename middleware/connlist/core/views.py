@@ -77,7 +77,8 @@ class ListViews:
     # Kept by ConnectionsList.
     _all_root: Connection
     _active_root: Connection
-    _n_all: int
+    occupied: int
+    _n_evicted: int
     _n_active: int
     _n_timed_out: int
     _n_headers_pending: int
@@ -86,6 +87,15 @@ class ListViews:
     upgraded: Queue[Connection]
 
     # -- counts --------------------------------------------------------------
+
+    @property
+    def _n_all(self) -> int:
+        """The records in ``all``: not counted (no write per connection), but known from three counts.
+
+        ``occupied`` counts them, less those evicted (``_n_evicted``), and
+        with the upgraded, which left ``all`` but still count.
+        """
+        return self.occupied - len(self.upgraded) + self._n_evicted
 
     def __len__(self) -> int:
         return self._n_all + len(self.received) + len(self.upgraded)
