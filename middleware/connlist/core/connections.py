@@ -395,12 +395,11 @@ class ConnectionsList(ListViews):
         elif conn.last_message_start != 0.0:
             self._n_timed_out -= 1
         conn._all_prev = conn._all_next = conn._active_prev = conn._active_next = NO_LINK
-        if not conn.evicted:
-            self.occupied -= 1
-        else:
+        if conn.evicted:
             self._n_evicted -= 1
-        # Nothing is left to finish on a removed record.
-        conn.responding = False
+        else:
+            self.occupied -= 1
+        conn.responding = False  # nothing is left to finish on a removed record
         # The queues beyond Node's, which a connection per request never joins.
         if conn._idle_entry is not None:
             self.idle_queue.unlink(conn)
