@@ -124,3 +124,35 @@ def test_the_access_log_is_written(tmp_path: Path) -> None:
         while '"GET /construct-check HTTP/1.1" 404' not in server.log():
             assert time.monotonic() < deadline, server.log()
             time.sleep(0.02)
+
+
+def test_a_uvicorn_that_makes_its_queue_otherwise_gets_connlists_queue_after() -> None:
+    """Where uvicorn's ``__init__`` reads no ``deque`` global, the queue is replaced after it."""
+    import collections
+
+    from uvicorn.config import Config
+    from uvicorn.protocols.http import httptools_impl
+    from uvicorn.server import ServerState
+
+    from connlist.servers.uvicorn import classes
+
+    class OwnQueue(httptools_impl.HttpToolsProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            httptools_impl.HttpToolsProtocol.__init__(self, *args, **kwargs)
+            self.pipeline = collections.deque()
+
+    cls = classes.PARSERS["httptools"].build(OwnQueue)
+    assert cls.__init__.__globals__.get("deque") is not _Pipeline
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover - never called
+        pass
+
+    config = Config(app, http="httptools", ws="none")
+    config.load()
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = cls(config=config, server_state=ServerState(), app_state={}, _loop=loop)
+    finally:
+        loop.close()
+    assert type(protocol.pipeline) is _Pipeline
+    assert protocol.logger is logging.getLogger("uvicorn.error")

@@ -86,13 +86,13 @@ class _Renamed(httptools_impl.HttpToolsProtocol):
 
 
 # A global of this module that connlist's mixin also reads, as another object.
-_Pipeline = list
+_STATE_KEY = "another key"
 
 
 class _Conflicting(httptools_impl.HttpToolsProtocol):
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         httptools_impl.HttpToolsProtocol.connection_made(self, transport)
-        assert _Pipeline is list
+        assert _STATE_KEY == "another key"
 
 
 @pytest.mark.parametrize(
@@ -101,7 +101,7 @@ class _Conflicting(httptools_impl.HttpToolsProtocol):
         (_Returns, "it has return"),
         (_Super, "one of the two reads variables of an enclosing function"),  # (its __class__ cell)
         (_Renamed, "the two take their arguments under other names"),
-        (_Conflicting, "the global name _Pipeline means another object in each module"),
+        (_Conflicting, "the global name _STATE_KEY means another object in each module"),
     ],
 )
 def test_where_joining_is_not_the_call_the_mixins_method_stays(base: type, why: str) -> None:

@@ -137,9 +137,10 @@ __all__ = ["PHASES", "STATES", "Connection", "ConnectionHandle", "ConnectionsLis
 # ``connect`` makes its record with these, not ``Connection(...)``: the
 # class's call runs ``__init__`` in an interpreter of its own (called from
 # C), while a Python function called from Python runs inline
-# (docs/benchmarks.md, "The record built without the class's call").
+# (docs/benchmarks.md, "The record built without the class's call"); and
+# it writes the links and the start itself, once.
 _new = object.__new__
-_init = Connection.__init__
+_fields = Connection._fields
 
 
 class ConnectionsList(ListViews):
@@ -218,8 +219,8 @@ class ConnectionsList(ListViews):
     ) -> Connection:
         """A new connection: joins ``all`` and ``active``; its clock starts now."""
         now = self._clock()
-        conn = _new(Connection)  # Connection(...), without the class's call (see _init)
-        _init(conn, client, server, handle, now, id)
+        conn = _new(Connection)  # Connection(...), without the class's call (see _fields)
+        _fields(conn, client, server, handle, now, id)
         conn.last_message_start = now
         # Appended to all and to active.
         root = self._all_root

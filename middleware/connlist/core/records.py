@@ -184,6 +184,19 @@ class Connection:
         self._all_next: Connection = NO_LINK
         self._active_prev: Connection = NO_LINK
         self._active_next: Connection = NO_LINK
+        # Clock value at which the current message began; 0 when idle.
+        self.last_message_start: float = 0.0
+        self._fields(client, server, handle, connected_at, id)
+
+    def _fields(
+        self,
+        client: Address,
+        server: Address,
+        handle: ConnectionHandle | None,
+        connected_at: float,
+        id: int | None,
+    ) -> None:
+        """Every field but the links and the start, which ``ConnectionsList.connect`` writes itself."""
         # Its places in the queues (connlist.core.queues): ``body``, ``stalled``
         # or ``closing``, and ``idle_queue`` (a heap's entry; None: not in it).
         self._body_link: Link[Connection] = UNQUEUED
@@ -196,8 +209,6 @@ class Connection:
         self._server = server
         self.handle = handle
         self.connected_at = connected_at
-        # Clock value at which the current message began; 0 when idle.
-        self.last_message_start: float = 0.0
         self.headers_completed = False
         # Requests fully received on this connection.
         self.requests = 0

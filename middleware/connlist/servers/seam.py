@@ -482,7 +482,7 @@ class Tracking(TransportHandle):
         three tests.
         """
         enforcer = state.get(STATE_KEY)
-        if enforcer is None or enforcer.fed_by is not type(self) or enforcer.attached_loop is not loop:
+        if enforcer is None or enforcer.fed_by is not self.__class__ or enforcer.attached_loop is not loop:
             enforcer = self._connlist_tell(state, loop, keep_alive)
         self._connlist = enforcer
         self._connlist_record = None
@@ -501,7 +501,7 @@ class Tracking(TransportHandle):
         if loop is not None and enforcer.attached_loop is not loop:
             enforcer.attach(loop, keep_alive)
         enforcer.keep_alive_timed = self.connlist_keepalive and bool(keep_alive and keep_alive > 0)
-        enforcer.fed_by = type(self)
+        enforcer.fed_by = self.__class__
         return enforcer
 
     def _connlist_without_middleware(self) -> tuple[object, object]:

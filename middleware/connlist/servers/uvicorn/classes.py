@@ -27,6 +27,7 @@ from connlist.servers.seam import SLOTS
 from connlist.servers.uvicorn import construct, joined, keepalive
 from connlist.servers.uvicorn.h11_impl import H11Tracking
 from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
+from connlist.servers.uvicorn.httptools_impl import constructor as httptools_constructor
 
 if TYPE_CHECKING:
     from uvicorn.protocols.http.h11_impl import H11Protocol as UvicornH11
@@ -49,7 +50,7 @@ HOOKS = (
 
 def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
     """connlist's httptools protocol on uvicorn's ``base`` (TypeError: a layout connlist cannot join)."""
-    init = construct.constructor(base.__init__, HttpToolsTracking.connlist_init_names) or base.__init__
+    init = httptools_constructor(base)
 
     class HttpToolsProtocol(HttpToolsTracking, base):  # type: ignore[valid-type, misc]  # uvicorn's, as given
         __doc__ = HttpToolsTracking.__doc__
@@ -71,7 +72,7 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
         )
 
     # uvicorn's __init__, run with connlist's names where it reads them
-    # (connlist.servers.uvicorn.construct), else as it is.
+    # (connlist.servers.uvicorn.construct), its pipeline queue connlist's.
     HttpToolsProtocol.__init__ = init  # type: ignore[method-assign]
     # The mixin's methods that call uvicorn's, joined with them where that is the same.
     joined.install(HttpToolsProtocol, HttpToolsTracking.connlist_joins)
@@ -80,7 +81,8 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
 
 def h11_protocol(base: type[UvicornH11]) -> type[H11Tracking]:
     """connlist's h11 protocol on uvicorn's ``base`` (TypeError: a layout connlist cannot join)."""
-    init = construct.constructor(base.__init__, H11Tracking.connlist_init_names) or base.__init__
+    # (connlist's ``logging`` only: h11's protocol has no pipeline queue.)
+    init = construct.constructor(base.__init__, {}) or base.__init__
 
     class H11Protocol(H11Tracking, base):  # type: ignore[valid-type, misc]  # uvicorn's, as given
         __doc__ = H11Tracking.__doc__

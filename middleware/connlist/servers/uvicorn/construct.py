@@ -20,10 +20,11 @@ whose globals are those of uvicorn's module but for:
 
 A name is bound only where uvicorn's ``__init__`` reads it as a global; a
 release that stops doing so keeps its own lookups (and connlist's class
-still replaces the queue at ``connection_made``).  The globals are those of
-uvicorn's module when the class is built: a name uvicorn's module rebinds
-later (a test's patch) is not seen.  docs/benchmarks.md has the figures
-("uvicorn's constructor").
+replaces the queue after uvicorn's ``__init__``:
+``connlist.servers.uvicorn.httptools_impl.constructor``).  The globals are
+those of uvicorn's module when the class is built: a name uvicorn's module
+rebinds later (a test's patch) is not seen.  docs/benchmarks.md has the
+figures ("uvicorn's constructor, and the calls around uvicorn's methods").
 """
 
 from __future__ import annotations

@@ -56,8 +56,6 @@ class H11Tracking(UvicornCycle, _H11Base):
     __slots__ = ()
 
     connlist_mode = "uvicorn-h11"
-    # uvicorn's __init__ runs with connlist's ``logging`` only (connlist.servers.uvicorn.construct).
-    connlist_init_names: ClassVar[Mapping[str, Any]] = {}
     # The methods that call uvicorn's, and how: joined with it where that is
     # the same (connlist.servers.uvicorn.joined).
     connlist_joins: ClassVar[Mapping[str, str]] = {
@@ -75,7 +73,7 @@ class H11Tracking(UvicornCycle, _H11Base):
         # more than the setup's test (tests/test_event_copies.py holds the two the same).
         state, loop, keep_alive = self.app_state, self.loop, self.timeout_keep_alive
         enforcer = state.get(_STATE_KEY)
-        if enforcer is None or enforcer.fed_by is not type(self) or enforcer.attached_loop is not loop:
+        if enforcer is None or enforcer.fed_by is not self.__class__ or enforcer.attached_loop is not loop:
             enforcer = self._connlist_tell(state, loop, keep_alive)
         self._connlist = enforcer
         self._connlist_record = None

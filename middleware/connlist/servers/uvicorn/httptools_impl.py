@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from connlist.core.connections import Connection
@@ -55,6 +55,7 @@ from connlist.servers.seam import STATE_KEY as _STATE_KEY
 from connlist.servers.seam import UPGRADE_REFUSED as _UPGRADE_REFUSED
 from connlist.servers.seam import UPGRADED as _UPGRADED
 from connlist.servers.seam import headers_received as _headers_received
+from connlist.servers.uvicorn import construct
 from connlist.servers.uvicorn import keepalive as _keepalive
 from connlist.servers.uvicorn import websocket as _websocket
 from connlist.servers.uvicorn.cycle import UvicornCycle
@@ -203,6 +204,27 @@ class _Pipeline(deque[Any]):
         return item
 
 
+def constructor(base: type) -> Callable[..., None]:
+    """The ``__init__`` of connlist's class on uvicorn's ``base``: uvicorn's, its queue a ``_Pipeline``.
+
+    uvicorn's own code, with connlist's ``logging`` and its ``deque`` bound
+    to ``_Pipeline`` (``connlist.servers.uvicorn.construct``); where it makes
+    its queue otherwise, uvicorn's, then the queue replaced.  So
+    ``connection_made`` finds the queue in place.
+    """
+    theirs: Any = base.__init__  # type: ignore[misc]  # uvicorn's class's, not an instance's
+    init = construct.constructor(theirs, {"deque": _Pipeline})
+    if init is not None and init.__globals__.get("deque") is _Pipeline:
+        return init
+    own = init or theirs
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        own(self, *args, **kwargs)
+        self.pipeline = _Pipeline()
+
+    return __init__
+
+
 # What mypy checks the mixin against: uvicorn's class.  At run time the
 # mixin derives from object, and the class statement of
 # ``connlist.servers.uvicorn.classes`` puts uvicorn's class after it.
@@ -227,8 +249,6 @@ if httptools_impl is not None:
         __slots__ = ()
 
         connlist_mode = "uvicorn-httptools"
-        # What uvicorn's __init__ makes with connlist's names (connlist.servers.uvicorn.construct).
-        connlist_init_names: ClassVar[Mapping[str, Any]] = {"deque": _Pipeline}
         # The methods that call uvicorn's, and how: joined with it where that is
         # the same (connlist.servers.uvicorn.joined).
         connlist_joins: ClassVar[Mapping[str, str]] = {
@@ -244,14 +264,15 @@ if httptools_impl is not None:
             # more than the setup's test (tests/test_event_copies.py holds the two the same).
             state, loop, keep_alive = self.app_state, self.loop, self.timeout_keep_alive
             enforcer = state.get(_STATE_KEY)
-            if enforcer is None or enforcer.fed_by is not type(self) or enforcer.attached_loop is not loop:
+            if (
+                enforcer is None
+                or enforcer.fed_by is not self.__class__
+                or enforcer.attached_loop is not loop
+            ):
                 enforcer = self._connlist_tell(state, loop, keep_alive)
             self._connlist = enforcer
             self._connlist_record = None
             self._connlist_phase = _BETWEEN
-            if self.pipeline.__class__ is not _Pipeline:
-                # uvicorn's __init__ made its own (connlist.servers.uvicorn.construct).
-                self.pipeline = _Pipeline()
             self._connlist_record = enforcer.join(self.client, self.server, self)
 
         def connection_lost(self, exc: Exception | None) -> None:
