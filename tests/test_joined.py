@@ -137,6 +137,18 @@ def test_a_function_naming_super_is_not_joined() -> None:
     )
 
 
+_COUNT = 0
+
+
+def _writes_a_global(self: Any, transport: Any) -> None:
+    global _COUNT
+    _COUNT += 1
+
+
+def test_a_global_statement_is_not_joined() -> None:
+    assert joined.join(_writes_a_global, HttpToolsTracking.connection_made, MADE) == (None, "it has global")
+
+
 def test_a_closure_is_not_joined() -> None:
     base = httptools_impl.HttpToolsProtocol
 

@@ -19,9 +19,9 @@ A function is joined only where that is the same as the call:
 * a ``return`` in uvicorn's statements, where the mixin's has statements
   after the call, only one that ends them (``_ending`` takes it out, so
   that the mixin's statements run next, as they ran after the call);
-* neither has ``yield``, ``await``, ``super`` or ``__class__``, nor reads
-  a variable of an enclosing function (which a function built apart
-  cannot have);
+* neither has ``yield``, ``await``, ``global``, ``super`` or
+  ``__class__``, nor reads a variable of an enclosing function (which a
+  function built apart cannot have, or would have otherwise);
 * every global name either reads means the same object in both modules (or
   exists in one only): each part reads its own.
 
@@ -71,7 +71,8 @@ def _nodes(statements: list[ast.stmt]) -> list[ast.AST]:
 
 def _why_not(statements: list[ast.stmt]) -> str | None:
     for node in _nodes(statements):
-        if isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
+        # (A global statement would write the joined function's globals, not its module's.)
+        if isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal)):
             return f"it has {type(node).__name__.lower()}"
         if isinstance(node, ast.Name) and node.id in ("super", "__class__"):
             return f"it names {node.id}"
