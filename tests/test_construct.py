@@ -156,3 +156,14 @@ def test_a_uvicorn_that_makes_its_queue_otherwise_gets_connlists_queue_after() -
         loop.close()
     assert type(protocol.pipeline) is _Pipeline
     assert protocol.logger is logging.getLogger("uvicorn.error")
+
+
+def test_a_name_read_in_a_nested_function_is_bound_too() -> None:
+    def init(self: Any) -> None:
+        self.make = lambda: deque()
+
+    made = construct.constructor(init, {"deque": _Pipeline})
+    assert made is not None
+    holder = types.SimpleNamespace()
+    made(holder)
+    assert type(holder.make()) is _Pipeline

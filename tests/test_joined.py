@@ -202,7 +202,30 @@ def _ending(source: str) -> str | None:
         ("for i in x:\n    return", None),  # in a loop
         ("try:\n    a()\nfinally:\n    return", None),
         ("try:\n    return\nexcept E:\n    pass\nelse:\n    b()", None),  # before the else
+        ("if x:\n    return 1", None),  # a value, in a branch
+        ("with c:\n    return 1", None),
+        ("try:\n    return 1\nexcept E:\n    pass", None),
+        ("try:\n    a()\nexcept E:\n    return 1", None),
     ],
 )
 def test_only_a_return_that_ends_uvicorns_statements_is_taken_out(source: str, ending: str | None) -> None:
     assert _ending(source) == ending
+
+
+def test_a_docstring_is_not_a_statement() -> None:
+    def documented(self: Any, transport: Any) -> None:
+        """Said once."""
+        self.transport = transport
+
+    assert _statements(documented) == ["self.transport = transport"]
+
+
+@pytest.mark.parametrize("parser", list(BASES))
+def test_the_mixins_own_methods_pass_the_self_check_too(parser: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What runs where joining is refused: the mixin's methods, which call uvicorn's."""
+    mixin = MIXINS[parser]
+    monkeypatch.setattr(mixin, "connlist_joins", {})
+    cls = uvicorn_classes.PARSERS[parser].build(BASES[parser])
+    for name in ("connection_made", "connection_lost", "data_received"):
+        assert getattr(cls, name) is getattr(mixin, name)
+    assert uvicorn_selfcheck.run_in_thread(cls, BASES[parser], parser).passed

@@ -31,6 +31,8 @@ from connlist.core.connections import Connection, connection_state
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.kinds import resolve
 from connlist.servers.uvicorn.cycle import UvicornCycle
+from connlist.servers.uvicorn.h11_impl import H11Tracking
+from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
 from connlist.servers.uvicorn.selfcheck import MemoryTransport
 from connlist.uvicorn import H11Protocol, HttpToolsProtocol
 from tests.fakes import FakeClock
@@ -254,6 +256,19 @@ PROTOCOLS = {
     "httptools": (ObservedHttpTools, ReferenceHttpTools),
     "h11": (ObservedH11, ReferenceH11),
 }
+
+
+@pytest.fixture(params=["joined", "mixin"], autouse=True)
+def methods(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every case twice: with connlist's classes as built (uvicorn's methods joined with the
+    mixin's, connlist.servers.uvicorn.joined), and with the mixin's own methods, which call
+    uvicorn's: what runs on a uvicorn whose methods cannot be joined."""
+    if request.param == "mixin":
+        for observed, mixin in ((ObservedHttpTools, HttpToolsTracking), (ObservedH11, H11Tracking)):
+            for name in mixin.connlist_joins:
+                monkeypatch.setattr(observed, name, getattr(mixin, name))
+    name: str = request.param
+    return name
 
 
 # -- the driver --------------------------------------------------------------------
