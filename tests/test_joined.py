@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from uvicorn.protocols.http import h11_impl, httptools_impl
 
+from connlist.servers.forms import statements
 from connlist.servers.uvicorn import classes as uvicorn_classes
 from connlist.servers.uvicorn import joined
 from connlist.servers.uvicorn import selfcheck as uvicorn_selfcheck
@@ -33,7 +34,7 @@ MADE, LOST = "self._connlist_base_made", "self._connlist_base_lost"
 def _statements(function: Any) -> list[str]:
     node = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
     assert isinstance(node, ast.FunctionDef)
-    return [ast.unparse(statement) for statement in joined._body(node)]
+    return [ast.unparse(statement) for statement in statements(node)]
 
 
 def _joined_statements(function: Any) -> list[str]:

@@ -16,7 +16,7 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["canonical", "source_tree"]
+__all__ = ["canonical", "source_tree", "statements"]
 
 
 def source_tree(function: Callable[..., Any]) -> ast.FunctionDef:
@@ -31,9 +31,14 @@ def canonical(node: ast.FunctionDef) -> str:
     """The function's body and arguments: no name, annotations, docstring or comments (ast drops them)."""
     for arg in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs):
         arg.annotation = None
+    return ast.dump(ast.Module(body=statements(node), type_ignores=[])) + ast.dump(node.args)
+
+
+def statements(node: ast.FunctionDef) -> list[ast.stmt]:
+    """A function's statements, without its docstring."""
     body = node.body
     if body and isinstance(body[0], ast.Expr):
         first = body[0].value
-        if isinstance(first, ast.Constant) and isinstance(first.value, str):  # the docstring
-            body = body[1:]
-    return ast.dump(ast.Module(body=[*body], type_ignores=[])) + ast.dump(node.args)
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            return body[1:]
+    return body

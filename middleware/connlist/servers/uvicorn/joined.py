@@ -39,22 +39,12 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from connlist.servers.forms import source_tree
+from connlist.servers.forms import source_tree, statements
 
 __all__ = ["install", "join"]
 
 _numbers = itertools.count(1)
 _BUILTIN = object()
-
-
-def _body(node: ast.FunctionDef) -> list[ast.stmt]:
-    """A function's statements, without its docstring."""
-    body = node.body
-    if body and isinstance(body[0], ast.Expr):
-        first = body[0].value
-        if isinstance(first, ast.Constant) and isinstance(first.value, str):
-            return body[1:]
-    return body
 
 
 def _nodes(statements: list[ast.stmt]) -> list[ast.AST]:
@@ -177,7 +167,7 @@ def join(theirs: Any, ours: Any, callee: str) -> tuple[Callable[..., None] | Non
     params = [a.arg for a in our_tree.args.args]
     if [a.arg for a in their_tree.args.args] != params or their_tree.args.vararg or their_tree.args.kwarg:
         return None, "the two take their arguments under other names"
-    their_body, our_body = _body(their_tree), _body(our_tree)
+    their_body, our_body = statements(their_tree), statements(our_tree)
     at = [i for i, statement in enumerate(our_body) if _calls(statement, callee, params)]
     if len(at) != 1:
         return None, "connlist's method does not call uvicorn's where it should"
