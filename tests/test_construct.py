@@ -86,15 +86,10 @@ def test_nothing_to_bind_or_no_python_function_is_none() -> None:
     assert construct.constructor(object.__init__, {}) is None
 
 
-@pytest.mark.parametrize("parser", ["httptools", "h11"])
-def test_connlist_protocols_are_made_with_uvicorn_loggers(parser: str) -> None:
+def _made(cls: type, parser: str) -> Any:
+    """A protocol of ``cls`` as uvicorn makes one per connection (``parser``'s config, its own loop)."""
     from uvicorn.config import Config
     from uvicorn.server import ServerState
-
-    import connlist.uvicorn
-
-    cls = getattr(connlist.uvicorn, "HttpToolsProtocol" if parser == "httptools" else "H11Protocol")
-    assert cls.__init__.__globals__["logging"] is construct.LOGGING
 
     async def app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover - never called
         pass
@@ -103,9 +98,20 @@ def test_connlist_protocols_are_made_with_uvicorn_loggers(parser: str) -> None:
     config.load()
     loop = asyncio.new_event_loop()
     try:
-        protocol = cls(config=config, server_state=ServerState(), app_state={}, _loop=loop)
+        return cls(config=config, server_state=ServerState(), app_state={}, _loop=loop)
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_connlist_protocols_are_made_with_uvicorn_loggers(parser: str) -> None:
+
+    import connlist.uvicorn
+
+    cls = getattr(connlist.uvicorn, "HttpToolsProtocol" if parser == "httptools" else "H11Protocol")
+    assert cls.__init__.__globals__["logging"] is construct.LOGGING
+
+    protocol = _made(cls, parser)
     assert protocol.logger is logging.getLogger("uvicorn.error")
     assert protocol.access_logger is logging.getLogger("uvicorn.access")
     if parser == "httptools":
@@ -130,9 +136,7 @@ def test_a_uvicorn_that_makes_its_queue_otherwise_gets_connlists_queue_after() -
     """Where uvicorn's ``__init__`` reads no ``deque`` global, the queue is replaced after it."""
     import collections
 
-    from uvicorn.config import Config
     from uvicorn.protocols.http import httptools_impl
-    from uvicorn.server import ServerState
 
     from connlist.servers.uvicorn import classes
 
@@ -144,16 +148,7 @@ def test_a_uvicorn_that_makes_its_queue_otherwise_gets_connlists_queue_after() -
     cls = classes.PARSERS["httptools"].build(OwnQueue)
     assert cls.__init__.__globals__.get("deque") is not _Pipeline
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover - never called
-        pass
-
-    config = Config(app, http="httptools", ws="none")
-    config.load()
-    loop = asyncio.new_event_loop()
-    try:
-        protocol = cls(config=config, server_state=ServerState(), app_state={}, _loop=loop)
-    finally:
-        loop.close()
+    protocol = _made(cls, "httptools")
     assert type(protocol.pipeline) is _Pipeline
     assert protocol.logger is logging.getLogger("uvicorn.error")
 
