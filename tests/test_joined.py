@@ -1,11 +1,12 @@
-"""uvicorn's ``connection_made`` and ``connection_lost`` joined with connlist's (``servers.uvicorn.joined``).
+"""uvicorn's methods joined with connlist's, and calls written in place (``servers.uvicorn.joined``).
 
 On the installed uvicorn both parsers' classes run one function each: its
 statements are uvicorn's and the mixin's, in the mixin's order.  Where
 joining would not be the same as the call (an early ``return``, ``super``,
 a global name that means two things, arguments named otherwise, no
 source), the class keeps the mixin's method, and the self-check passes on
-it.
+it.  uvicorn's calls of ``_unset_keepalive_if_required`` have its
+statements in place, but in a subclass that defines it again.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from uvicorn.protocols.http import h11_impl, httptools_impl
 
 from connlist.servers.forms import statements
 from connlist.servers.uvicorn import classes as uvicorn_classes
-from connlist.servers.uvicorn import joined
+from connlist.servers.uvicorn import joined, keepalive
 from connlist.servers.uvicorn import selfcheck as uvicorn_selfcheck
 from connlist.servers.uvicorn.h11_impl import H11Tracking
 from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
@@ -51,6 +52,24 @@ def _in_place(ours: list[str], callee: str, theirs: list[str]) -> list[str]:
     return ours[: at[0]] + theirs + ours[at[0] + 1 :]
 
 
+UNSET = "self._unset_keepalive_if_required()"
+
+
+def _unset_written(statements: list[str], base: type) -> list[str]:
+    """``statements`` with each line that is uvicorn's ``_unset_keepalive_if_required()`` call its body."""
+    body = _statements(base._unset_keepalive_if_required)
+    lines = "\n".join(statements).split("\n")
+    assert any(line.strip() == UNSET for line in lines)
+    out = []
+    for line in lines:
+        if line.strip() == UNSET:
+            indent = line[: len(line) - len(line.lstrip())]
+            out.extend(indent + written for written in "\n".join(body).split("\n"))
+        else:
+            out.append(line)
+    return [ast.unparse(node) for node in ast.parse("\n".join(out)).body]
+
+
 @pytest.mark.parametrize("parser", list(BASES))
 def test_the_installed_uvicorns_methods_are_joined(parser: str) -> None:
     base, mixin = BASES[parser], MIXINS[parser]
@@ -65,8 +84,119 @@ def test_the_installed_uvicorns_methods_are_joined(parser: str) -> None:
             # The parse error's return, last in its handler, is the end of uvicorn's statements.
             assert "\n    return\n" in theirs[1]
             theirs[1] = theirs[1].replace("\n    return\n", "\n")
+        if name != "connection_made":
+            # uvicorn's call of _unset_keepalive_if_required, its statements in place (connlist_inlines).
+            theirs = _unset_written(theirs, base)
         assert _joined_statements(function) == _in_place(_statements(ours), callee, theirs), name
     assert uvicorn_selfcheck.run_in_thread(cls, base, parser).passed
+
+
+@pytest.mark.parametrize(
+    ("parser", "name"), [("httptools", "on_response_complete"), ("h11", "_connlist_response_end")]
+)
+def test_the_keepalive_form_has_uvicorns_call_in_place(parser: str, name: str) -> None:
+    base = BASES[parser]
+    cls = uvicorn_classes.PARSERS[parser].build(base)
+    assert cls.connlist_keepalive
+    form = keepalive.form(parser, base).method
+    function = getattr(cls, name)
+    assert function is not form and function.__code__.co_filename.startswith("<connlist ")
+    assert _joined_statements(function) == _unset_written(_statements(form), base)
+
+
+class _Counting:
+    calls = 0
+
+    def _unset_keepalive_if_required(self) -> None:
+        _Counting.calls += 1
+        super()._unset_keepalive_if_required()  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("parser", list(BASES))
+def test_a_subclass_that_defines_a_method_written_in_place_again_gets_the_calls(parser: str) -> None:
+    """A user's subclass of connlist's class, with its own ``_unset_keepalive_if_required``: it is called."""
+    cls = uvicorn_classes.PARSERS[parser].build(BASES[parser])
+    _, calling = cls._connlist_in_place
+    assert "connection_lost" in calling
+
+    class Sub(_Counting, cls):  # type: ignore[misc, valid-type]
+        __slots__ = ()
+
+    class SubOwn(Sub):
+        __slots__ = ()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+
+    for name, function in calling.items():
+        assert getattr(Sub, name) is function, name
+    assert SubOwn.__dict__["connection_lost"] is not calling["connection_lost"]
+    _Counting.calls = 0
+    assert uvicorn_selfcheck.run_in_thread(Sub, BASES[parser], parser).passed
+    assert _Counting.calls > 0
+
+    # A subclass that does not define one of them again keeps the functions with the calls in place.
+    class Plain(cls):  # type: ignore[misc, valid-type]
+        __slots__ = ()
+
+    for name, function in calling.items():
+        assert getattr(Plain, name) is getattr(cls, name) is not function, name
+
+
+def _returns_early(self: Any) -> None:
+    if self.x:
+        return
+    self.y = 1
+
+
+def _with_a_local(self: Any) -> None:
+    y = self.x
+    self.y = y
+
+
+def _with_an_argument(self: Any, x: Any) -> None:
+    self.y = x
+
+
+def _calls_them(self: Any) -> None:
+    self._returns_early()
+    self._with_a_local()
+    self._with_an_argument()
+    self._not_a_function()
+    self._fine()
+    self.other._fine()
+
+
+def _fine(self: Any) -> None:
+    self.y = 2
+
+
+@pytest.mark.parametrize(
+    ("methods", "written"),
+    [
+        ({"_returns_early": _returns_early}, False),
+        ({"_with_a_local": _with_a_local}, False),
+        ({"_with_an_argument": _with_an_argument}, False),
+        ({"_not_a_function": len}, False),
+        ({"_fine": _fine}, True),
+    ],
+)
+def test_only_a_method_of_self_alone_with_no_return_or_local_is_written_in_place(
+    methods: dict[str, Any], written: bool
+) -> None:
+    function = joined.inline(_calls_them, methods)
+    if not written:
+        assert function is None
+        return
+    assert function is not None
+    assert _joined_statements(function) == [
+        "self._returns_early()",
+        "self._with_a_local()",
+        "self._with_an_argument()",
+        "self._not_a_function()",
+        "self.y = 2",
+        "self.other._fine()",  # another object's: not self's method
+    ]
 
 
 class _Returns(httptools_impl.HttpToolsProtocol):

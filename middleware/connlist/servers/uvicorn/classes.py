@@ -75,7 +75,13 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
     # (connlist.servers.uvicorn.construct), its pipeline queue connlist's.
     HttpToolsProtocol.__init__ = init  # type: ignore[method-assign]
     # The mixin's methods that call uvicorn's, joined with them where that is the same.
-    joined.install(HttpToolsProtocol, HttpToolsTracking.connlist_joins)
+    # The keep-alive form's call of uvicorn's _unset_keepalive_if_required too (not uvicorn's own method).
+    joined.install(
+        HttpToolsProtocol,
+        HttpToolsTracking.connlist_joins,
+        HttpToolsTracking.connlist_inlines,
+        ("on_response_complete",) if HttpToolsProtocol.connlist_keepalive else (),
+    )
     return HttpToolsProtocol
 
 
@@ -96,7 +102,12 @@ def h11_protocol(base: type[UvicornH11]) -> type[H11Tracking]:
         _connlist_response_end, connlist_keepalive, connlist_keepalive_not = keepalive.form("h11", base)
 
     H11Protocol.__init__ = init  # type: ignore[method-assign]  # as HttpToolsProtocol's
-    joined.install(H11Protocol, H11Tracking.connlist_joins)
+    joined.install(
+        H11Protocol,
+        H11Tracking.connlist_joins,
+        H11Tracking.connlist_inlines,
+        ("_connlist_response_end",) if H11Protocol.connlist_keepalive else (),
+    )
     return H11Protocol
 
 

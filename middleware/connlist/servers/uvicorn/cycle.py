@@ -20,6 +20,7 @@ from typing import Any
 from connlist.core.connections import Connection
 from connlist.core.logs import route_to_server
 from connlist.servers.seam import BODY, AfterCut, Tracking
+from connlist.servers.uvicorn import joined
 
 __all__ = ["UvicornCycle"]
 
@@ -34,6 +35,11 @@ class UvicornCycle(Tracking):
     config: Any
     flow: Any
     timeout_keep_alive_handler: Callable[[], None]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A subclass of a class whose calls connlist wrote in place, defining one of the methods again.
+        joined.keep_overrides(cls)
 
     def connlist_close_keepalive(self) -> None:
         """The keep-alive timeout the list times: uvicorn's own handler, as its timer would have called it."""

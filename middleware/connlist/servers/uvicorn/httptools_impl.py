@@ -256,6 +256,8 @@ if httptools_impl is not None:
             "connection_lost": "self._connlist_base_lost",
             "data_received": "_HttpTools.data_received",
         }
+        # uvicorn's methods whose calls, in uvicorn's statements of those, are written in place.
+        connlist_inlines: ClassVar[tuple[str, ...]] = ("_unset_keepalive_if_required",)
 
         def connection_made(self, transport: Any) -> None:
             # uvicorn's (the base's, named on the class statement of connlist.servers.uvicorn.classes).

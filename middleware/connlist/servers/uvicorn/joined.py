@@ -28,20 +28,32 @@ A function is joined only where that is the same as the call:
 Else the mixin's method stays, and calls uvicorn's: the same events, one
 call more.  The joined function is compiled from its own text, which
 tracebacks show (``linecache``).
+
+uvicorn's statements call some of uvicorn's own methods, of no argument,
+as statements of their own (``self._unset_keepalive_if_required()``, at
+every read and every close): the mixin names them (``connlist_inlines``),
+and the joined function has their statements in place of the call too, as
+has connlist's keep-alive form of ``on_response_complete`` (``inline``).
+A method is written in place only where that is the same as the call: a
+Python function of the class's, of ``self`` alone, with no ``return``, no
+variable of its own and none of the constructs above.  A subclass that
+defines one of them again gets the functions that call it
+(``keep_overrides``, from ``__init_subclass__``).
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import itertools
 import linecache
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from connlist.servers.forms import source_tree, statements
 
-__all__ = ["install", "join"]
+__all__ = ["inline", "install", "join", "keep_overrides"]
 
 _numbers = itertools.count(1)
 _BUILTIN = object()
@@ -150,11 +162,113 @@ def _calls(statement: ast.stmt, callee: str, params: list[str]) -> bool:
     return names in (params, params[1:])  # with self, or on self
 
 
-def join(theirs: Any, ours: Any, callee: str) -> tuple[Callable[..., None] | None, str]:
+class _InPlace(ast.NodeTransformer):
+    """Each statement ``receiver.name()`` (``name`` in ``bodies``) replaced by that method's statements."""
+
+    def __init__(self, receiver: str, bodies: Mapping[str, list[ast.stmt]]) -> None:
+        self.receiver = receiver
+        self.bodies = bodies
+        self.written: set[str] = set()
+
+    def visit_Expr(self, statement: ast.Expr) -> Any:
+        call = statement.value
+        if (
+            isinstance(call, ast.Call)
+            and not call.args
+            and not call.keywords
+            and isinstance(call.func, ast.Attribute)
+            and isinstance(call.func.value, ast.Name)
+            and call.func.value.id == self.receiver
+            and call.func.attr in self.bodies
+        ):
+            self.written.add(call.func.attr)
+            return copy.deepcopy(self.bodies[call.func.attr])
+        return statement
+
+    # A function defined in the statements runs later, on what its names mean then: left as it is.
+    def _kept(self, node: ast.AST) -> ast.AST:
+        return node
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = _kept
+
+
+def _body(method: Any, receiver: str) -> list[ast.stmt] | None:
+    """The statements of ``method`` to write in place of ``receiver.method()``; None where that differs."""
+    if not isinstance(method, types.FunctionType) or method.__code__.co_freevars or method.__defaults__:
+        return None
+    try:
+        tree = source_tree(method)
+    except (OSError, TypeError, SyntaxError):
+        return None
+    args = tree.args
+    if [a.arg for a in args.args] != [receiver] or args.posonlyargs or args.kwonlyargs:
+        return None
+    if args.vararg or args.kwarg:
+        return None
+    body = statements(tree)
+    # No return (the statements after the call run next), no local (it could be one of the caller's).
+    if _why_not(body) is not None or _returns(body) or _stored(body):
+        return None
+    return body
+
+
+def _in_place(
+    body: list[ast.stmt], receiver: str, methods: Mapping[str, Any]
+) -> tuple[list[ast.stmt], list[tuple[list[ast.stmt], Any]]]:
+    """``body`` with the calls of ``methods`` that can be written in place written so; and their parts."""
+    found = {name: _body(method, receiver) for name, method in methods.items()}
+    bodies = {name: body for name, body in found.items() if body is not None}
+    if not bodies:
+        return body, []
+    writer = _InPlace(receiver, bodies)
+    module = writer.visit(ast.Module(body=copy.deepcopy(body), type_ignores=[]))
+    return module.body, [(bodies[name], methods[name]) for name in sorted(writer.written)]
+
+
+def _compiled(
+    model: Any,
+    args: ast.arguments,
+    body: list[ast.stmt],
+    parts: Iterable[tuple[list[ast.stmt], Any]],
+    label: str,
+) -> tuple[Callable[..., None] | None, str]:
+    """One function of ``body``, each part reading its own module's globals; named as ``model``."""
+    local = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)} | _stored(body)
+    namespace: dict[str, Any] = {}
+    for part, function in parts:
+        for name in _globals(part) - local:
+            # A name a module does not define is a builtin there.
+            value = function.__globals__.get(name, _BUILTIN)
+            if namespace.setdefault(name, value) is not value:
+                return None, f"the global name {name} means another object in each module"
+    namespace = {name: value for name, value in namespace.items() if value is not _BUILTIN}
+    namespace["__builtins__"] = model.__globals__.get("__builtins__", __builtins__)
+    for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs):
+        arg.annotation = None
+    node = ast.FunctionDef(
+        name=model.__name__, args=args, body=body, decorator_list=[], returns=None, type_comment=None
+    )
+    text = ast.unparse(ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[])))
+    filename = f"<connlist {next(_numbers)}: {label}>"
+    lines = [line + "\n" for line in text.splitlines()]
+    linecache.cache[filename] = (len(text), None, lines, filename)
+    exec(compile(text, filename, "exec"), namespace)
+    made: Any = namespace[model.__name__]
+    made.__qualname__ = model.__qualname__
+    made.__module__ = model.__module__
+    made.__doc__ = model.__doc__
+    return made, ""
+
+
+def join(
+    theirs: Any, ours: Any, callee: str, methods: Mapping[str, Any] | None = None
+) -> tuple[Callable[..., None] | None, str]:
     """uvicorn's method ``theirs`` in the mixin's ``ours`` in place of its call; or None, and why not.
 
     ``ours`` calls ``theirs`` as ``callee`` (``self._connlist_base_made``,
     say), once, as one of its own statements, with its own parameters.
+    The calls of ``methods`` (by name) in uvicorn's statements are written
+    in place where they can be (``_body``).
     """
     if not isinstance(theirs, types.FunctionType) or not isinstance(ours, types.FunctionType):
         return None, "one of the two is not a Python function"
@@ -181,38 +295,39 @@ def join(theirs: Any, ours: Any, callee: str) -> tuple[Callable[..., None] | Non
         if ending is None:
             return None, "it has return"
         their_body = ending
-    local = set(params) | _stored([*their_body, *our_body])
-    namespace: dict[str, Any] = {}
-    for part, function in ((their_body, theirs), ([*before, *after], ours)):
-        for name in _globals(part) - local:
-            # A name a module does not define is a builtin there.
-            value = function.__globals__.get(name, _BUILTIN)
-            if namespace.setdefault(name, value) is not value:
-                return None, f"the global name {name} means another object in each module"
-    namespace = {name: value for name, value in namespace.items() if value is not _BUILTIN}
-    namespace["__builtins__"] = theirs.__globals__.get("__builtins__", __builtins__)
-    args = their_tree.args
-    for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs):
-        arg.annotation = None
-    node = ast.FunctionDef(
-        name=theirs.__name__,
-        args=args,
-        body=[*before, *their_body, *after],
-        decorator_list=[],
-        returns=None,
-        type_comment=None,
+    their_body, written = _in_place(their_body, params[0], methods or {})
+    function, why = _compiled(
+        theirs,
+        their_tree.args,
+        [*before, *their_body, *after],
+        [(their_body, theirs), ([*before, *after], ours), *written],
+        f"uvicorn's {theirs.__qualname__} joined with connlist's",
     )
-    text = ast.unparse(ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[])))
-    filename = f"<connlist {next(_numbers)}: uvicorn's {theirs.__qualname__} joined with connlist's>"
-    lines = [line + "\n" for line in text.splitlines()]
-    linecache.cache[filename] = (len(text), None, lines, filename)
-    exec(compile(text, filename, "exec"), namespace)
-    function = namespace[theirs.__name__]
-    function.__qualname__ = ours.__qualname__
-    function.__module__ = ours.__module__
-    function.__doc__ = ours.__doc__
-    function.__defaults__ = theirs.__defaults__
-    return function, ""
+    if function is not None:
+        function.__qualname__ = ours.__qualname__
+        function.__module__ = ours.__module__
+        function.__doc__ = ours.__doc__
+        function.__defaults__ = theirs.__defaults__
+    return function, why
+
+
+def inline(function: Any, methods: Mapping[str, Any]) -> Callable[..., None] | None:
+    """``function`` with the calls of ``methods`` written in place (``_body``); None if none can be."""
+    if not isinstance(function, types.FunctionType) or function.__code__.co_freevars or function.__defaults__:
+        return None
+    try:
+        tree = source_tree(function)
+    except (OSError, TypeError, SyntaxError):
+        return None
+    body = statements(tree)
+    if _why_not(body) is not None or not tree.args.args:
+        return None
+    body, written = _in_place(body, tree.args.args[0].arg, methods)
+    if not written:
+        return None
+    label = f"connlist's {function.__qualname__}, calls in place"
+    compiled, _ = _compiled(function, tree.args, body, [(body, function), *written], label)
+    return compiled
 
 
 def _named(callee: str, cls: type, ours: Any) -> Any:
@@ -222,19 +337,45 @@ def _named(callee: str, cls: type, ours: Any) -> Any:
     return getattr(holder, name, None)
 
 
-def install(cls: type, joins: Mapping[str, str]) -> dict[str, str]:
+def install(
+    cls: type, joins: Mapping[str, str], inlines: Iterable[str] = (), alone: Iterable[str] = ()
+) -> dict[str, str]:
     """Join each method of ``cls`` that ``joins`` names with the one it calls; why not, for the others.
 
     Before: each name is the mixin's method, which calls uvicorn's as
     ``joins[name]`` says.  After: the joined function where ``join`` makes
-    one, else still the mixin's.
+    one, else still the mixin's.  In the joined functions, and in the
+    methods ``alone`` names, the calls of the methods ``inlines`` names
+    are written in place where they can be; the class keeps, for its
+    subclasses, the functions that call them (``keep_overrides``).
     """
+    methods = {name: getattr(cls, name, None) for name in inlines}
     not_joined = {}
+    calling: dict[str, Any] = {}
     for name, callee in joins.items():
         ours = getattr(cls, name)
-        function, why = join(_named(callee, cls, ours), ours, callee)
+        theirs = _named(callee, cls, ours)
+        function, why = join(theirs, ours, callee, methods)
         if function is None:
             not_joined[name] = why
-        else:
+            continue
+        if methods:
+            calling[name] = join(theirs, ours, callee)[0]
+        setattr(cls, name, function)
+    for name in alone:
+        ours = getattr(cls, name)
+        function = inline(ours, methods)
+        if function is not None:
+            calling[name] = ours
             setattr(cls, name, function)
+    cls._connlist_in_place = (methods, calling)  # type: ignore[attr-defined]
     return not_joined
+
+
+def keep_overrides(cls: type) -> None:
+    """A subclass that defines a method written in place again: the functions that call it, but its own."""
+    methods, calling = getattr(cls, "_connlist_in_place", ({}, {}))
+    if any(getattr(cls, name, None) is not method for name, method in methods.items()):
+        for name, function in calling.items():
+            if name not in cls.__dict__:
+                setattr(cls, name, function)
