@@ -178,6 +178,8 @@ def _fine(self: Any) -> None:
         ({"_with_a_local": _with_a_local}, False),
         ({"_with_an_argument": _with_an_argument}, False),
         ({"_not_a_function": len}, False),
+        ({"_not_a_function": staticmethod(_fine)}, False),  # as the class has it: not a function of self
+        ({"_not_a_function": eval("lambda self: None")}, False),  # no source to read
         ({"_fine": _fine}, True),
     ],
 )
@@ -185,6 +187,7 @@ def test_only_a_method_of_self_alone_with_no_return_or_local_is_written_in_place
     methods: dict[str, Any], written: bool
 ) -> None:
     function = joined.inline(_calls_them, methods)
+    assert joined.inline(len, methods) is None
     if not written:
         assert function is None
         return

@@ -261,12 +261,17 @@ PROTOCOLS = {
 @pytest.fixture(params=["joined", "mixin"], autouse=True)
 def methods(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every case twice: with connlist's classes as built (uvicorn's methods joined with the
-    mixin's, connlist.servers.uvicorn.joined), and with the mixin's own methods, which call
-    uvicorn's: what runs on a uvicorn whose methods cannot be joined."""
+    mixin's, connlist.servers.uvicorn.joined, uvicorn's calls written in place), and with the
+    mixin's own methods, which call uvicorn's, and the keep-alive form as written: what runs
+    on a uvicorn whose methods cannot be joined."""
     if request.param == "mixin":
         for observed, mixin in ((ObservedHttpTools, HttpToolsTracking), (ObservedH11, H11Tracking)):
             for name in mixin.connlist_joins:
                 monkeypatch.setattr(observed, name, getattr(mixin, name))
+            _, calling = observed._connlist_in_place
+            for name, function in calling.items():
+                if name not in mixin.connlist_joins:
+                    monkeypatch.setattr(observed, name, function)
     name: str = request.param
     return name
 

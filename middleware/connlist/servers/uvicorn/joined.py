@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import inspect
 import itertools
 import linecache
 import types
@@ -349,7 +350,8 @@ def install(
     are written in place where they can be; the class keeps, for its
     subclasses, the functions that call them (``keep_overrides``).
     """
-    methods = {name: getattr(cls, name, None) for name in inlines}
+    # As the class has them: a staticmethod or a classmethod is not a function of ``self``.
+    methods = {name: inspect.getattr_static(cls, name, None) for name in inlines}
     not_joined = {}
     calling: dict[str, Any] = {}
     for name, callee in joins.items():
@@ -359,8 +361,9 @@ def install(
         if function is None:
             not_joined[name] = why
             continue
-        if methods:
-            calling[name] = join(theirs, ours, callee)[0]
+        plain, _ = join(theirs, ours, callee)
+        if plain is not None and plain.__code__.co_code != function.__code__.co_code:
+            calling[name] = plain
         setattr(cls, name, function)
     for name in alone:
         ours = getattr(cls, name)
@@ -375,7 +378,7 @@ def install(
 def keep_overrides(cls: type) -> None:
     """A subclass that defines a method written in place again: the functions that call it, but its own."""
     methods, calling = getattr(cls, "_connlist_in_place", ({}, {}))
-    if any(getattr(cls, name, None) is not method for name, method in methods.items()):
+    if any(inspect.getattr_static(cls, name, None) is not method for name, method in methods.items()):
         for name, function in calling.items():
             if name not in cls.__dict__:
                 setattr(cls, name, function)
