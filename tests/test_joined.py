@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import inspect
 import linecache
+import logging
 import textwrap
 from typing import Any
 
@@ -23,6 +24,7 @@ from uvicorn.protocols.http import h11_impl, httptools_impl
 from connlist.servers.forms import statements
 from connlist.servers.uvicorn import classes as uvicorn_classes
 from connlist.servers.uvicorn import joined, keepalive
+from connlist.servers.uvicorn import protocols as uvicorn_protocols
 from connlist.servers.uvicorn import selfcheck as uvicorn_selfcheck
 from connlist.servers.uvicorn.h11_impl import H11Tracking
 from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
@@ -74,6 +76,7 @@ def _unset_written(statements: list[str], base: type) -> list[str]:
 def test_the_installed_uvicorns_methods_are_joined(parser: str) -> None:
     base, mixin = BASES[parser], MIXINS[parser]
     cls = uvicorn_classes.PARSERS[parser].build(base)
+    assert cls.connlist_not_joined == {}
     assert set(mixin.connlist_joins) >= {"connection_made", "connection_lost"}
     for name, callee in mixin.connlist_joins.items():
         function, ours = getattr(cls, name), getattr(mixin, name)
@@ -238,11 +241,22 @@ class _Conflicting(httptools_impl.HttpToolsProtocol):
         (_Conflicting, "the global name _STATE_KEY means another object in each module"),
     ],
 )
-def test_where_joining_is_not_the_call_the_mixins_method_stays(base: type, why: str) -> None:
+def test_where_joining_is_not_the_call_the_mixins_method_stays(
+    base: type, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
     function, reason = joined.join(base.connection_made, HttpToolsTracking.connection_made, MADE)
     assert (function, reason) == (None, why)
     cls = uvicorn_classes.PARSERS["httptools"].build(base)
     assert cls.connection_made is HttpToolsTracking.connection_made
+    # Said, once per method, where the class is checked (connlist.servers.uvicorn.protocols).
+    assert cls.connlist_not_joined == {"connection_made": why}
+    caplog.set_level(logging.INFO, logger="connlist")
+    uvicorn_protocols._say_not_joined(cls, "httptools")
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("connlist")]
+    assert (
+        len(said) == 1
+        and f"HttpToolsProtocol.connection_made is not joined with connlist's: {why};" in said[0]
+    )
     # The lost side is still uvicorn's own method, joined.
     assert cls.connection_lost.__code__.co_filename.startswith("<connlist ")
     assert uvicorn_selfcheck.run_in_thread(cls, base, "httptools").passed

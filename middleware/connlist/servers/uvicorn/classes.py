@@ -76,7 +76,7 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
     HttpToolsProtocol.__init__ = init  # type: ignore[method-assign]
     # The mixin's methods that call uvicorn's, joined with them where that is the same.
     # The keep-alive form's call of uvicorn's _unset_keepalive_if_required too (not uvicorn's own method).
-    joined.install(
+    HttpToolsProtocol.connlist_not_joined = joined.install(
         HttpToolsProtocol,
         HttpToolsTracking.connlist_joins,
         HttpToolsTracking.connlist_inlines,
@@ -102,7 +102,7 @@ def h11_protocol(base: type[UvicornH11]) -> type[H11Tracking]:
         _connlist_response_end, connlist_keepalive, connlist_keepalive_not = keepalive.form("h11", base)
 
     H11Protocol.__init__ = init  # type: ignore[method-assign]  # as HttpToolsProtocol's
-    joined.install(
+    H11Protocol.connlist_not_joined = joined.install(
         H11Protocol,
         H11Tracking.connlist_joins,
         H11Tracking.connlist_inlines,

@@ -14,8 +14,8 @@ read them: the base of each parser's mixin (``connlist.servers.uvicorn.httptools
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 from connlist.core.connections import Connection
 from connlist.core.logs import route_to_server
@@ -35,6 +35,10 @@ class UvicornCycle(Tracking):
     config: Any
     flow: Any
     timeout_keep_alive_handler: Callable[[], None]
+
+    # The methods the class statement could not join with uvicorn's, and why
+    # (connlist.servers.uvicorn.joined.install): each calls uvicorn's instead.
+    connlist_not_joined: ClassVar[Mapping[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -160,6 +160,7 @@ def _build(parser: str) -> Outcome:
     if first:
         _warn_if_newer()
     _warn_keepalive(cls, parser)
+    _say_not_joined(cls, parser)
     return Outcome(cls, base, result)
 
 
@@ -238,6 +239,20 @@ def _warn_keepalive(cls: type[Any], parser: str) -> None:
         __version__,
         TESTED_RANGE,
     )
+
+
+def _say_not_joined(cls: type[Any], parser: str) -> None:
+    """One INFO line per method not joined with uvicorn's: the same events, one Python call more."""
+    for name, why in getattr(cls, "connlist_not_joined", {}).items():
+        route_to_server()
+        logger.info(
+            "uvicorn %s's %s.%s is not joined with connlist's: %s; connlist's method calls "
+            "uvicorn's instead (the same events, one call more)",
+            uvicorn.__version__,
+            PARSERS[parser].name,
+            name,
+            why,
+        )
 
 
 # The exit status of a refusal to start: uvicorn's own for a failed startup,
