@@ -21,8 +21,8 @@ from connlist.core.budget import idle_oldest
 from connlist.core.connections import Connection, ConnectionsList
 from connlist.core.enforcer import PRESSURE_FLOOR, Enforcer
 from connlist.core.kinds import resolve
-from connlist.core.sweep import KEEPALIVE_BATCH, SLACK, idle_expired
-from tests.fakes import FakeClock, MockLoop
+from connlist.core.sweep import KEEPALIVE_BATCH, KEEPALIVE_PER_ITERATION, SLACK, idle_expired
+from tests.fakes import T0, FakeClock, MockLoop
 from tests.test_budget_policy import arrive
 
 KEEP_ALIVE = 5.0
@@ -167,6 +167,40 @@ def test_a_mass_close_goes_in_batches_never_early_and_at_most_a_batch_late(
     assert max(late) <= KEEPALIVE_BATCH + 1e-9
     # About one sweep per batch, not one per connection.
     assert sweeps <= 0.2 / KEEPALIVE_BATCH + 2, sweeps
+
+
+def test_a_mass_close_takes_at_most_a_batch_per_loop_iteration_and_holds_no_other_timeout_back(
+    clock: FakeClock, loop: MockLoop
+) -> None:
+    enforcer = Enforcer(resolve(headers_timeout=KEEP_ALIVE), clock=clock, loop=loop)  # type: ignore[arg-type]
+    enforcer.keep_alive = KEEP_ALIVE
+    enforcer.keep_alive_timed = True
+    # Connections gone idle at one instant, all due at once; and a silent client
+    # whose headers deadline comes with them.
+    n = 3 * KEEPALIVE_PER_ITERATION + 4
+    _, silent_handle = arrive(enforcer)
+    conns = [arrive(enforcer) for _ in range(n)]
+    for conn, _ in conns:
+        first_request(enforcer, conn)
+        responded(enforcer, conn)
+    loop.run_until(T0 + KEEP_ALIVE + SLACK)
+
+    def closed() -> int:
+        return sum(handle.closed_keepalive for _, handle in conns)
+
+    # One batch (at the keep-alive time, exactly), then the next at the next
+    # iteration (call_soon), no timer meanwhile.
+    assert closed() == KEEPALIVE_PER_ITERATION
+    assert (loop.queued, loop.armed) == (1, [])
+    assert not silent_handle.transport.buffer  # not yet past its deadline (Node's rule is strict)
+    for iteration in (2, 3):
+        assert loop.run_soon() == 1
+        assert closed() == iteration * KEEPALIVE_PER_ITERATION
+        # The headers timeout did not wait for the end of the mass close.
+        assert silent_handle.transport.buffer.startswith(b"HTTP/1.1 408 ")
+    assert loop.run_soon() == 1
+    assert closed() == n and enforcer.totals.keepalive_timeouts == n
+    assert loop.queued == 0
 
 
 def test_a_timer_the_loop_runs_takes_the_time_it_was_armed_for(

@@ -260,6 +260,11 @@ RATE_RESOLUTION = 0.1
 # each (a sweep and the next arming cost about 25 us, a close about 5 us).
 # A close with none in the window before it is exact, as uvicorn's own.
 KEEPALIVE_BATCH = 0.02
+# ... and at most this many per loop iteration: a closed connection's
+# connection_lost runs at the next iteration, tens of microseconds each, so
+# a window's whole batch at once would hold a request that is ready for
+# milliseconds (uvicorn's own timers close what is due at each iteration).
+KEEPALIVE_PER_ITERATION = _BATCH
 
 
 @dataclass(frozen=True)
@@ -285,17 +290,18 @@ def reading_paused(conn: Connection) -> bool:
 
 
 def _run_keepalive(enforcer: Enforcing, now: float, stop: float) -> bool:
-    """Keep-alive connections idle for the keep-alive time (shortened under pressure), closed."""
+    """Keep-alive connections idle for the keep-alive time (shortened under pressure), closed.
+
+    At most ``KEEPALIVE_PER_ITERATION`` per sweep; the rest at the next
+    iteration (False: not finished).
+    """
     idle_time = enforcer.idle_time_now
     if idle_time == _INF:
         return True
-    connections = enforcer.connections
-    return drain(
-        enforcer.clock,
-        lambda n: idle_expired(connections, idle_time, now, n),
-        lambda conn: enforcer.close_keepalive(conn, now),
-        stop,
-    )
+    batch = idle_expired(enforcer.connections, idle_time, now, KEEPALIVE_PER_ITERATION)
+    for conn in batch:
+        enforcer.close_keepalive(conn, now)
+    return len(batch) < KEEPALIVE_PER_ITERATION
 
 
 def _due_keepalive(enforcer: Enforcing, now: float) -> float | None:
