@@ -264,7 +264,7 @@ KEEPALIVE_BATCH = 0.02
 # connection_lost runs at the next iteration, tens of microseconds each, so
 # a window's whole batch at once would hold a request that is ready for
 # milliseconds (uvicorn's own timers close what is due at each iteration).
-KEEPALIVE_PER_ITERATION = _BATCH
+KEEPALIVE_PER_ITERATION = 8
 
 
 @dataclass(frozen=True)
