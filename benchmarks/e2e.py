@@ -200,7 +200,15 @@ def get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
 class Server:
     """One uvicorn process pinned to one CPU; a context manager that always stops it."""
 
-    def __init__(self, setup: Setup, *, loop: str, cpu: int, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        setup: Setup,
+        *,
+        loop: str,
+        cpu: int,
+        extra: tuple[str, ...] = (),
+        wrapper: tuple[str, ...] = (),
+    ) -> None:
         self.setup = setup
         self.port = free_port()
         # The server's output, shown if it fails; closed in stop().
@@ -209,6 +217,8 @@ class Server:
             "taskset",
             "-c",
             str(cpu),
+            # A program that runs the interpreter in this process (server_counts.py's valgrind).
+            *wrapper,
             sys.executable,
             "-m",
             "uvicorn",
@@ -270,11 +280,11 @@ class Server:
                     f"expected {self.setup.mode!r}"
                 )
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout=5)
+                self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=5)

@@ -20,7 +20,16 @@ Every setup answers ``GET /`` with Starlette's ``PlainTextResponse("Hello, world
     a subclass of uvicorn's ``HttpToolsProtocol`` with one ``loop.call_later``
     deadline per connection, armed in ``connection_made``, re-armed at each
     ``on_message_begin`` and cancelled at ``on_message_complete`` and
-    ``connection_lost``: the other way seen in the wild (served with ``bare``).
+    ``connection_lost``: the other way seen in the wild (served with ``bare``);
+``PaddedProtocol``
+    a control, not a protection: uvicorn's ``HttpToolsProtocol`` with a
+    loop of Python arithmetic in ``connection_made`` of about connlist's own
+    instruction count per connection (``PADDING``; ``per_request.py
+    --setups padded --workloads close`` reads it), on a few local small
+    integers, so its code and data stay in the CPU's caches.  End to end
+    (``e2e.py --close --setups padded``) it shows what that many
+    instructions cost a connection when they miss nothing (served with
+    ``bare``).
 
 Both alternatives are written in their cheapest form: they only close (or
 cancel), they send no ``408``, log nothing and count nothing, so what they cost
@@ -46,6 +55,7 @@ from connlist import ConnectionsMiddleware
 __all__ = [
     "AsyncioTimeoutMiddleware",
     "CallLaterProtocol",
+    "PaddedProtocol",
     "bare",
     "with_asyncio_timeout",
     "with_connlist",
@@ -106,6 +116,22 @@ class NoKeepAliveTimerProtocol(HttpToolsProtocol):
         if self.pipeline:
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
+
+
+# Iterations of PaddedProtocol's loop: a little more than connlist's own
+# instruction count per connection (docs/benchmarks.md, "What end to end measures").
+PADDING = 31
+
+
+class PaddedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol and about connlist's instruction count of cache-friendly work."""
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        HttpToolsProtocol.connection_made(self, transport)
+        n = 0
+        for i in range(PADDING):
+            n = (n + i) & 127  # small integers: no object made
+        self._padded = n
 
 
 class CallLaterProtocol(HttpToolsProtocol):

@@ -46,6 +46,12 @@ SETUPS = (
     Setup("asgi-only", "connlist, ASGI-only mode", "e2e_apps:with_connlist_off", "httptools", mode="asgi"),
     Setup("asyncio.timeout", "asyncio.timeout middleware", "e2e_apps:with_asyncio_timeout", "httptools"),
     Setup("call_later", "per-connection call_later protocol", "e2e_apps:bare", "e2e_apps:CallLaterProtocol"),
+    Setup(
+        "padded",
+        "bare uvicorn + padding (a control)",
+        "e2e_apps:bare",
+        "e2e_apps:PaddedProtocol",
+    ),
 )
 # The setup every other is measured against.
 BASELINE = "bare"
