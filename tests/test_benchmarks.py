@@ -32,6 +32,7 @@ import flood  # noqa: E402
 import list_micro  # noqa: E402
 import per_request  # noqa: E402
 import scale  # noqa: E402
+import server_counts  # noqa: E402
 import setups  # noqa: E402
 import workloads  # noqa: E402
 
@@ -193,6 +194,48 @@ def test_e2e_callgrind_runs_per_request(
     monkeypatch.setenv("PATH", str(tmp_path))
     assert e2e.main(["--callgrind"]) == 2
     assert "valgrind not found" in capsys.readouterr().err
+
+
+def test_server_counts_needs_valgrind_and_wrk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert server_counts.main(["--close"]) == 2
+    assert "needs wrk and valgrind" in capsys.readouterr().err
+
+
+def test_server_counts_reads_callgrinds_one_dump(tmp_path: Path) -> None:
+    with pytest.raises(e2e.BenchError, match="expected one dump"):
+        server_counts._dumped(tmp_path)
+    (tmp_path / "cg.out.1").write_text(
+        "version: 1\nevents: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw Bc Bcm Bi Bim\n"
+        "fl=x\nsummary: 100 40 20 5 7 3 0 0 0 30 4 10 2\n"
+    )
+    totals = server_counts._dumped(tmp_path)
+    assert {name: totals[name] for name in server_counts.EVENTS} == {
+        "Ir": 100, "D1mr": 7, "D1mw": 3, "I1mr": 5, "Bcm": 4, "Bim": 2,
+    }  # fmt: skip
+    (tmp_path / "cg.out.2").write_text("events: Ir\nsummary: 1\n")
+    with pytest.raises(e2e.BenchError, match="expected one dump"):
+        server_counts._dumped(tmp_path)
+
+
+def test_server_counts_reports_each_event_per_request_against_bare(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Made-up counts per request: connlist's are 1.25x bare's for every event.
+    def fake(setup: setups.Setup, args: object, wrk: str) -> dict[str, float]:
+        factor = 1.25 if setup.key == "connlist" else 1.0
+        return {**{name: 1000 * factor for name in server_counts.EVENTS}, "requests": 500}
+
+    monkeypatch.setattr(server_counts, "measure", fake)
+    monkeypatch.setattr(server_counts.shutil, "which", lambda name: "/usr/bin/" + name)
+    assert server_counts.main(["--close", "--setups", "bare", "connlist", "--duration", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "Connection: close" in lines[0] and "2 s" in lines[0]
+    assert lines[1].split() == ["setup", *server_counts.EVENTS, "requests"]
+    assert lines[2].split() == ["bare", *["1,000"] * 6, "500"]
+    assert lines[3].split() == ["connlist", *["1,250", "(1.250)"] * 6, "500"]
 
 
 def test_per_request_reports_each_setups_median_over_the_layouts(
