@@ -30,10 +30,11 @@ sweep that can be due sooner (a close's linger) brings the timer forward
 
 Cutting a connection off costs tens of microseconds (the ``408``, the
 transport, the callback), so a mass timeout is spread over loop iterations:
-one sweep spends at most ``SWEEP_TIME`` seconds closing (``_work`` says
-whether it finished), then yields to the loop and carries on at the next
-iteration (``call_soon``), so requests of other clients are served in
-between.
+one sweep spends at most ``SWEEP_TIME`` seconds closing, and closes at most
+``connlist.core.sweep.KEEPALIVE_PER_ITERATION`` idle keep-alive connections
+(``_work`` says whether it finished), then yields to the loop and carries
+on at the next iteration (``call_soon``), so requests of other clients are
+served in between.
 
 The timer runs on the loop the enforcer was given, else on the loop of the
 server's protocols (``attached_loop``), else on the loop running when it is
