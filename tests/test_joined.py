@@ -174,6 +174,46 @@ def _fine(self: Any) -> None:
     self.y = 2
 
 
+def _with_rest(self: Any, *rest: Any) -> None:
+    self.y = rest
+
+
+def _defines_one(self: Any) -> Any:
+    self._fine()
+
+    def later() -> None:
+        self._fine()  # runs later, on what the name means then: left as a call
+
+    return later
+
+
+def _yields(self: Any) -> Any:
+    self._fine()
+    yield
+
+
+def test_where_nothing_can_be_written_in_place_the_function_stays() -> None:
+    assert joined.inline(_defines_one, {"_fine": _fine}) is not None
+    assert _joined_statements(joined.inline(_defines_one, {"_fine": _fine})) == [
+        "self.y = 2",
+        "def later() -> None:\n    self._fine()",
+        "return later",
+    ]
+    assert joined.inline(_calls_them, {"_fine": _with_rest}) is None  # *rest: not self alone
+    assert joined.inline(eval("lambda self: self._fine()"), {"_fine": _fine}) is None  # no source
+    assert joined.inline(_yields, {"_fine": _fine}) is None  # a generator
+    assert joined.inline(_fine, {"_fine": _fine}) is None  # no call of it
+
+    class Holder:
+        def m(self) -> None:
+            self.y = 1
+
+    # A method named to be written in place of nothing: the class keeps it, and no function calls it.
+    joined.install(Holder, {}, ("_fine",), ("m",))
+    assert Holder.m.__code__.co_filename == __file__
+    assert Holder._connlist_in_place == ({"_fine": None}, {})  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("methods", "written"),
     [
