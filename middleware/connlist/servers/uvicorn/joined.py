@@ -193,13 +193,20 @@ class _InPlace(ast.NodeTransformer):
     visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = _kept
 
 
-def _body(method: Any, receiver: str) -> list[ast.stmt] | None:
-    """The statements of ``method`` to write in place of ``receiver.method()``; None where that differs."""
-    if not isinstance(method, types.FunctionType) or method.__code__.co_freevars or method.__defaults__:
+def _tree(function: Any) -> ast.FunctionDef | None:
+    """``function``'s syntax tree, if it is a Python function with a source, no closure and no defaults."""
+    if not isinstance(function, types.FunctionType) or function.__code__.co_freevars or function.__defaults__:
         return None
     try:
-        tree = source_tree(method)
+        return source_tree(function)
     except (OSError, TypeError, SyntaxError):
+        return None
+
+
+def _body(method: Any, receiver: str) -> list[ast.stmt] | None:
+    """The statements of ``method`` to write in place of ``receiver.method()``; None where that differs."""
+    tree = _tree(method)
+    if tree is None:
         return None
     args = tree.args
     if [a.arg for a in args.args] != [receiver] or args.posonlyargs or args.kwonlyargs:
@@ -232,8 +239,13 @@ def _compiled(
     body: list[ast.stmt],
     parts: Iterable[tuple[list[ast.stmt], Any]],
     label: str,
+    named: Any = None,
 ) -> tuple[Callable[..., None] | None, str]:
-    """One function of ``body``, each part reading its own module's globals; named as ``model``."""
+    """One function of ``body``, each part reading its own module's globals.
+
+    Its name and builtins are ``model``'s; its qualified name, module and
+    docstring ``named``'s (``model``'s if None).
+    """
     local = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)} | _stored(body)
     namespace: dict[str, Any] = {}
     for part, function in parts:
@@ -255,21 +267,18 @@ def _compiled(
     linecache.cache[filename] = (len(text), None, lines, filename)
     exec(compile(text, filename, "exec"), namespace)
     made: Any = namespace[model.__name__]
-    made.__qualname__ = model.__qualname__
-    made.__module__ = model.__module__
-    made.__doc__ = model.__doc__
+    named = model if named is None else named
+    made.__qualname__ = named.__qualname__
+    made.__module__ = named.__module__
+    made.__doc__ = named.__doc__
     return made, ""
 
 
-def join(
-    theirs: Any, ours: Any, callee: str, methods: Mapping[str, Any] | None = None
-) -> tuple[Callable[..., None] | None, str]:
+def join(theirs: Any, ours: Any, callee: str) -> tuple[Callable[..., None] | None, str]:
     """uvicorn's method ``theirs`` in the mixin's ``ours`` in place of its call; or None, and why not.
 
     ``ours`` calls ``theirs`` as ``callee`` (``self._connlist_base_made``,
     say), once, as one of its own statements, with its own parameters.
-    The calls of ``methods`` (by name) in uvicorn's statements are written
-    in place where they can be (``_body``).
     """
     if not isinstance(theirs, types.FunctionType) or not isinstance(ours, types.FunctionType):
         return None, "one of the two is not a Python function"
@@ -296,29 +305,26 @@ def join(
         if ending is None:
             return None, "it has return"
         their_body = ending
-    their_body, written = _in_place(their_body, params[0], methods or {})
     function, why = _compiled(
         theirs,
         their_tree.args,
         [*before, *their_body, *after],
-        [(their_body, theirs), ([*before, *after], ours), *written],
+        [(their_body, theirs), ([*before, *after], ours)],
         f"uvicorn's {theirs.__qualname__} joined with connlist's",
+        named=ours,
     )
     if function is not None:
-        function.__qualname__ = ours.__qualname__
-        function.__module__ = ours.__module__
-        function.__doc__ = ours.__doc__
         function.__defaults__ = theirs.__defaults__
     return function, why
 
 
 def inline(function: Any, methods: Mapping[str, Any]) -> Callable[..., None] | None:
-    """``function`` with the calls of ``methods`` written in place (``_body``); None if none can be."""
-    if not isinstance(function, types.FunctionType) or function.__code__.co_freevars or function.__defaults__:
-        return None
-    try:
-        tree = source_tree(function)
-    except (OSError, TypeError, SyntaxError):
+    """``function`` with the calls of ``methods`` written in place (``_body``); None if none can be.
+
+    ``function`` may be a joined one (its text is in ``linecache``).
+    """
+    tree = _tree(function)
+    if tree is None:
         return None
     body = statements(tree)
     if _why_not(body) is not None or not tree.args.args:
@@ -326,7 +332,12 @@ def inline(function: Any, methods: Mapping[str, Any]) -> Callable[..., None] | N
     body, written = _in_place(body, tree.args.args[0].arg, methods)
     if not written:
         return None
-    label = f"connlist's {function.__qualname__}, calls in place"
+    made_from = function.__code__.co_filename
+    if made_from.startswith("<connlist "):
+        what = made_from[made_from.index(": ") + 2 : -1]  # a joined function's own description
+    else:
+        what = f"connlist's {function.__qualname__}"
+    label = f"{what}, calls in place"
     compiled, _ = _compiled(function, tree.args, body, [(body, function), *written], label)
     return compiled
 
@@ -353,23 +364,19 @@ def install(
     # As the class has them: a staticmethod or a classmethod is not a function of ``self``.
     methods = {name: inspect.getattr_static(cls, name, None) for name in inlines}
     not_joined = {}
-    calling: dict[str, Any] = {}
     for name, callee in joins.items():
         ours = getattr(cls, name)
-        theirs = _named(callee, cls, ours)
-        function, why = join(theirs, ours, callee, methods)
+        function, why = join(_named(callee, cls, ours), ours, callee)
         if function is None:
             not_joined[name] = why
-            continue
-        plain, _ = join(theirs, ours, callee)
-        if plain is not None and plain.__code__.co_code != function.__code__.co_code:
-            calling[name] = plain
-        setattr(cls, name, function)
-    for name in alone:
-        ours = getattr(cls, name)
-        function = inline(ours, methods)
+        else:
+            setattr(cls, name, function)
+    calling: dict[str, Any] = {}
+    for name in (*joins, *alone):
+        plain = getattr(cls, name)
+        function = inline(plain, methods)
         if function is not None:
-            calling[name] = ours
+            calling[name] = plain
             setattr(cls, name, function)
     cls._connlist_in_place = (methods, calling)  # type: ignore[attr-defined]
     return not_joined
