@@ -29,7 +29,7 @@ Usage::
     python3 benchmarks/server_counts.py --close                # bare, connlist, padded; uvloop; c=50; 10 s
     python3 benchmarks/server_counts.py --setups bare connlist --loop asyncio --duration 5
 
-Needs valgrind (``callgrind_control``) and ``wrk``; sends its load to
+Needs valgrind (``callgrind_control``), ``wrk`` and ``taskset``; sends its load to
 127.0.0.1 only.  Exits 0, or 2 when it cannot run.
 """
 
@@ -47,7 +47,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from e2e import BenchError, Server, parse_wrk  # noqa: E402
+from e2e import BenchError, Server, finish_wrk, start_wrk  # noqa: E402
 from setups import BASELINE, SETUP_BY_KEY, SETUPS, Setup  # noqa: E402
 
 EVENTS = ("Ir", "D1mr", "D1mw", "I1mr", "Bcm", "Bim")
@@ -69,15 +69,10 @@ def _dumped(directory: Path) -> dict[str, int]:
     return dict(zip(names.group(1).split(), map(int, totals.group(1).split()), strict=True))
 
 
-def _wrk(wrk: str, conns: int, seconds: int, port: int, close: bool) -> int:
-    command = [wrk, "-t1", f"-c{conns}", f"-d{seconds}s", f"--timeout={seconds + 10}s"]
-    if close:
-        command += ["-H", "Connection: close"]
-    command.append(f"http://127.0.0.1:{port}/")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60, check=False)
-    if done.returncode != 0:
-        raise BenchError(f"wrk failed with status {done.returncode}:\n{done.stdout}{done.stderr}")
-    return int(parse_wrk(done.stdout)["requests"])
+def _wrk(wrk: str, args: argparse.Namespace, seconds: int, port: int) -> int:
+    """``e2e.py``'s ``wrk`` run on ``port`` for ``seconds``: the requests it completed."""
+    process = start_wrk(wrk, args.client_cpu, args.conns, seconds, port, close=args.close)
+    return int(finish_wrk(process, seconds)["requests"])
 
 
 def measure(setup: Setup, args: argparse.Namespace, wrk: str) -> dict[str, float]:
@@ -94,9 +89,9 @@ def measure(setup: Setup, args: argparse.Namespace, wrk: str) -> dict[str, float
         with Server(setup, loop=args.loop, cpu=args.server_cpu, wrapper=wrapper) as server:
             server.wait_ready(timeout=READY_TIMEOUT, request_timeout=30.0)
             pid = str(server.pid)  # taskset and valgrind run the interpreter in this process
-            _wrk(wrk, args.conns, 3, server.port, args.close)
+            _wrk(wrk, args, 3, server.port)
             subprocess.run(["callgrind_control", "-z", pid], capture_output=True, check=True, timeout=60)
-            requests = _wrk(wrk, args.conns, args.duration, server.port, args.close)
+            requests = _wrk(wrk, args, args.duration, server.port)
             subprocess.run(["callgrind_control", "-d", pid], capture_output=True, check=True, timeout=60)
             totals = _dumped(directory)
             server.stop(timeout=60)
@@ -135,6 +130,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration", type=int, default=10, help="seconds of wrk counted (default 10)")
     parser.add_argument("--close", action="store_true", help="Connection: close, a connection per request")
     parser.add_argument("--server-cpu", type=int, default=0, help="CPU the server is pinned to (default 0)")
+    parser.add_argument("--client-cpu", type=int, default=1, help="CPU wrk is pinned to (default 1)")
     args = parser.parse_args(argv)
     if args.conns < 1 or args.duration < 1:
         parser.error("--conns and --duration must be at least 1")
@@ -144,11 +140,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     wrk = shutil.which("wrk")
-    missing = [
-        name for name, path in (("wrk", wrk), ("valgrind", shutil.which("callgrind_control"))) if not path
-    ]
+    tools = (
+        ("wrk", wrk),
+        ("valgrind", shutil.which("callgrind_control")),
+        ("taskset", shutil.which("taskset")),
+    )
+    missing = [name for name, path in tools if not path]
     if missing or wrk is None:
-        print(f"needs {' and '.join(missing)} (apt-get install wrk valgrind)", file=sys.stderr)
+        print(f"needs {' and '.join(missing)} (apt-get install wrk valgrind util-linux)", file=sys.stderr)
         return 2
     # The same hash seed for every server (the servers inherit this environment).
     os.environ["PYTHONHASHSEED"] = "0"

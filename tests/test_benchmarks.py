@@ -201,7 +201,7 @@ def test_server_counts_needs_valgrind_and_wrk(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     assert server_counts.main(["--close"]) == 2
-    assert "needs wrk and valgrind" in capsys.readouterr().err
+    assert "needs wrk and valgrind and taskset" in capsys.readouterr().err
 
 
 def test_server_counts_reads_callgrinds_one_dump(tmp_path: Path) -> None:
