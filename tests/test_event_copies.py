@@ -12,7 +12,9 @@ gunicorn's ``_arm_keepalive_timer``: its ``response_complete``.  gunicorn's
 class also writes its read's hook, between messages, into its
 ``data_received`` (``connlist.servers.gunicorn.reads``).  The uvicorn
 feeders' ``connection_made`` and ``connection_lost`` write out the seam's
-setup and removal (``Tracking._connlist_setup``, ``_connlist_remove``).  The
+setup and removal (``Tracking._connlist_setup``, ``_connlist_remove``).  A
+connection's one call into the list, ``Enforcer.join``, writes ``connect`` out,
+and ``connect`` writes out the fields ``Connection`` gives a record.  The
 other events the feeders run call their definitions.
 """
 
@@ -25,10 +27,11 @@ from typing import Any
 
 import pytest
 
-from connlist.core.connections import ConnectionsList
+from connlist.core.connections import Connection, ConnectionsList
 from connlist.servers.uvicorn import keepalive
 from connlist.servers.uvicorn.h11_impl import H11Tracking
 from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
+from tests.fakes import FakeClock, MockLoop
 
 FEEDERS = {"httptools": HttpToolsTracking, "h11": H11Tracking}
 
@@ -227,3 +230,76 @@ def test_the_feeders_write_the_seams_setup_and_removal_as_it_defines_them(parser
     lost = _dump(_function(feeder.connection_lost).body)
     assert _contains_run(lost, removal), lost
     assert lost[-1] == "self._connlist_base_lost(exc)"
+
+
+# -- the record's making: ``ConnectionsList.connect`` writes ``Connection._fields`` out, and
+# ``Enforcer.join`` writes ``connect`` out (one call per connection into the list).
+
+
+def _slots(record: Any) -> dict[str, Any]:
+    """Every slot of a record that holds a value (an unwritten one holds none), by name."""
+    missing = object()
+    values = {name: getattr(record, name, missing) for name in Connection.__slots__ if name != "__dict__"}
+    return {name: value for name, value in values.items() if value is not missing}
+
+
+LINKS = ("_all_prev", "_all_next", "_active_prev", "_active_next")
+
+
+def test_connect_writes_the_fields_connection_gives_a_record() -> None:
+    connections = ConnectionsList(clock=lambda: 7.0)
+    handle = object()
+    made = connections.connect(("10.0.0.1", 5), ("10.0.0.2", 80), handle, id=41)  # type: ignore[arg-type]
+    built = Connection(("10.0.0.1", 5), ("10.0.0.2", 80), handle, connected_at=7.0, id=41)  # type: ignore[arg-type]
+    fields, expected = _slots(made), _slots(built)
+    # The same slots written, with the same values, but the list's own: the links, and the start.
+    assert set(fields) == set(expected)
+    assert {name: fields[name] for name in fields if name not in LINKS} == {
+        **{name: expected[name] for name in expected if name not in LINKS},
+        "last_message_start": 7.0,
+    }
+    assert made.__dict__ == built.__dict__ == {}
+    # Numbered as the class numbers a record given no id.
+    assert connections.connect().id + 1 == Connection().id
+
+
+class _AsJoinNames(ast.NodeTransformer):
+    """``connect``'s names as ``join`` has them: the list ``connections``, the record ``record``."""
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.Name({"self": "connections", "conn": "record"}.get(node.id, node.id), node.ctx)
+
+
+def test_join_writes_connect_as_the_list_defines_it() -> None:
+    from connlist.core.enforcer import Enforcer
+
+    connect = _function(ConnectionsList.connect)
+    statements = connect.body[1:]  # (no docstring)
+    assert ast.unparse(statements[-1]) == "return conn"
+    definition = _dump([_AsJoinNames().visit(statement) for statement in statements[:-1]])
+    # join is given no id: the class's numbering, as connect's for a record given none.
+    assert "record.id = next_id() if id is None else id" in definition
+    definition = [line.replace("next_id() if id is None else id", "next_id()") for line in definition]
+    join = _dump(_function(Enforcer.join).body[1:])
+    assert join[0] == "connections = self.connections"
+    assert join[1 : 1 + len(definition)] == definition
+    # What join does besides, after the record is in the list.
+    assert join[1 + len(definition)] == "self.totals.connections += 1"
+
+
+def test_join_makes_the_record_connect_makes(clock: FakeClock, loop: MockLoop) -> None:
+    from connlist.core.enforcer import Enforcer
+
+    enforcer = Enforcer(clock=clock, loop=loop)  # type: ignore[arg-type]
+    handle = object()
+    joined = enforcer.join(("10.0.0.1", 5), ("10.0.0.2", 80), handle)  # type: ignore[arg-type]
+    connections = ConnectionsList(clock=clock)
+    made = connections.connect(("10.0.0.1", 5), ("10.0.0.2", 80), handle, id=joined.id)  # type: ignore[arg-type]
+    fields, expected = _slots(joined), _slots(made)
+    assert {name: fields[name] for name in fields if name not in LINKS} == {
+        name: expected[name] for name in expected if name not in LINKS
+    }
+    # In all and active, as connect's, and counted alike.
+    assert list(enforcer.connections.iter_all()) == [joined] and list(connections.iter_all()) == [made]
+    assert enforcer.connections.counts() == connections.counts()
+    assert enforcer.totals.connections == 1

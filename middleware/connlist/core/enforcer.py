@@ -74,7 +74,8 @@ from connlist.core.kinds import (
     deadline,
 )
 from connlist.core.logs import Summary, log, logger
-from connlist.core.records import Address
+from connlist.core.queues import UNQUEUED
+from connlist.core.records import OUT_NONE, Address, next_id
 from connlist.core.sweep import STEPS, reading_paused
 from connlist.core.timer import SWEEP_TIME, Timer
 
@@ -113,6 +114,8 @@ KEEP_ALIVE = 5.0
 BODY_LOOK = 32
 # What asyncio (and uvloop) tell the loop's exception handler when accept fails for want of descriptors.
 _ACCEPT_ERRORS = ("socket.accept() out of system resource", "error status in uv_stream_t.listen callback")
+# ``join`` makes its record as ``ConnectionsList.connect`` does (without the class's call).
+_new = object.__new__
 
 
 def shrink(timeout: float, pressure: float) -> float:
@@ -338,7 +341,44 @@ class Enforcer(Timer):
         leaves the list at ``ConnectionsList.remove``.
         """
         connections = self.connections
-        record = connections.connect(client, server, handle)
+        # ConnectionsList.connect, written out: a call costs a connection
+        # more than its statements (docs/benchmarks.md, "One call per
+        # connection into the list"; tests/test_event_copies.py holds them
+        # to the definition).
+        now = connections._clock()
+        record = _new(Connection)
+        record._body_link = UNQUEUED
+        record._out_link = UNQUEUED
+        record._idle_entry = None
+        record.id = next_id()
+        record._client = client
+        record._server = server
+        record.handle = handle
+        record.connected_at = now
+        record.headers_completed = False
+        record.requests = 0
+        record._begun = False
+        record.responding = False
+        record.out_state = OUT_NONE
+        record.idle_since = 0.0
+        record.responded_at = 0.0
+        record.evicted = False
+        record.last_message_start = now
+        root = connections._all_root
+        last = root._all_prev
+        record._all_prev = last
+        record._all_next = root
+        last._all_next = record
+        root._all_prev = record
+        root = connections._active_root
+        last = root._active_prev
+        record._active_prev = last
+        record._active_next = root
+        last._active_next = record
+        root._active_prev = record
+        connections.occupied += 1
+        connections._n_active += 1
+        connections._n_headers_pending += 1
         self.totals.connections += 1
         if connections.occupied > self._quiet_below:
             self.admit(record)  # max_connections: may make room, or refuse this one
