@@ -631,3 +631,57 @@ def test_attach_learns_the_keep_alive_on_a_loop_without_exception_handlers() -> 
     loop = typing.cast(asyncio.AbstractEventLoop, BareLoop())
     enforcer.attach(loop, 7)
     assert enforcer.keep_alive == 7.0 and enforcer.attached_loop is loop
+
+
+def test_a_sweep_carrying_on_runs_the_steps_left_and_all_of_them_once_a_while_has_passed(
+    clock: FakeClock, loop: MockLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from connlist.core import enforcer as enforcer_module
+    from connlist.core.sweep import Step
+    from connlist.core.timer import CARRY_ON_WHOLE
+
+    ran: list[str] = []
+    # What each step says at its next run: finished (True), or not (False).
+    answers: dict[str, list[bool]] = {"limited": [], "slow": [], "quick": []}
+
+    def step(name: str, spends: float = 0.0) -> Step:
+        def run(_enforcer: object, _now: float, _stop: float) -> bool:
+            ran.append(name)
+            clock.advance(spends)
+            return answers[name].pop(0) if answers[name] else True
+
+        return Step(run, lambda _enforcer, _now: None)
+
+    monkeypatch.setattr(enforcer_module, "STEPS", (step("limited"), step("slow"), step("quick")))
+    enforcer = make(clock, loop)
+
+    # A step stopped at its own limit: the others still ran, in order.
+    answers["limited"] = [False, False, False]
+    assert not enforcer._work(0.0, False)
+    assert ran == ["limited", "slow", "quick"]
+    # Carrying on: only the step left.
+    ran.clear()
+    assert not enforcer._work(0.0, True)
+    assert ran == ["limited"]
+    # Once CARRY_ON_WHOLE has passed since the last whole sweep, every step again.
+    ran.clear()
+    clock.advance(CARRY_ON_WHOLE)
+    assert not enforcer._work(0.0, True)
+    assert ran == ["limited", "slow", "quick"]
+    # A sweep not carrying on (the timer fired) is whole, whatever was left.
+    ran.clear()
+    assert enforcer._work(0.0, False)
+    assert ran == ["limited", "slow", "quick"]
+
+    # Out of the sweep's time: the steps not run yet are left too, and run next.
+    ran.clear()
+    answers["limited"] = [False]
+    monkeypatch.setattr(
+        enforcer_module, "STEPS", (step("limited", spends=SWEEP_TIME * 2), step("slow"), step("quick"))
+    )
+    clock.advance(CARRY_ON_WHOLE)
+    assert not enforcer._work(0.0, False)
+    assert ran == ["limited"]
+    ran.clear()
+    assert enforcer._work(0.0, True)
+    assert ran == ["limited", "slow", "quick"]

@@ -76,8 +76,8 @@ from connlist.core.kinds import (
 from connlist.core.logs import Summary, log, logger
 from connlist.core.queues import UNQUEUED
 from connlist.core.records import OUT_NONE, Address, next_id
-from connlist.core.sweep import STEPS, reading_paused
-from connlist.core.timer import SWEEP_TIME, Timer
+from connlist.core.sweep import STEPS, Step, reading_paused
+from connlist.core.timer import CARRY_ON_WHOLE, SWEEP_TIME, Timer
 
 __all__ = [
     "LINGER",
@@ -208,6 +208,10 @@ class Enforcer(Timer):
         # When the last idle connection was closed at its keep-alive time
         # (``close_keepalive``; see connlist.core.sweep.KEEPALIVE_BATCH).
         self.keepalive_closed_at = -math.inf
+        # A sweep carrying on (``_work``): the steps the last one left, and
+        # the clock value from which the next sweep is whole again.
+        self._left: tuple[Step, ...] = ()
+        self._whole_by = -math.inf
         self._slow_callback_warned = False
         self._failure_logged = False
         # Above the watermark of the budget (see admit and pressure).
@@ -300,26 +304,38 @@ class Enforcer(Timer):
             self.headers_timeout_now = self.settings.headers_timeout
             self.idle_time_now = idle_time
 
-    def _work(self, floor: float = 0.0) -> bool:
+    def _work(self, floor: float = 0.0, carrying: bool = False) -> bool:
         """Cut off what is due, within ``SWEEP_TIME``; whether everything due was done.
 
-        ``floor``: the time the timer was armed for, if it fired (now is no earlier).
+        ``floor``: the time the timer was armed for, if it fired (now is no
+        earlier).  ``carrying``: the last sweep did not finish; this one runs
+        the steps it left, and all of them once ``CARRY_ON_WHOLE`` has passed
+        since the last that did (connlist.core.timer).
         """
         started = self.clock()
         now = max(started, floor)
+        if carrying and started < self._whole_by:
+            steps = self._left
+        else:
+            steps = STEPS
+            self._whole_by = started + CARRY_ON_WHOLE
         if self.pressed:
             self.pressed = self.pressure > PRESSURE_WATERMARK
-        self._apply_pressure()
+            self._apply_pressure()
+        elif steps is STEPS:
+            self._apply_pressure()
         stop = started + SWEEP_TIME
-        finished = True
-        for step in STEPS:
+        left: list[Step] = []
+        for i, step in enumerate(steps):
             # A step that stopped at its own limit (the keep-alive's per
             # iteration) leaves the others their turn; the sweep's time, none.
-            if not finished and self.clock() > stop:
-                return False
+            if left and self.clock() > stop:
+                left += steps[i:]
+                break
             if not step.run(self, now, stop):
-                finished = False
-        if not finished:
+                left.append(step)
+        self._left = tuple(left)
+        if left:
             return False
         self.summary.flush(self.clock())
         return True

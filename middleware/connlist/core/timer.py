@@ -34,7 +34,12 @@ one sweep spends at most ``SWEEP_TIME`` seconds closing, and closes at most
 ``connlist.core.sweep.KEEPALIVE_PER_ITERATION`` idle keep-alive connections
 (``_work`` says whether it finished), then yields to the loop and carries
 on at the next iteration (``call_soon``), so requests of other clients are
-served in between.
+served in between.  A sweep that carries on runs only the steps that did
+not finish (a mass close: the keep-alive's), with every other step once
+``CARRY_ON_WHOLE`` has passed since the last whole sweep: what else falls
+due during a mass close of thousands, which takes seconds, is cut at most
+that late, and each of its iterations costs the closes, not every step's
+look at its list.
 
 The timer runs on the loop the enforcer was given, else on the loop of the
 server's protocols (``attached_loop``), else on the loop running when it is
@@ -53,11 +58,14 @@ from collections.abc import Callable
 
 from connlist.core.kinds import Settings
 
-__all__ = ["SWEEP_TIME", "Timer"]
+__all__ = ["CARRY_ON_WHOLE", "SWEEP_TIME", "Timer"]
 
 # Seconds of cutting-off work per loop iteration (the sweep's time, not the
 # connection budget).
 SWEEP_TIME = 0.008
+# While a sweep carries on over loop iterations, every step runs again at
+# least this often (the others only run the steps left unfinished).
+CARRY_ON_WHOLE = 0.02
 
 
 class Timer(ABC):
@@ -93,8 +101,11 @@ class Timer(ABC):
         """Whether anything may become due without starting a clock of its own (a body begun, say)."""
 
     @abstractmethod
-    def _work(self, floor: float) -> bool:
-        """One sweep, within ``SWEEP_TIME``: whether everything due was done (``floor``: see ``_sweep``)."""
+    def _work(self, floor: float, carrying: bool) -> bool:
+        """One sweep, within ``SWEEP_TIME``: whether everything due was done.
+
+        ``floor``: see ``_sweep``; ``carrying``: the last sweep did not finish.
+        """
 
     def watch(self) -> None:
         """Arm the timer if none is armed; call after ``connect``, ``message_begin`` and ``stall``."""
@@ -171,7 +182,8 @@ class Timer(ABC):
         self.timer_at = now + delay
 
     def sweep_now(self) -> None:
-        """A sweep now, as if the timer had fired: for a caller that moved the clock (a self-check's)."""
+        """A whole sweep now, as if the timer had fired: for a caller that moved the clock (self-checks)."""
+        self.cancel()
         self._sweep()
 
     def _sweep(self, arming: int = 0) -> None:
@@ -179,11 +191,12 @@ class Timer(ABC):
             return  # a timer replaced since, which its loop still ran
         # The loop ran the timer: at least the time it was armed for has come.
         floor = self.timer_at if arming else 0.0
+        carrying = self._continuing
         self._timer = None
         self.timer_at = math.inf
         self._soon = None
         self._continuing = False
-        if self._work(floor):
+        if self._work(floor, carrying):
             self._arm()
         else:
             # Out of time: carry on at the next loop iteration, after the
