@@ -14,8 +14,8 @@ class also writes its read's hook, between messages, into its
 feeders' ``connection_made`` and ``connection_lost`` write out the seam's
 setup and removal (``Tracking._connlist_setup``, ``_connlist_remove``).  A
 connection's one call into the list, ``Enforcer.join``, writes ``connect`` out,
-and ``connect`` writes out the fields ``Connection`` gives a record.  The
-other events the feeders run call their definitions.
+with the fields ``connect`` has ``Connection._fields`` write.  The other
+events the feeders run call their definitions.
 """
 
 from __future__ import annotations
@@ -232,8 +232,8 @@ def test_the_feeders_write_the_seams_setup_and_removal_as_it_defines_them(parser
     assert lost[-1] == "self._connlist_base_lost(exc)"
 
 
-# -- the record's making: ``ConnectionsList.connect`` writes ``Connection._fields`` out, and
-# ``Enforcer.join`` writes ``connect`` out (one call per connection into the list).
+# -- the record's making: ``Enforcer.join`` writes ``ConnectionsList.connect`` out, with the
+# fields ``connect`` has ``Connection._fields`` write (one call per connection into the list).
 
 
 def _slots(record: Any) -> dict[str, Any]:
@@ -246,40 +246,46 @@ def _slots(record: Any) -> dict[str, Any]:
 LINKS = ("_all_prev", "_all_next", "_active_prev", "_active_next")
 
 
-def test_connect_writes_the_fields_connection_gives_a_record() -> None:
-    connections = ConnectionsList(clock=lambda: 7.0)
-    handle = object()
-    made = connections.connect(("10.0.0.1", 5), ("10.0.0.2", 80), handle, id=41)  # type: ignore[arg-type]
-    built = Connection(("10.0.0.1", 5), ("10.0.0.2", 80), handle, connected_at=7.0, id=41)  # type: ignore[arg-type]
-    fields, expected = _slots(made), _slots(built)
-    # The same slots written, with the same values, but the list's own: the links, and the start.
-    assert set(fields) == set(expected)
-    assert {name: fields[name] for name in fields if name not in LINKS} == {
-        **{name: expected[name] for name in expected if name not in LINKS},
-        "last_message_start": 7.0,
-    }
-    assert made.__dict__ == built.__dict__ == {}
-    # Numbered as the class numbers a record given no id.
-    assert connections.connect().id + 1 == Connection().id
-
-
 class _AsJoinNames(ast.NodeTransformer):
-    """``connect``'s names as ``join`` has them: the list ``connections``, the record ``record``."""
+    """``connect``'s and ``_fields``' names as ``join`` has them (the list, the record, the clock value)."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
 
     def visit_Name(self, node: ast.Name) -> ast.Name:
-        return ast.Name({"self": "connections", "conn": "record"}.get(node.id, node.id), node.ctx)
+        return ast.Name(self.names.get(node.id, node.id), node.ctx)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.stmt:
+        # ``self.x: T = v`` writes what ``self.x = v`` does.
+        assert node.value is not None
+        return self.visit(ast.Assign([node.target], node.value, lineno=node.lineno))
+
+
+def _fields_written() -> list[str]:
+    """``Connection._fields``' statements (no docstring), as ``join`` writes them."""
+    names = {"self": "record", "connected_at": "now"}
+    return _dump(
+        [_AsJoinNames(names).visit(statement) for statement in _function(Connection._fields).body[1:]]
+    )
 
 
 def test_join_writes_connect_as_the_list_defines_it() -> None:
     from connlist.core.enforcer import Enforcer
 
-    connect = _function(ConnectionsList.connect)
-    statements = connect.body[1:]  # (no docstring)
+    statements = _function(ConnectionsList.connect).body[1:]  # (no docstring)
     assert ast.unparse(statements[-1]) == "return conn"
-    definition = _dump([_AsJoinNames().visit(statement) for statement in statements[:-1]])
-    # join is given no id: the class's numbering, as connect's for a record given none.
-    assert "record.id = next_id() if id is None else id" in definition
-    definition = [line.replace("next_id() if id is None else id", "next_id()") for line in definition]
+    connect = _dump(
+        [_AsJoinNames({"self": "connections", "conn": "record"}).visit(s) for s in statements[:-1]]
+    )
+    # The record's fields, which connect has _fields write, written out in their place.
+    call = "_fields(record, client, server, handle, now, id)"
+    assert connect.count(call) == 1
+    fields = _fields_written()
+    # join is given no id: the class's numbering, as for a record given none.
+    assert "record.id = next_id() if id is None else id" in fields
+    fields = [line.replace("next_id() if id is None else id", "next_id()") for line in fields]
+    at = connect.index(call)
+    definition = connect[:at] + fields + connect[at + 1 :]
     join = _dump(_function(Enforcer.join).body[1:])
     assert join[0] == "connections = self.connections"
     assert join[1 : 1 + len(definition)] == definition
@@ -296,10 +302,15 @@ def test_join_makes_the_record_connect_makes(clock: FakeClock, loop: MockLoop) -
     connections = ConnectionsList(clock=clock)
     made = connections.connect(("10.0.0.1", 5), ("10.0.0.2", 80), handle, id=joined.id)  # type: ignore[arg-type]
     fields, expected = _slots(joined), _slots(made)
+    # The same slots written, with the same values, but the links (each list's own).
+    assert set(fields) == set(expected)
     assert {name: fields[name] for name in fields if name not in LINKS} == {
         name: expected[name] for name in expected if name not in LINKS
     }
+    assert joined.__dict__ == made.__dict__ == {}
     # In all and active, as connect's, and counted alike.
     assert list(enforcer.connections.iter_all()) == [joined] and list(connections.iter_all()) == [made]
     assert enforcer.connections.counts() == connections.counts()
     assert enforcer.totals.connections == 1
+    # Numbered as the class numbers a record given no id.
+    assert enforcer.join().id + 1 == Connection().id

@@ -126,7 +126,6 @@ from connlist.core.records import (
     Address,
     Connection,
     ConnectionHandle,
-    next_id,
 )
 
 # The states and phases are the views' (re-exported: the debug endpoint's
@@ -135,14 +134,13 @@ from connlist.core.views import PHASES, STATES, ListViews, connection_state
 
 __all__ = ["PHASES", "STATES", "Connection", "ConnectionHandle", "ConnectionsList", "connection_state"]
 
-# ``connect`` makes its record with this, not ``Connection(...)``: the
+# ``connect`` makes its record with these, not ``Connection(...)``: the
 # class's call runs ``__init__`` in an interpreter of its own (called from
 # C), while a Python function called from Python runs inline
 # (docs/benchmarks.md, "The record built without the class's call"); and
-# it writes the fields itself, ``Connection._fields``' and the links and
-# the start once each, with no call (tests/test_event_copies.py holds the
-# fields to ``_fields``).
+# it writes the links and the start itself, once.
 _new = object.__new__
+_fields = Connection._fields
 
 
 class ConnectionsList(ListViews):
@@ -221,24 +219,8 @@ class ConnectionsList(ListViews):
     ) -> Connection:
         """A new connection: joins ``all`` and ``active``; its clock starts now."""
         now = self._clock()
-        conn = _new(Connection)  # Connection(...), without the class's call (see _new)
-        # Connection._fields, written out.
-        conn._body_link = UNQUEUED
-        conn._out_link = UNQUEUED
-        conn._idle_entry = None
-        conn.id = next_id() if id is None else id
-        conn._client = client
-        conn._server = server
-        conn.handle = handle
-        conn.connected_at = now
-        conn.headers_completed = False
-        conn.requests = 0
-        conn._begun = False
-        conn.responding = False
-        conn.out_state = OUT_NONE
-        conn.idle_since = 0.0
-        conn.responded_at = 0.0
-        conn.evicted = False
+        conn = _new(Connection)  # Connection(...), without the class's call (see _fields)
+        _fields(conn, client, server, handle, now, id)
         conn.last_message_start = now
         # Appended to all and to active.
         root = self._all_root

@@ -60,14 +60,11 @@ import resource
 import time
 from collections.abc import Callable
 
-from connlist.core.budget import body_slowest, headers_oldest, idle_oldest
+from connlist.core.budget import PRESSURE_TICK, Budget
 from connlist.core.connections import Connection, ConnectionHandle, ConnectionsList
 from connlist.core.kinds import (
-    ROOM_BY_NAME,
     TIMEOUT_BY_NAME,
-    UPGRADE_REFUSED,
     Kind,
-    RoomKind,
     Settings,
     TimeoutKind,
     Totals,
@@ -76,7 +73,7 @@ from connlist.core.kinds import (
 from connlist.core.logs import Summary, log, logger
 from connlist.core.queues import UNQUEUED
 from connlist.core.records import OUT_NONE, Address, next_id
-from connlist.core.sweep import STEPS, Step, reading_paused
+from connlist.core.sweep import STEPS, Step
 from connlist.core.timer import CARRY_ON_WHOLE, SWEEP_TIME, Timer
 
 __all__ = [
@@ -104,14 +101,8 @@ SLOW_CALLBACK = 0.010
 # budget (Envoy's overload manager, reduce_timeouts).
 PRESSURE_WATERMARK = 0.8
 PRESSURE_FLOOR = 2.0
-# While under pressure the timer fires at least this often, so that deadlines
-# moved earlier by a rising pressure are met within it.
-PRESSURE_TICK = 0.25
 # uvicorn's --timeout-keep-alive default, until a protocol tells its own.
 KEEP_ALIVE = 5.0
-# Bodies looked at for the slowest one, when no idle or header-reading
-# connection can make room.
-BODY_LOOK = 32
 # What asyncio (and uvloop) tell the loop's exception handler when accept fails for want of descriptors.
 _ACCEPT_ERRORS = ("socket.accept() out of system resource", "error status in uv_stream_t.listen callback")
 # ``join`` makes its record as ``ConnectionsList.connect`` does (without the class's call).
@@ -165,7 +156,7 @@ def _log_out_of_descriptors(exc: object, tracked: int, max_connections: int) -> 
 OnTimeout = Callable[[Connection, TimeoutKind], object]
 
 
-class Enforcer(Timer):
+class Enforcer(Budget, Timer):
     """One worker's ConnectionsList, its settings, its timer, its counters and its log summary.
 
     Its timer (``connlist.core.timer``) runs on ``loop`` if one is given,
@@ -340,14 +331,6 @@ class Enforcer(Timer):
         self.summary.flush(self.clock())
         return True
 
-    # -- the connection budget ------------------------------------------------
-
-    @property
-    def pressure(self) -> float:
-        """Connections counted against ``max_connections``, as a share of it (0 without a budget)."""
-        budget = self.settings.max_connections
-        return self.connections.occupied / budget if budget else 0.0
-
     def join(
         self, client: Address = None, server: Address = None, handle: ConnectionHandle | None = None
     ) -> Connection:
@@ -357,10 +340,10 @@ class Enforcer(Timer):
         leaves the list at ``ConnectionsList.remove``.
         """
         connections = self.connections
-        # ConnectionsList.connect, written out: a call costs a connection
-        # more than its statements (docs/benchmarks.md, "One call per
-        # connection into the list"; tests/test_event_copies.py holds them
-        # to the definition).
+        # ConnectionsList.connect written out, with the fields it has
+        # Connection._fields write: a call costs a connection more than its
+        # statements (docs/benchmarks.md, "One call per connection into the
+        # list"; tests/test_event_copies.py holds them to the definitions).
         now = connections._clock()
         record = _new(Connection)
         record._body_link = UNQUEUED
@@ -401,103 +384,6 @@ class Enforcer(Timer):
         if self._timer is None and not self._continuing:
             self._arm()
         return record
-
-    def admit(self, record: Connection) -> None:
-        """A new connection joined the list: make room if the worker is over its budget.
-
-        Called by ``join``, once per connection, over ``PRESSURE_WATERMARK``.
-        Over ``max_connections``, one connection goes, the first of these
-        that exists (each found in O(1) from the head of a list, see
-        ConnectionsList): the longest-idle keep-alive connection (closed, as
-        nginx reuses connections); the oldest connection still sending its
-        headers, or connected and silent (``408``, then aborted); the body
-        furthest behind ``body_min_rate``; and only if every other
-        connection is a request being served, the new one, refused with
-        ``503``.  A request being served is never cut to make room.  Crossing
-        ``PRESSURE_WATERMARK`` of the budget starts the shorter timeouts.
-        """
-        if self.connections.occupied > self._settings.max_connections:
-            self._make_room(record)
-        if not self.pressed:
-            self.pressed = True
-            self.bring_forward(self.clock() + PRESSURE_TICK)
-
-    def _make_room(self, record: Connection) -> None:
-        connections = self.connections
-        settings = self.settings
-        kind: RoomKind
-        victim = idle_oldest(connections, self.clock())
-        if victim is not None:
-            kind = "idle"
-        else:
-            victim = headers_oldest(connections, record)
-            if victim is not None:
-                kind = "headers"
-            elif settings.body_min_rate and (
-                victim := body_slowest(
-                    connections, settings.body_min_rate, self.clock(), BODY_LOOK, reading_paused
-                )
-            ):
-                kind = "body"
-            else:
-                victim, kind = record, "refused"
-        self.count(ROOM_BY_NAME[kind], victim)
-        connections.evict(victim)
-        handle = victim.handle
-        if handle is not None:
-            if kind == "idle":
-                # Closed, never aborted: one that will not close now is already
-                # closing, flushing its last response (``Connection: close``),
-                # and an abort is a reset that would drop that response.
-                self.call(handle.connlist_close_idle)
-            elif kind == "refused":
-                self.call(handle.connlist_refuse)
-            else:
-                # The 408 is written first: a client that sent a request head in time reads why.
-                self.call(handle.connlist_close_expired)
-                self.call(handle.connlist_abort)
-        self.watch()
-
-    def upgrade(self, record: Connection, method: str | None = None, path: str | None = None) -> bool:
-        """An upgrade request (a websocket), complete, that the server is about to hand over: may it?
-
-        Within ``max_upgraded`` (0: no share of their own) the record is held
-        as ``upgraded`` (``ConnectionsList.upgrade``, with the request's
-        ``method`` and ``path`` for the view), its handle is dropped (the
-        enforcer can never cut a websocket: none is in a list it walks), and
-        this answers True: the server hands it over, and its feeder removes
-        the record when the connection is lost.  Past the share, the request
-        is refused as ``admit`` refuses a connection (counted, let go, ``503``
-        and closed, before the handshake) and this answers False: the server
-        hands nothing over, and the app never sees it.  The budget already
-        counted the connection at ``join``.  A rare event: its cost is here,
-        not on a request's path.
-        """
-        if not self.admit_upgrade(record):
-            return False
-        self.hold_upgraded(record, method, path)
-        return True
-
-    def admit_upgrade(self, record: Connection) -> bool:
-        """``upgrade``'s first half: whether the share has room; if not, the request is refused (False)."""
-        connections = self.connections
-        limit = self._settings.max_upgraded
-        if limit and connections.upgraded_count >= limit:
-            self.count(UPGRADE_REFUSED, record)
-            connections.evict(record)
-            handle = record.handle
-            if handle is not None:
-                self.call(handle.connlist_refuse)
-            self.watch()
-            return False
-        return True
-
-    def hold_upgraded(self, record: Connection, method: str | None = None, path: str | None = None) -> None:
-        """``upgrade``'s second half, for a server layer that must finish the request's events first."""
-        self.connections.upgrade(record, method, path)
-        if record.is_upgraded:  # (one let go meanwhile is closing: it keeps its handle, for the linger)
-            record.handle = None
-            self.totals.upgrades += 1
 
     def attach(self, loop: asyncio.AbstractEventLoop, keep_alive: float | None) -> None:
         """The server's first connection on ``loop``: learn its keep-alive time, watch accept's failures.
