@@ -1,10 +1,10 @@
-"""The connection budget's choice of what to close: which connection goes to make room.
+"""The connection budget: a new connection admitted or room made for it, and which connection goes.
 
 Theory of operation.  Over ``max_connections`` the enforcer lets one
-connection go (``Enforcer.admit``), the first that exists of: the
-longest-idle keep-alive connection (``idle_oldest``), the oldest connection
-still sending its headers (``headers_oldest``), the body furthest behind the
-minimum rate (``body_slowest``).  (Under pressure the sweep's keep-alive
+connection go (``Budget.admit``, a part of the enforcer), the first that
+exists of: the longest-idle keep-alive connection (``idle_oldest``), the
+oldest connection still sending its headers (``headers_oldest``), the body
+furthest behind the minimum rate (``body_slowest``).  (Under pressure the sweep's keep-alive
 step also closes the connections idle longer than a shrunk keep-alive time:
 ``connlist.core.sweep.idle_expired``.)  Each is found from the head of one
 of the list's ordered lists, and the list lets it go
