@@ -4,11 +4,11 @@ Theory of operation.  Over ``max_connections`` the enforcer lets one
 connection go (``Budget.admit``, a part of the enforcer), the first that
 exists of: the longest-idle keep-alive connection (``idle_oldest``), the
 oldest connection still sending its headers (``headers_oldest``), the body
-furthest behind the minimum rate (``body_slowest``).  (Under pressure the sweep's keep-alive
-step also closes the connections idle longer than a shrunk keep-alive time:
-``connlist.core.sweep.idle_expired``.)  Each is found from the head of one
-of the list's ordered lists, and the list lets it go
-(``ConnectionsList.evict``).
+furthest behind the minimum rate (``body_slowest``).  (Under pressure the
+sweep's keep-alive step also closes the connections idle longer than a
+shrunk keep-alive time: ``connlist.core.sweep.idle_expired``.)  Each is
+found from the head of one of the list's ordered lists, and the list lets
+it go (``ConnectionsList.evict``).
 
 The longest-idle connection is found as the keep-alive step finds the ones
 due: from the top of ``ConnectionsList.idle_queue``, each record given a
