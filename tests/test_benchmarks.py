@@ -30,6 +30,7 @@ import e2e  # noqa: E402
 import e2e_apps  # noqa: E402
 import flood  # noqa: E402
 import list_micro  # noqa: E402
+import mass_close  # noqa: E402
 import per_request  # noqa: E402
 import scale  # noqa: E402
 import server_counts  # noqa: E402
@@ -285,6 +286,62 @@ def test_per_request_reports_one_table_per_workload(
     assert "10 other connections idle" in tables[0] and "no other connection" in tables[1]
     assert tables[0].splitlines()[3].split()[-4:] == ["103", "+3", "+3.00%", "[103..103]"]
     assert tables[1].splitlines()[3].split()[-4:] == ["101", "+1", "+1.00%", "[101..101]"]
+
+
+@pytest.mark.parametrize("key", mass_close.SETUP_KEYS)
+def test_mass_close_leaves_connections_idle_and_waits_until_the_server_closed_them(key: str) -> None:
+    setup = setups.SETUP_BY_KEY[key]
+    # Each run is a child process of its own: fresh apps for each.
+    importlib.reload(e2e_apps)
+    idle = asyncio.run(mass_close.drive(setup.app, setup.http, 20, "idle", keep_alive=0.3))
+    importlib.reload(e2e_apps)
+    closed = asyncio.run(mass_close.drive(setup.app, setup.http, 20, "close", keep_alive=0.3))
+    assert idle["closed"] == 0 and closed["closed"] == 20
+    assert idle["spacing"] > 0 and 0 <= closed["closing"] < 0.3
+    if key == "bare":
+        assert closed["enforcer"] is None
+    else:
+        # Closed at the keep-alive time by connlist's sweep, each of them.
+        assert closed["enforcer"].mode == setup.mode and closed["enforcer"].totals.keepalive_timeouts == 20
+
+
+def test_mass_close_reports_instructions_per_connection_closed_against_bare(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Made-up counts: the close phase adds per connection 14,000 (bare) or 21,000 (connlist)
+    # to what the idle phase costs; the idle phase costs 250,000 per connection for both.
+    per_close = {"bare": 14_000, "connlist": 21_000}
+    by_app = {(setup.app, setup.http): setup.key for setup in setups.SETUPS}
+
+    def fake(
+        app_spec: str, http: str, count: int, loop: str, layout: int, phase: str, rate: float
+    ) -> tuple[int, float]:
+        assert loop == "uvloop" and rate == 0.05
+        closing = per_close[by_app[app_spec, http]] * count + 7_000_000 if phase == "close" else 0
+        return 90_000_000 + 250_000 * count + closing + layout, 0.0001 + layout * 0.00001
+
+    monkeypatch.setattr(mass_close, "instructions", fake)
+    monkeypatch.setattr(mass_close.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(mass_close.importlib.util, "find_spec", lambda name: object())
+    assert mass_close.main(["--loops", "uvloop", "--layouts", "2", "--jobs", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "median of 2 memory layouts" in lines[0]
+    assert lines[2].split()[-3:] == ["14,000", "1.00x", "[14,000..14,000]"]
+    assert lines[3].split()[-3:] == ["21,000", "1.50x", "[21,000..21,000]"]
+    assert lines[4] == "  (the connections went idle 100 to 110 us apart on the child's clock)"
+
+
+def test_mass_close_needs_valgrind_and_faketime_and_a_rate_that_slows_the_clock(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(mass_close.shutil, "which", lambda name: None if name == "faketime" else "/usr/bin/x")
+    assert mass_close.main(["--loops", "asyncio"]) == 2
+    assert "faketime not found: install it with `apt-get install faketime`" in capsys.readouterr().err
+    for bad in ("0", "-1", "2"):
+        with pytest.raises(SystemExit) as exit:
+            mass_close.main(["--rate", bad])
+        assert exit.value.code == 2
+        assert "--rate must be above 0 and at most 1" in capsys.readouterr().err
 
 
 def test_per_request_layouts_must_be_at_least_one(capsys: pytest.CaptureFixture[str]) -> None:
