@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
 from connlist.core.queues import UNQUEUED, Heap, Link, Queue
 
 
@@ -110,3 +116,94 @@ def test_unlink_is_lazy_but_exact_and_the_dead_never_outnumber_the_live() -> Non
     # A record let go may come back, with a new key.
     heap.push(many[0], 0.5)
     assert heap.pop() is many[0] and heap.pop() is many[150]
+
+
+def test_keys_in_order_wait_in_the_run_and_the_others_in_the_heap() -> None:
+    heap: Heap[Idle] = Heap("entry", "key")
+    records = [Idle(str(i)) for i in range(6)]
+    for record, key in zip(records, (1.0, 2.0, 2.0, 5.0, 3.0, 0.5), strict=True):
+        heap.push(record, key)
+    # In order (equal keys too) at O(1): the run; behind it: the heap.
+    assert [entry[2] for entry in heap._run] == records[:4]
+    assert sorted(entry[2].name for entry in heap._entries) == ["4", "5"]
+    assert heap.pop_through(0.4) is None and len(heap) == 6  # nothing that old: nothing taken
+    assert heap.pop_through(2.0) is records[5] and records[5] not in heap
+    assert [heap.pop_through(2.0) for _ in range(4)] == [records[0], records[1], records[2], None]
+    assert heap.head_stamp() == 3.0 and heap.pop() is records[4] and heap.pop() is records[3]
+    assert heap.pop_through(math.inf) is None and len(heap) == 0
+    # Equal keys in the run and the heap: the first pushed comes out first, wherever it waits.
+    a, b, c, d = records[:4]
+    heap.push(a, 1.0)
+    heap.push(b, 3.0)
+    heap.push(c, 2.0)  # behind b: the heap
+    assert heap.pop() is a
+    heap.unlink(b)
+    assert heap.head() is c  # the run is empty now
+    heap.push(d, 2.0)  # the run again, after c
+    assert [heap.pop(), heap.pop(), heap.pop()] == [c, d, None]
+
+
+class HeapMachine(RuleBasedStateMachine):
+    """The heap against a sorted model: the smallest key first, equal keys in the order they went in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heap: Heap[Idle] = Heap("entry", "key")
+        self.records = [Idle(str(i)) for i in range(8)]
+        # record -> (key, order of its push)
+        self.model: dict[Idle, tuple[float, int]] = {}
+        self.pushes = 0
+        self.last = 0.0
+
+    def smallest(self) -> Idle | None:
+        return min(self.model, key=self.model.__getitem__) if self.model else None
+
+    @rule(index=st.integers(0, 7), step=st.sampled_from([0.0, 0.5, 1.0, -1.0, -3.0]))
+    def push(self, index: int, step: float) -> None:
+        # Mostly in order, as connections go idle; sometimes behind (a key learnt late).
+        record = self.records[index]
+        if record in self.model:
+            return
+        self.last += step
+        self.heap.push(record, self.last)
+        self.model[record] = (self.last, self.pushes)
+        self.pushes += 1
+
+    @rule(index=st.integers(0, 7))
+    def unlink(self, index: int) -> None:
+        record = self.records[index]
+        self.heap.unlink(record)
+        self.model.pop(record, None)
+
+    @rule()
+    def pop(self) -> None:
+        expected = self.smallest()
+        assert self.heap.pop() is expected
+        self.model.pop(expected, None)  # type: ignore[arg-type]
+
+    @rule(bound=st.sampled_from([-2.0, 0.0, 1.0, 3.0]))
+    def pop_through(self, bound: float) -> None:
+        expected = self.smallest()
+        if expected is not None and self.model[expected][0] > bound:
+            expected = None
+        assert self.heap.pop_through(bound) is expected
+        if expected is not None:
+            del self.model[expected]
+
+    @invariant()
+    def agrees(self) -> None:
+        assert len(self.heap) == len(self.model)
+        assert sorted(record.name for record in self.heap) == sorted(record.name for record in self.model)
+        smallest = self.smallest()
+        assert self.heap.head() is smallest
+        assert self.heap.head_stamp() == (None if smallest is None else self.model[smallest][0])
+        for record in self.records:
+            assert (record in self.heap) == (record in self.model)
+        # The dead never outnumber the live by more than the rebuild's threshold.
+        assert len(self.heap._run) + len(self.heap._entries) <= 2 * len(self.heap) + 33
+
+
+HeapMachine.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=60, derandomize=True, deadline=None, database=None
+)
+TestHeap = HeapMachine.TestCase

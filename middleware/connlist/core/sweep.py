@@ -155,10 +155,9 @@ def idle_expired(connections: ConnectionsList, idle_time: float, now: float, lim
     bound = now - idle_time
     due: list[Connection] = []
     while len(due) < limit:
-        since = queue.head_stamp()
-        if since is None or since > bound:
+        node = queue.pop_through(bound)
+        if node is None:
             break
-        node: Connection = queue.pop()  # type: ignore[assignment]  # the head just seen
         if idle_look(connections, node, now):
             due.append(node)
     return due
