@@ -211,6 +211,24 @@ def test_a_mass_close_takes_a_batch_per_loop_iteration_and_holds_other_timeouts_
     assert loop.queued == 0
 
 
+def test_a_connection_that_fails_to_close_leaves_the_others_of_its_batch_closed(
+    enforcer: Enforcer, clock: FakeClock, loop: MockLoop, caplog: pytest.LogCaptureFixture
+) -> None:
+    conns = [arrive(enforcer) for _ in range(3)]
+    for conn, _ in conns:
+        first_request(enforcer, conn)
+        responded(enforcer, conn)
+
+    def broken() -> None:
+        raise OSError("the transport is gone")
+
+    conns[1][1].connlist_close_keepalive = broken  # type: ignore[method-assign]
+    loop.run_until(clock.now + KEEP_ALIVE)
+    assert [handle.closed_keepalive for _, handle in conns] == [True, False, True]
+    assert enforcer.totals.keepalive_timeouts == 3
+    assert "closing a connection failed" in caplog.text and "the transport is gone" in caplog.text
+
+
 def test_a_timer_the_loop_runs_takes_the_time_it_was_armed_for(
     enforcer: Enforcer, clock: FakeClock, loop: MockLoop
 ) -> None:

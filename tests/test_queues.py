@@ -141,6 +141,15 @@ def test_keys_in_order_wait_in_the_run_and_the_others_in_the_heap() -> None:
     assert heap.head() is c  # the run is empty now
     heap.push(d, 2.0)  # the run again, after c
     assert [heap.pop(), heap.pop(), heap.pop()] == [c, d, None]
+    # Dead entries at the head of either are dropped on the way, and counted off.
+    heap.push(a, 4.0)
+    heap.push(b, 5.0)
+    heap.push(c, 3.0)  # the heap
+    heap.push(d, 6.0)
+    for record in (a, b, c):
+        heap.unlink(record)
+    assert heap._dead == 3 and heap.pop_through(5.5) is None and heap._dead == 0
+    assert heap.pop_through(6.0) is d and len(heap) == 0
 
 
 class HeapMachine(RuleBasedStateMachine):
@@ -199,8 +208,10 @@ class HeapMachine(RuleBasedStateMachine):
         assert self.heap.head_stamp() == (None if smallest is None else self.model[smallest][0])
         for record in self.records:
             assert (record in self.heap) == (record in self.model)
-        # The dead never outnumber the live by more than the rebuild's threshold.
-        assert len(self.heap._run) + len(self.heap._entries) <= 2 * len(self.heap) + 33
+        # The dead are counted as they are, and never outnumber the live by more than the rebuild's threshold.
+        entries = [*self.heap._run, *self.heap._entries]
+        assert self.heap._dead == sum(1 for entry in entries if entry[2] is None)
+        assert len(entries) <= 2 * len(self.heap) + 33
 
 
 HeapMachine.TestCase.settings = settings(

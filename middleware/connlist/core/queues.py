@@ -37,6 +37,7 @@ rebuilt (docs/benchmarks.md, "Data structures").
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from itertools import count
@@ -248,18 +249,6 @@ class Heap(Generic[T]):
             return entries[0]
         return run[0] if run else None
 
-    def _take(self, top: list[Any]) -> T:
-        # ``top``: what ``_top`` just gave.
-        run = self._run
-        if run and run[0] is top:
-            run.popleft()
-        else:
-            heapq.heappop(self._entries)
-        record: T = top[2]
-        setattr(record, self._entry, None)
-        self._count -= 1
-        return record
-
     def head(self) -> T | None:
         """The record with the smallest key, or None."""
         top = self._top()
@@ -272,13 +261,33 @@ class Heap(Generic[T]):
 
     def pop(self) -> T | None:
         """Take the record with the smallest key out of the heap, or None if it is empty."""
-        top = self._top()
-        return None if top is None else self._take(top)
+        return self.pop_through(math.inf)
 
     def pop_through(self, bound: float) -> T | None:
         """Take out the record with the smallest key if that key is at most ``bound``; else None."""
-        top = self._top()
-        return None if top is None or top[0] > bound else self._take(top)
+        run = self._run
+        entries = self._entries
+        while True:
+            # The smaller head (a dead entry's key and sequence still order it).
+            if entries and (not run or entries[0] < run[0]):
+                top = entries[0]
+                if top[2] is not _DEAD and top[0] > bound:
+                    return None
+                heapq.heappop(entries)
+            elif run:
+                top = run[0]
+                if top[2] is not _DEAD and top[0] > bound:
+                    return None
+                run.popleft()
+            else:
+                return None
+            record: T = top[2]
+            if record is _DEAD:
+                self._dead -= 1
+                continue
+            setattr(record, self._entry, None)
+            self._count -= 1
+            return record
 
     def __iter__(self) -> Iterator[T]:
         """The records in the heap, in no particular order (the heap must not change meanwhile)."""
