@@ -151,11 +151,11 @@ def idle_look(connections: ConnectionsList, node: Connection, now: float) -> boo
 
 def idle_expired(connections: ConnectionsList, idle_time: float, now: float, limit: int) -> list[Connection]:
     """Take out and return up to ``limit`` connections idle (and closable) for ``idle_time`` or more."""
-    queue = connections.idle_queue
+    pop_through = connections.idle_queue.pop_through
     bound = now - idle_time
     due: list[Connection] = []
     while len(due) < limit:
-        node = queue.pop_through(bound)
+        node = pop_through(bound)
         if node is None:
             break
         if idle_look(connections, node, now):
