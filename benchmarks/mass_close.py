@@ -60,7 +60,6 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -70,7 +69,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import per_request  # noqa: E402
-from per_request import REQUEST, MemoryTransport, ballast, check_mode, child_env, load  # noqa: E402
+from per_request import REQUEST, MemoryTransport, ballast, check_mode, load, under_callgrind  # noqa: E402
 
 SMALL, LARGE = 1000, 3000
 KEEP_ALIVE = 1.0
@@ -207,21 +206,22 @@ def instructions(
     app_spec: str, http: str, count: int, loop: str, layout: int, phase: str, rate: float
 ) -> tuple[int, float]:
     """The child's instructions under callgrind, and how far apart its connections went idle (its clock)."""
-    command = [
-        "faketime", "-m", "-f", f"+0 x{rate}",
-        "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-        sys.executable, str(Path(__file__).resolve()), "--child",
-        app_spec, http, str(count), loop, str(layout), phase,
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env=child_env(layout), timeout=1800)
-    match = re.search(r"(?:Collected|refs):\s*([\d,]+)", done.stderr)
-    spacing = re.search(r"spacing ([\d.]+)", done.stderr)
-    if done.returncode != 0 or match is None or spacing is None:
+    args = [app_spec, http, str(count), loop, str(layout), phase]
+    what = f"{app_spec}, {http}, {loop}, N={count}, {phase}"
+    total, stderr = under_callgrind(
+        Path(__file__).resolve(),
+        args,
+        layout,
+        what,
+        prefix=("faketime", "-m", "-f", f"+0 x{rate}"),
+        timeout=1800,
+    )
+    spacing = re.search(r"spacing ([\d.]+)", stderr)
+    if spacing is None:
         raise SystemExit(
-            f"valgrind run failed ({app_spec}, {http}, {loop}, N={count}, {phase}):\n"
-            f"{done.stdout}{done.stderr[-3000:]}"
+            f"the child did not say how far apart its connections went idle ({what}):\n{stderr[-3000:]}"
         )
-    return int(match.group(1).replace(",", "")), float(spacing.group(1))
+    return total, float(spacing.group(1))
 
 
 def per_close(app_spec: str, http: str, loop: str, layout: int, rate: float) -> tuple[int, float]:

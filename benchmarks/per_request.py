@@ -263,30 +263,35 @@ def child_env(layout: int) -> dict[str, str]:
     )
 
 
-def instructions(app_spec: str, http: str, requests: int, loop: str, layout: int, workload: str) -> int:
+def under_callgrind(
+    script: Path, args: list[str], layout: int, what: str, prefix: tuple[str, ...] = (), timeout: float = 900
+) -> tuple[int, str]:
+    """``script --child args`` under callgrind, in layout ``layout``'s environment: instructions, stderr.
+
+    ``prefix``: a command the run goes through (``faketime``, say); ``what``
+    names the run in the error that a failed one raises.
+    """
     command = [
+        *prefix,
         "valgrind",
         "--tool=callgrind",
         "--callgrind-out-file=/dev/null",
         sys.executable,
-        str(Path(__file__).resolve()),
+        str(script),
         "--child",
-        app_spec,
-        http,
-        str(requests),
-        loop,
-        str(layout),
-        workload,
+        *args,
     ]
-    env = child_env(layout)
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(layout), timeout=timeout)
     match = re.search(r"(?:Collected|refs):\s*([\d,]+)", done.stderr)
     if done.returncode != 0 or match is None:
-        raise SystemExit(
-            f"valgrind run failed ({app_spec}, {http}, {loop}, layout {layout}, {workload}):\n"
-            f"{done.stdout}{done.stderr[-3000:]}"
-        )
-    return int(match.group(1).replace(",", ""))
+        raise SystemExit(f"valgrind run failed ({what}):\n{done.stdout}{done.stderr[-3000:]}")
+    return int(match.group(1).replace(",", "")), done.stderr
+
+
+def instructions(app_spec: str, http: str, requests: int, loop: str, layout: int, workload: str) -> int:
+    args = [app_spec, http, str(requests), loop, str(layout), workload]
+    what = f"{app_spec}, {http}, {loop}, layout {layout}, {workload}"
+    return under_callgrind(Path(__file__).resolve(), args, layout, what)[0]
 
 
 def per_request(app_spec: str, http: str, loop: str, layout: int, workload: str) -> int:

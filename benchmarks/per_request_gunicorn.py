@@ -30,10 +30,8 @@ import asyncio
 import concurrent.futures
 import importlib.util
 import os
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,7 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from per_request import LAYOUTS, LOOPS, MemoryTransport, _ballast, ballast, child_env  # noqa: E402
+from per_request import LAYOUTS, LOOPS, MemoryTransport, _ballast, ballast, under_callgrind  # noqa: E402
 
 REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nUser-Agent: per_request\r\n\r\n"
 CLOSE = b"GET / HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nUser-Agent: per_request\r\nConnection: close\r\n\r\n"
@@ -168,16 +166,9 @@ def child(setup: str, requests: int, loop: str, layout: int, per_connection: boo
 
 
 def instructions(setup: str, requests: int, loop: str, layout: int, per_connection: bool) -> int:
-    command = [
-        "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-        str(Path(__file__).resolve()), "--child", setup, str(requests), loop, str(layout),
-        str(int(per_connection)),
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env=child_env(layout), timeout=1800)
-    match = re.search(r"(?:Collected|refs):\s*([\d,]+)", done.stderr)
-    if done.returncode != 0 or match is None:
-        raise SystemExit(f"valgrind run failed ({setup}, {loop}, layout {layout}):\n{done.stderr[-3000:]}")
-    return int(match.group(1).replace(",", ""))
+    args = [setup, str(requests), loop, str(layout), str(int(per_connection))]
+    what = f"{setup}, {loop}, layout {layout}"
+    return under_callgrind(Path(__file__).resolve(), args, layout, what, timeout=1800)[0]
 
 
 def per_unit(setup: str, loop: str, layout: int, per_connection: bool) -> int:
