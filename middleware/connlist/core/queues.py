@@ -265,6 +265,8 @@ class Heap(Generic[T]):
 
     def pop_through(self, bound: float) -> T | None:
         """Take out the record with the smallest key if that key is at most ``bound``; else None."""
+        # ``_top`` and the take in one walk, not a call of it: the keep-alive
+        # step calls this once per connection of a mass close.
         run = self._run
         entries = self._entries
         while True:
