@@ -126,11 +126,13 @@ def test_keys_in_order_wait_in_the_run_and_the_others_in_the_heap() -> None:
     # In order (equal keys too) at O(1): the run; behind it: the heap.
     assert [entry[2] for entry in heap._run] == records[:4]
     assert sorted(entry[2].name for entry in heap._entries) == ["4", "5"]
-    assert heap.pop_through(0.4) is None and len(heap) == 6  # nothing that old: nothing taken
-    assert heap.pop_through(2.0) is records[5] and records[5] not in heap
-    assert [heap.pop_through(2.0) for _ in range(4)] == [records[0], records[1], records[2], None]
+    assert heap.take_through(0.4, 8) == [] and len(heap) == 6  # nothing that old: nothing taken
+    assert heap.take_through(2.0, 1) == [records[5]] and records[5] not in heap
+    assert heap.take_through(2.0, 0) == [] and len(heap) == 5  # a limit of none takes none
+    assert heap.take_through(2.0, 8) == records[:3] and len(heap) == 2  # the bound stops it
+    assert all(record not in heap for record in records[:3])
     assert heap.head_stamp() == 3.0 and heap.pop() is records[4] and heap.pop() is records[3]
-    assert heap.pop_through(math.inf) is None and len(heap) == 0
+    assert heap.take_through(math.inf, 8) == [] and len(heap) == 0
     # Equal keys in the run and the heap: the first pushed comes out first, wherever it waits.
     a, b, c, d = records[:4]
     heap.push(a, 1.0)
@@ -148,8 +150,8 @@ def test_keys_in_order_wait_in_the_run_and_the_others_in_the_heap() -> None:
     heap.push(d, 6.0)
     for record in (a, b, c):
         heap.unlink(record)
-    assert heap._dead == 3 and heap.pop_through(5.5) is None and heap._dead == 0
-    assert heap.pop_through(6.0) is d and len(heap) == 0
+    assert heap._dead == 3 and heap.take_through(5.5, 8) == [] and heap._dead == 0
+    assert heap.take_through(6.0, 8) == [d] and len(heap) == 0
 
 
 class HeapMachine(RuleBasedStateMachine):
@@ -190,14 +192,13 @@ class HeapMachine(RuleBasedStateMachine):
         assert self.heap.pop() is expected
         self.model.pop(expected, None)  # type: ignore[arg-type]
 
-    @rule(bound=st.sampled_from([-2.0, 0.0, 1.0, 3.0]))
-    def pop_through(self, bound: float) -> None:
-        expected = self.smallest()
-        if expected is not None and self.model[expected][0] > bound:
-            expected = None
-        assert self.heap.pop_through(bound) is expected
-        if expected is not None:
-            del self.model[expected]
+    @rule(bound=st.sampled_from([-2.0, 0.0, 1.0, 3.0]), limit=st.integers(0, 4))
+    def take_through(self, bound: float, limit: int) -> None:
+        in_order = sorted(self.model, key=self.model.__getitem__)
+        expected = [record for record in in_order if self.model[record][0] <= bound][:limit]
+        assert self.heap.take_through(bound, limit) == expected
+        for record in expected:
+            del self.model[record]
 
     @invariant()
     def agrees(self) -> None:

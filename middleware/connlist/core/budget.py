@@ -45,11 +45,13 @@ def idle_oldest(connections: ConnectionsList, now: float) -> Connection | None:
     ends after at most two looks per record.
     """
     queue = connections.idle_queue
+    free: list[Connection] = []
     for _ in range(2 * len(queue)):
         node = queue.pop()
         if node is None:
             break
-        if idle_look(connections, node, now):
+        idle_look(connections, [node], now, free)
+        if free:
             return node
     return None
 

@@ -261,35 +261,41 @@ class Heap(Generic[T]):
 
     def pop(self) -> T | None:
         """Take the record with the smallest key out of the heap, or None if it is empty."""
-        return self.pop_through(math.inf)
+        taken = self.take_through(math.inf, 1)
+        return taken[0] if taken else None
 
-    def pop_through(self, bound: float) -> T | None:
-        """Take out the record with the smallest key if that key is at most ``bound``; else None."""
-        # ``_top`` and the take in one walk, not a call of it: the keep-alive
-        # step calls this once per connection of a mass close.
+    def take_through(self, bound: float, limit: int) -> list[T]:
+        """Take out the records whose key is at most ``bound``, smallest first, at most ``limit`` of them."""
+        # ``_top`` and the take in one walk, not a call of it, and a batch per
+        # call: the keep-alive step takes every connection of a mass close.
         run = self._run
         entries = self._entries
-        while True:
+        entry_attribute = self._entry
+        taken: list[T] = []
+        left = limit
+        while left:
             # The smaller head (a dead entry's key and sequence still order it).
             if entries and (not run or entries[0] < run[0]):
                 top = entries[0]
                 if top[2] is not _DEAD and top[0] > bound:
-                    return None
+                    break
                 heapq.heappop(entries)
             elif run:
                 top = run[0]
                 if top[2] is not _DEAD and top[0] > bound:
-                    return None
+                    break
                 run.popleft()
             else:
-                return None
+                break
             record: T = top[2]
             if record is _DEAD:
                 self._dead -= 1
                 continue
-            setattr(record, self._entry, None)
-            self._count -= 1
-            return record
+            setattr(record, entry_attribute, None)
+            taken.append(record)
+            left -= 1
+        self._count -= len(taken)
+        return taken
 
     def __iter__(self) -> Iterator[T]:
         """The records in the heap, in no particular order (the heap must not change meanwhile)."""

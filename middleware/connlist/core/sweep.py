@@ -126,40 +126,42 @@ def drain(
             return False
 
 
-def idle_look(connections: ConnectionsList, node: Connection, now: float) -> bool:
-    """``node``, just taken off the idle queue: whether it is idle since its key (see "The idle order").
+def idle_look(
+    connections: ConnectionsList, nodes: list[Connection], now: float, due: list[Connection]
+) -> None:
+    """``nodes``, just taken off the idle queue: the ones idle since their key join ``due``.
 
-    One that is not goes back into the queue, keyed anew, or, no longer
-    idle, leaves it.
+    See "The idle order".  The others go back into the queue, keyed anew,
+    or, no longer idle, leave it.  A batch per call: the keep-alive step
+    looks at every connection of a mass close.
     """
-    if node.last_message_start != 0.0 or node.evicted or node.out_state == OUT_CLOSING:
-        return False
-    queue = connections.idle_queue
-    if node.responding or node.out_state == OUT_STALLED:
-        queue.push(node, now)
-    elif node.responded_at > node.idle_since:
-        queue.push(node, node.responded_at)
-    elif node.responded_at == 0.0:
-        # No response ended since its message did (it ended first, or the
-        # feeder does not say): idle from the first look on.
-        node.responded_at = now
-        queue.push(node, now)
-    else:
-        return True
-    return False
+    push = connections.idle_queue.push
+    for node in nodes:
+        if node.last_message_start != 0.0 or node.evicted or node.out_state == OUT_CLOSING:
+            continue
+        if node.responding or node.out_state == OUT_STALLED:
+            push(node, now)
+        elif node.responded_at > node.idle_since:
+            push(node, node.responded_at)
+        elif node.responded_at == 0.0:
+            # No response ended since its message did (it ended first, or the
+            # feeder does not say): idle from the first look on.
+            node.responded_at = now
+            push(node, now)
+        else:
+            due.append(node)
 
 
 def idle_expired(connections: ConnectionsList, idle_time: float, now: float, limit: int) -> list[Connection]:
     """Take out and return up to ``limit`` connections idle (and closable) for ``idle_time`` or more."""
-    pop_through = connections.idle_queue.pop_through
+    take_through = connections.idle_queue.take_through
     bound = now - idle_time
     due: list[Connection] = []
     while len(due) < limit:
-        node = pop_through(bound)
-        if node is None:
+        taken = take_through(bound, limit - len(due))
+        if not taken:
             break
-        if idle_look(connections, node, now):
-            due.append(node)
+        idle_look(connections, taken, now, due)
     return due
 
 
