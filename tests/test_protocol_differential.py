@@ -33,6 +33,7 @@ from connlist.core.kinds import resolve
 from connlist.servers.uvicorn.cycle import UvicornCycle
 from connlist.servers.uvicorn.h11_impl import H11Tracking
 from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
+from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
 from connlist.servers.uvicorn.selfcheck import MemoryTransport
 from connlist.uvicorn import H11Protocol, HttpToolsProtocol
 from tests.fakes import FakeClock
@@ -562,3 +563,22 @@ def test_a_pipelined_request_started_when_the_previous_response_ends(parser: str
     states = check(parser, [*feeds(HOLD + HOLD), ("release",), ("release",)])
     assert [s["record"]["state"] for s in states] == ["handling", "handling", "idle"]
     assert [s["counts"][5] for s in states] == [1, 1, 0]
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_the_lists_keep_alive_close_leaves_uvicorn_nothing_to_cancel(parser: str) -> None:
+    """The close at the keep-alive time ends the idle time, as a read would: no task is left to cancel."""
+
+    async def run() -> None:
+        side = make_side("observed", PROTOCOLS[parser][0], FakeClock())
+        side.protocol.data_received(GET)
+        await settle()
+        conn = side.conn
+        assert side.protocol.timeout_keep_alive_task is TIMED_BY_LIST and conn.handle is not None
+        conn.handle.connlist_close_keepalive()
+        assert side.transport.closing and side.protocol.timeout_keep_alive_task is None
+        side.protocol.connection_lost(None)
+        assert not conn.tracked and side.protocol.timeout_keep_alive_task is None
+        side.enforcer.cancel()
+
+    asyncio.run(run())

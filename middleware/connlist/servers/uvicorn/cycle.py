@@ -21,6 +21,7 @@ from connlist.core.connections import Connection
 from connlist.core.logs import route_to_server
 from connlist.servers.seam import BODY, AfterCut, Tracking
 from connlist.servers.uvicorn import joined
+from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
 
 __all__ = ["UvicornCycle"]
 
@@ -35,6 +36,7 @@ class UvicornCycle(Tracking):
     config: Any
     flow: Any
     timeout_keep_alive_handler: Callable[[], None]
+    timeout_keep_alive_task: Any
 
     # The methods the class statement could not join with uvicorn's, and why
     # (connlist.servers.uvicorn.joined.install): each calls uvicorn's instead.
@@ -47,6 +49,11 @@ class UvicornCycle(Tracking):
 
     def connlist_close_keepalive(self) -> None:
         """The keep-alive timeout the list times: uvicorn's own handler, as its timer would have called it."""
+        # The idle time ends here, as at a read (``data_received`` drops the
+        # task too): uvicorn's connection_lost then has nothing to cancel,
+        # rather than a call of TIMED_BY_LIST's no-op per connection closed.
+        if self.timeout_keep_alive_task is TIMED_BY_LIST:
+            self.timeout_keep_alive_task = None
         self.timeout_keep_alive_handler()
 
     def _connlist_without_middleware(self) -> tuple[object, object]:

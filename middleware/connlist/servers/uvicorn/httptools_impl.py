@@ -301,7 +301,7 @@ if httptools_impl is not None:
             if self._connlist_phase:
                 self._connlist_read(data, self.scope, cycle)
                 return
-            if self.timeout_keep_alive_task is _TIMED:  # type: ignore[comparison-overlap]
+            if self.timeout_keep_alive_task is _TIMED:
                 # What uvicorn's data_received cancels first: nothing to
                 # cancel, this read ends the idle time by itself.  Dropped
                 # here, uvicorn's cancel is a None test, not a call.
