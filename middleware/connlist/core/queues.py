@@ -277,14 +277,15 @@ class Heap(Generic[T]):
             # The smaller head (a dead entry's key and sequence still order it).
             if entries and (not run or entries[0] < run[0]):
                 top = entries[0]
-                if top[2] is not _DEAD and top[0] > bound:
+                if top[0] > bound and top[2] is not _DEAD:
                     break
                 heapq.heappop(entries)
             elif run:
-                top = run[0]
-                if top[2] is not _DEAD and top[0] > bound:
+                # Taken, and put back if too young: one subscript less per record.
+                top = run.popleft()
+                if top[0] > bound and top[2] is not _DEAD:
+                    run.appendleft(top)
                     break
-                run.popleft()
             else:
                 break
             record: T = top[2]
