@@ -12,6 +12,10 @@ Every setup answers ``GET /`` with Starlette's ``PlainTextResponse("Hello, world
 ``with_connlist_off``
     the same with ``server_integration="off"``, served with plain ``--http
     httptools`` (ASGI-only mode);
+``with_connlist_no_budget``
+    ``with_connlist`` with ``max_connections=0``, no connection budget: the
+    list alone, as a default budget far above the connections gives, where
+    the descriptor limit cannot be raised (``scale.py --budget off``);
 ``with_asyncio_timeout``
     the same with ``AsyncioTimeoutMiddleware``, a pure-ASGI middleware that
     wraps each request in ``asyncio.timeout(300)`` (``asyncio.wait_for`` before
@@ -59,6 +63,7 @@ __all__ = [
     "bare",
     "with_asyncio_timeout",
     "with_connlist",
+    "with_connlist_no_budget",
     "with_connlist_off",
 ]
 
@@ -173,6 +178,9 @@ class CallLaterProtocol(HttpToolsProtocol):
 
 bare = Starlette(routes=ROUTES)
 with_connlist = Starlette(routes=ROUTES, middleware=[Middleware(ConnectionsMiddleware)])
+with_connlist_no_budget = Starlette(
+    routes=ROUTES, middleware=[Middleware(ConnectionsMiddleware, max_connections=0)]
+)
 with_connlist_off = Starlette(
     routes=ROUTES, middleware=[Middleware(ConnectionsMiddleware, server_integration="off")]
 )

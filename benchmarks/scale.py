@@ -47,12 +47,17 @@ inherit; an N above the hard limit is skipped with a message (raise the hard
 limit, e.g. ``ulimit -Hn`` as root or systemd's ``LimitNOFILE``).  connlist
 derives its default connection budget from that limit; an N above 80% of
 it runs connlist pressed (a shorter keep-alive), which the script says.
+Where the hard limit cannot be raised, ``--budget off`` serves connlist
+with no budget (``max_connections=0``, the ``connlist-no-budget`` setup):
+the list alone, as a default budget far above N would leave it, up to N =
+the hard limit less the margin.
 
 Usage::
 
     python3 benchmarks/scale.py                             # 1,000 5,000 20,000; both loops; 3 rounds
     python3 benchmarks/scale.py --counts 1000 5000 --loops asyncio --rounds 1
     python3 benchmarks/scale.py --json scale.json
+    python3 benchmarks/scale.py --counts 19800 --budget off   # near 20,000 under a hard limit of 20,000
 
 Leaves out: other servers and parsers (httptools only), requests with a
 body, clients that are slow or never send (``mass_timeout.py``, ``attacks.py``),
@@ -89,10 +94,21 @@ from typing import Any
 from e2e import CLK_TCK, BenchError, Server, cpu_ns, cpu_ticks, cpus_problem, exit_on_sigterm, version
 from mass_timeout import _raise_fd_limit as raise_fd_limit
 from mass_timeout import _request as request_on
-from setups import BASELINE, SETUP_BY_KEY
+from setups import BASELINE, SETUP_BY_KEY, Setup
 
 HERE = Path(__file__).resolve().parent
 COMPARED = (BASELINE, "connlist")
+# connlist with no budget, for --budget off (this script's alone: not in the others' defaults).
+NO_BUDGET = Setup(
+    "connlist-no-budget",
+    "connlist, no connection budget",
+    "e2e_apps:with_connlist_no_budget",
+    "connlist.uvicorn:HttpToolsProtocol",
+    mode="uvicorn-httptools",
+)
+SETUPS = {**SETUP_BY_KEY, NO_BUDGET.key: NO_BUDGET}
+# connlist's setup by --budget: its default budget, or none.
+CONNLIST_BY_BUDGET = {"default": "connlist", "off": NO_BUDGET.key}
 COUNTS = (1000, 5000, 20000)
 LOOPS = ("uvloop", "asyncio")
 REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -380,7 +396,7 @@ def measure(
     setup_key: str, loop: str, n: int, *, keep_alive: int = 5, cpu: int = 0, round_no: int = 1
 ) -> Result:
     """One fresh server, N idle keep-alive connections, their mass close; the server stopped at the end."""
-    setup = SETUP_BY_KEY[setup_key]
+    setup = SETUPS[setup_key]
     extra = ("--timeout-keep-alive", str(keep_alive))
     socks: list[socket.socket] = []
     with Server(setup, loop=loop, cpu=cpu, extra=extra) as server:
@@ -454,10 +470,16 @@ def measure(
 
 
 def run_rounds(
-    rounds: int, loops: list[str], counts: list[int], keep_alive: int, cpu: int, quiet: bool = False
+    rounds: int,
+    loops: list[str],
+    counts: list[int],
+    keep_alive: int,
+    cpu: int,
+    quiet: bool = False,
+    compared: tuple[str, str] = COMPARED,
 ) -> list[Result]:
     results: list[Result] = []
-    order = list(COMPARED)
+    order = list(compared)
     total = rounds * len(loops) * len(counts) * len(order)
     started = time.monotonic()
     for round_no in range(1, rounds + 1):
@@ -468,7 +490,7 @@ def run_rounds(
                     results.append(r)
                     if not quiet:
                         print(
-                            f"[{len(results):2d}/{total}] round {round_no} {loop:<7s} N={n:<6d} {key:<8s} "
+                            f"[{len(results):2d}/{total}] round {round_no} {loop:<7s} N={n:<6d} {key:<18s} "
                             f"{r.kib_per_conn:5.2f} KiB/conn  CPU {r.cpu_s:5.2f} s  probe median "
                             f"{r.probe_median_ms:5.2f} p99 {r.probe_p99_ms:6.2f} "
                             f"worst {r.probe_worst_ms:6.2f} ms  "
@@ -488,9 +510,11 @@ def summarize(results: list[Result]) -> dict[str, Any]:
     table: list[dict[str, Any]] = []
     targets: list[dict[str, Any]] = []
     keys = sorted({(r.loop, r.n) for r in results}, key=lambda k: (LOOPS.index(k[0]), k[1]))
+    # bare, and whichever connlist setup ran (--budget).
+    connlist = next(r.setup for r in results if r.setup != BASELINE)
     for loop, n in keys:
         medians: dict[str, dict[str, float]] = {}
-        for setup in COMPARED:
+        for setup in (BASELINE, connlist):
             rs = [r for r in results if (r.loop, r.n, r.setup) == (loop, n, setup)]
             medians[setup] = {name: statistics.median(getattr(r, name) for r in rs) for name in FIELDS}
             table.append(
@@ -508,14 +532,14 @@ def summarize(results: list[Result]) -> dict[str, Any]:
         rounds = sorted({r for r, _ in by_round})
         ratios = {
             name: statistics.median(
-                getattr(by_round[r, "connlist"], name) / getattr(by_round[r, BASELINE], name) for r in rounds
+                getattr(by_round[r, connlist], name) / getattr(by_round[r, BASELINE], name) for r in rounds
             )
             for name in ("cpu_s", "probe_worst_ms")
         }
         table[-1]["cpu_ratio"] = ratios["cpu_s"]
         table[-1]["worst_ratio"] = ratios["probe_worst_ms"]
         if n >= TARGET_FROM:
-            memory = medians["connlist"]["kib_per_conn"] - medians[BASELINE]["kib_per_conn"]
+            memory = medians[connlist]["kib_per_conn"] - medians[BASELINE]["kib_per_conn"]
             for name, value, ceiling in (
                 ("CPU vs bare <= 1", ratios["cpu_s"], 1.0),
                 ("worst latency vs bare <= 1", ratios["probe_worst_ms"], 1.0),
@@ -534,7 +558,7 @@ def print_summary(summary: dict[str, Any], rounds: int, keep_alive: int) -> None
         "idle to the last closed; probe: GET / every 10 ms over that time; closed in: first close to last"
     )
     header = (
-        f"{'loop':<7s} {'N':>6s} {'setup':<9s} {'KiB/conn':>8s} {'CPU s':>6s} {'median':>7s} {'p99':>7s} "
+        f"{'loop':<7s} {'N':>6s} {'setup':<18s} {'KiB/conn':>8s} {'CPU s':>6s} {'median':>7s} {'p99':>7s} "
         f"{'worst':>7s} {'closed in':>9s} {'late':>7s}  {'vs bare: CPU, worst':<20s}"
     )
     print(header)
@@ -545,7 +569,7 @@ def print_summary(summary: dict[str, Any], rounds: int, keep_alive: int) -> None
         if row["probe_errors"]:
             flags += f"  {row['probe_errors']} probe errors"
         print(
-            f"{row['loop']:<7s} {row['n']:>6d} {row['setup']:<9s} {row['kib_per_conn']:>8.2f} "
+            f"{row['loop']:<7s} {row['n']:>6d} {row['setup']:<18s} {row['kib_per_conn']:>8.2f} "
             f"{row['cpu_s']:>6.2f} {row['probe_median_ms']:>5.2f}ms {row['probe_p99_ms']:>5.2f}ms "
             f"{row['probe_worst_ms']:>5.1f}ms {row['close_s']:>8.2f}s {row['late_ms']:>5.0f}ms  "
             f"{ratio:<20s}{flags}"
@@ -584,6 +608,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--client-cpu", type=int, default=1, help="CPU the load side and the probe are pinned to (default 1)"
     )
+    parser.add_argument(
+        "--budget",
+        choices=sorted(CONNLIST_BY_BUDGET),
+        default="default",
+        help="connlist's connection budget: its default, from the descriptor limit, or none "
+        "(max_connections=0: the list alone where the hard limit cannot be raised; default: default)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write every measurement and the summary here")
     parser.add_argument("--probe-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -614,10 +645,11 @@ def main(argv: list[str] | None = None) -> int:
             counts.append(n)
         else:
             print(problem, file=sys.stderr)
-    for n in counts:
-        note = pressure_note(n)
-        if note is not None:
-            print(note, file=sys.stderr)
+    if args.budget == "default":  # with none, nothing presses
+        for n in counts:
+            note = pressure_note(n)
+            if note is not None:
+                print(note, file=sys.stderr)
     if not counts:
         print("no count can run under this descriptor limit", file=sys.stderr)
         return 2
@@ -629,7 +661,10 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     try:
-        results = run_rounds(args.rounds, args.loops, counts, args.keep_alive, args.server_cpu)
+        compared = (BASELINE, CONNLIST_BY_BUDGET[args.budget])
+        results = run_rounds(
+            args.rounds, args.loops, counts, args.keep_alive, args.server_cpu, compared=compared
+        )
     except BenchError as error:
         print(f"benchmark failed: {error}", file=sys.stderr)
         return 2
@@ -642,6 +677,7 @@ def main(argv: list[str] | None = None) -> int:
                 "loops": args.loops,
                 "counts": counts,
                 "keep_alive": args.keep_alive,
+                "budget": args.budget,
                 "server_cpu": args.server_cpu,
                 "client_cpu": args.client_cpu,
             },

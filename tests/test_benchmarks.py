@@ -685,11 +685,15 @@ def test_flood_websocket_client_holds_what_opens_and_asks_again_when_refused() -
 
 
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
-def test_scale_measures_idle_connections_until_the_server_closed_them_all() -> None:
+@pytest.mark.parametrize("budget", ["default", "off"])
+def test_scale_measures_idle_connections_until_the_server_closed_them_all(budget: str) -> None:
     # Real servers, both setups, 50 connections, a 1 s keep-alive: a few seconds.
     cpu = min(os.sched_getaffinity(0))
-    results = scale.run_rounds(1, ["asyncio"], [50], keep_alive=1, cpu=cpu, quiet=True)
-    assert sorted(r.setup for r in results) == ["bare", "connlist"]
+    connlist = scale.CONNLIST_BY_BUDGET[budget]
+    results = scale.run_rounds(
+        1, ["asyncio"], [50], keep_alive=1, cpu=cpu, quiet=True, compared=("bare", connlist)
+    )
+    assert sorted(r.setup for r in results) == ["bare", connlist]
     for r in results:
         assert (r.loop, r.n, r.round) == ("asyncio", 50, 1)
         # The server closed every one of them, at its keep-alive deadline (measured from the
@@ -704,14 +708,29 @@ def test_scale_measures_idle_connections_until_the_server_closed_them_all() -> N
     rows = summary["table"]
     assert [(row["loop"], row["n"], row["setup"]) for row in rows] == [
         ("asyncio", 50, "bare"),
-        ("asyncio", 50, "connlist"),
+        ("asyncio", 50, connlist),
     ]
     assert all(row["closed_all"] and row["rounds"] == 1 for row in rows)
     by_setup = {r.setup: r for r in results}
-    assert rows[1]["cpu_ratio"] == by_setup["connlist"].cpu_s / by_setup["bare"].cpu_s
-    assert rows[1]["worst_ratio"] == by_setup["connlist"].probe_worst_ms / by_setup["bare"].probe_worst_ms
+    assert rows[1]["cpu_ratio"] == by_setup[connlist].cpu_s / by_setup["bare"].cpu_s
+    assert rows[1]["worst_ratio"] == by_setup[connlist].probe_worst_ms / by_setup["bare"].probe_worst_ms
     # The targets are judged from 5,000 connections on.
     assert summary["targets"] == []
+
+
+def test_scales_setup_without_a_budget_has_none_whatever_the_descriptor_limit() -> None:
+    importlib.reload(e2e_apps)
+    setup = scale.SETUPS[scale.CONNLIST_BY_BUDGET["off"]]
+    state: dict[str, object] = {}
+
+    async def run() -> None:
+        await per_request.drive(setup.app, setup.http, 2, state)
+
+    asyncio.run(run())
+    enforcer = state["enforcer"]
+    assert enforcer is not None and enforcer.mode == setup.mode  # type: ignore[attr-defined]
+    assert enforcer.settings.max_connections == 0  # type: ignore[attr-defined]
+    assert scale.SETUPS[scale.CONNLIST_BY_BUDGET["default"]] is setups.SETUP_BY_KEY["connlist"]
 
 
 def test_scale_skips_a_count_above_the_hard_descriptor_limit() -> None:
@@ -729,6 +748,11 @@ def test_scale_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
             scale.parse_args(argv)
         assert exited.value.code == 2
         assert "must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        scale.parse_args(["--budget", "none"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert "argument --budget: invalid choice: 'none' (choose from 'default', 'off')" in error
 
 
 def test_scale_says_where_connlists_default_budget_would_be_pressed() -> None:
