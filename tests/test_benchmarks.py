@@ -38,7 +38,7 @@ import setups  # noqa: E402
 import workloads  # noqa: E402
 
 
-@pytest.mark.parametrize("setup", setups.SETUPS, ids=lambda setup: setup.key)
+@pytest.mark.parametrize("setup", [*setups.SETUPS, scale.NO_BUDGET], ids=lambda setup: setup.key)
 def test_each_setup_serves_keep_alive_requests_in_process(setup: setups.Setup) -> None:
     # Each benchmark server is a process of its own: give each setup fresh apps
     # (a middleware keeps the mode it last saw).
@@ -57,6 +57,9 @@ def test_each_setup_serves_keep_alive_requests_in_process(setup: setups.Setup) -
         # The mode the e2e benchmark checks over HTTP, seen from inside.
         assert enforcer is not None and enforcer.mode == setup.mode  # type: ignore[attr-defined]
         assert enforcer.totals.requests == 5  # type: ignore[attr-defined]
+    if setup is scale.NO_BUDGET:
+        # scale.py --budget off: no budget, whatever the descriptor limit.
+        assert enforcer.settings.max_connections == 0  # type: ignore[attr-defined]
 
 
 def test_a_run_in_another_mode_than_its_setups_is_refused() -> None:
@@ -690,6 +693,8 @@ def test_scale_measures_idle_connections_until_the_server_closed_them_all(budget
     # Real servers, both setups, 50 connections, a 1 s keep-alive: a few seconds.
     cpu = min(os.sched_getaffinity(0))
     connlist = scale.CONNLIST_BY_BUDGET[budget]
+    expected = setups.SETUP_BY_KEY["connlist"] if budget == "default" else scale.NO_BUDGET
+    assert scale.SETUPS[connlist] is expected
     results = scale.run_rounds(
         1, ["asyncio"], [50], keep_alive=1, cpu=cpu, quiet=True, compared=("bare", connlist)
     )
@@ -716,21 +721,6 @@ def test_scale_measures_idle_connections_until_the_server_closed_them_all(budget
     assert rows[1]["worst_ratio"] == by_setup[connlist].probe_worst_ms / by_setup["bare"].probe_worst_ms
     # The targets are judged from 5,000 connections on.
     assert summary["targets"] == []
-
-
-def test_scales_setup_without_a_budget_has_none_whatever_the_descriptor_limit() -> None:
-    importlib.reload(e2e_apps)
-    setup = scale.SETUPS[scale.CONNLIST_BY_BUDGET["off"]]
-    state: dict[str, object] = {}
-
-    async def run() -> None:
-        await per_request.drive(setup.app, setup.http, 2, state)
-
-    asyncio.run(run())
-    enforcer = state["enforcer"]
-    assert enforcer is not None and enforcer.mode == setup.mode  # type: ignore[attr-defined]
-    assert enforcer.settings.max_connections == 0  # type: ignore[attr-defined]
-    assert scale.SETUPS[scale.CONNLIST_BY_BUDGET["default"]] is setups.SETUP_BY_KEY["connlist"]
 
 
 def test_scale_skips_a_count_above_the_hard_descriptor_limit() -> None:
