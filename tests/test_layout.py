@@ -210,3 +210,40 @@ def test_no_module_or_class_is_too_long(module):
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ClassDef):
             assert node.end_lineno - node.lineno + 1 <= CLASS_LINES, f"{module}.{node.name}"
+
+
+def _defined(module: str) -> set[str]:
+    """The names ``module`` defines at its top level (a def, a class, an assignment), not those it imports."""
+    names: set[str] = set()
+    statements = list(ast.parse(MODULES[module].read_text()).body)
+    while statements:
+        node = statements.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(name.id for name in ast.walk(target) if isinstance(name, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            # Still the top level: what a module defines where its server's module imports.
+            statements += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])]
+            statements += [line for handler in getattr(node, "handlers", []) for line in handler.body]
+    return names
+
+
+def test_a_module_takes_each_name_from_its_owner():
+    # The arrows lead to where a thing is defined.  A re-export is for the
+    # public names and documented paths (``connlist.core.connections.Connection``),
+    # not for the package's own modules; the seam's are its contract with a
+    # server integration (its docstring).
+    owners = set(MODULES) - PUBLIC - {"connlist.servers.seam"}
+    borrowed = []
+    for module in sorted(set(MODULES) - PUBLIC):
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.level or node.module not in owners:
+                continue
+            borrowed += [
+                f"{module}: {alias.name} from {node.module}"
+                for alias in node.names
+                if f"{node.module}.{alias.name}" not in MODULES and alias.name not in _defined(node.module)
+            ]
+    assert borrowed == []

@@ -18,7 +18,8 @@ The public names sit above them: ``connlist.ConnectionsMiddleware``,
 """
 
 from connlist.asgi.middleware import ConnectionsMiddleware
-from connlist.core.connections import Connection, ConnectionsList
+from connlist.core.connections import ConnectionsList
+from connlist.core.records import Connection
 from connlist.core.version import __version__
 
 __all__ = ["Connection", "ConnectionsList", "ConnectionsMiddleware", "__version__"]

@@ -35,10 +35,10 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from connlist.core.connections import Connection, ConnectionsList
+from connlist.core.connections import ConnectionsList
 from connlist.core.enforcer import Enforcer
 from connlist.core.logs import logger
-from connlist.core.records import Address
+from connlist.core.records import Address, Connection
 
 __all__ = ["AsgiOnly", "AsgiRequest", "serve_with_body"]
 

@@ -61,7 +61,7 @@ import time
 from collections.abc import Callable
 
 from connlist.core.budget import PRESSURE_TICK, Budget
-from connlist.core.connections import Connection, ConnectionHandle, ConnectionsList
+from connlist.core.connections import ConnectionsList
 from connlist.core.kinds import (
     TIMEOUT_BY_NAME,
     Kind,
@@ -72,7 +72,7 @@ from connlist.core.kinds import (
 )
 from connlist.core.logs import Summary, log, logger
 from connlist.core.queues import UNQUEUED
-from connlist.core.records import OUT_NONE, Address, next_id
+from connlist.core.records import OUT_NONE, Address, Connection, ConnectionHandle, next_id
 from connlist.core.sweep import STEPS, Step
 from connlist.core.timer import CARRY_ON_WHOLE, SWEEP_TIME, Timer
 

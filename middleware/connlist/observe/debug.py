@@ -61,10 +61,12 @@ from urllib.parse import parse_qsl
 from starlette.types import Receive, Scope, Send
 
 from connlist.core.checks import check_whole
-from connlist.core.connections import Connection, ConnectionsList, connection_state
+from connlist.core.connections import ConnectionsList
 from connlist.core.enforcer import Enforcer, shrink
 from connlist.core.kinds import TIMEOUT_KINDS
 from connlist.core.logs import format_address
+from connlist.core.records import Connection
+from connlist.core.views import connection_state
 from connlist.observe import page
 from connlist.observe.slices import STEP, cooperatively, json_cooperatively
 from connlist.observe.workers import WorkerGroup, combine

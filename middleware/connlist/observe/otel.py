@@ -37,10 +37,10 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from connlist.core.connections import PHASES
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.kinds import ROOM_KINDS, TIMEOUT_KINDS, Totals
 from connlist.core.version import __version__
+from connlist.core.views import PHASES
 
 try:
     from opentelemetry import metrics as otel_metrics

@@ -41,10 +41,10 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from connlist.core.checks import check_number
-from connlist.core.connections import PHASES
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.kinds import ROOM_KINDS, TIMEOUT_KINDS, Totals
 from connlist.core.logs import log
+from connlist.core.views import PHASES
 from connlist.observe.processes import process_info
 from connlist.servers.integration import POLICIES
 

@@ -39,10 +39,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from starlette.requests import ClientDisconnect
 
-from connlist.core.connections import Connection, ConnectionHandle
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.logs import log
-from connlist.core.records import Address
+from connlist.core.records import Address, Connection, ConnectionHandle
 
 try:  # Linux: the bytes in a socket's send queue that the peer has not acknowledged
     import fcntl

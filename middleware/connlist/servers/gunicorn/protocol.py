@@ -83,9 +83,8 @@ from gunicorn.asgi import protocol as gunicorn_protocol  # type: ignore[import-u
 from gunicorn.asgi.parser import PythonProtocol  # type: ignore[import-untyped, import-not-found, unused-ignore]
 from starlette.requests import ClientDisconnect
 
-from connlist.core.connections import Connection
 from connlist.core.logs import route_to_server
-from connlist.core.records import FROM_HANDLE
+from connlist.core.records import FROM_HANDLE, Connection
 from connlist.servers.gunicorn import reads
 from connlist.servers.seam import (
     BETWEEN,

@@ -38,9 +38,10 @@ import sys
 import time
 from typing import Any, cast
 
-from connlist.core.connections import Connection, connection_state
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.kinds import resolve
+from connlist.core.records import Connection
+from connlist.core.views import connection_state
 from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, run_on_own_loop
 
 __all__ = ["HOOKS", "check_static", "run_in_thread"]

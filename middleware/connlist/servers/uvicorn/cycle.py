@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from connlist.core.connections import Connection
 from connlist.core.logs import route_to_server
+from connlist.core.records import Connection
 from connlist.servers.seam import BODY, AfterCut, Tracking
 from connlist.servers.uvicorn import joined
 from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST

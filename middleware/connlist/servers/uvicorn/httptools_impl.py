@@ -46,8 +46,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from connlist.core.connections import Connection
 from connlist.core.enforcer import Enforcer
+from connlist.core.records import Connection
 from connlist.servers.seam import BETWEEN as _BETWEEN
 from connlist.servers.seam import BODY as _BODY
 from connlist.servers.seam import HEADERS as _HEADERS

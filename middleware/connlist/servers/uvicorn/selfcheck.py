@@ -51,9 +51,10 @@ import logging
 import time
 from typing import Any
 
-from connlist.core.connections import Connection, connection_state
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.kinds import resolve
+from connlist.core.records import Connection
+from connlist.core.views import connection_state
 from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, run_on_own_loop
 from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
 from connlist.servers.uvicorn.websocket import Held

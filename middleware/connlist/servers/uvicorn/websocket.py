@@ -35,8 +35,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from connlist.core.connections import Connection, ConnectionsList
+from connlist.core.connections import ConnectionsList
 from connlist.core.logs import log
+from connlist.core.records import Connection
 from connlist.servers.seam import UPGRADE_REFUSED, UPGRADED
 
 __all__ = ["Held", "hand_over", "holding", "request_path"]
