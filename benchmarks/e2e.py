@@ -38,6 +38,13 @@ connlist, 5% above for the ``asyncio.timeout`` middleware).
 F. ``no-keepalive-timer`` -- uvicorn's protocol without its keep-alive timer
                            (a reference: it never closes an idle connection).
 
+``--server gunicorn`` runs the pairs on gunicorn's own ASGI worker instead
+(``gunicorn -k asgi``, one worker, started as ``gunicorn_asgi.py`` says): bare
+gunicorn beside each of the setups that are an app alone (``connlist``, with
+no flag, the integration turned on at the lifespan; ``asgi-only``;
+``asyncio.timeout``), the CPU read over the master and its worker.  The
+targets are the same.
+
 Targets (from the issues): connlist (B) costs no more server CPU per
 request than bare uvicorn (it times uvicorn's keep-alive in its list, so
 no request arms a timer), ASGI-only mode (C) at most 5% more, and both are
@@ -52,6 +59,7 @@ Usage::
     python3 benchmarks/e2e.py --rounds 7 --duration 5 --json e2e.json
     python3 benchmarks/e2e.py --setups connlist no-keepalive-timer --loop asyncio
     python3 benchmarks/e2e.py --close --setups connlist   # a connection per request (Connection: close)
+    python3 benchmarks/e2e.py --server gunicorn --setups connlist   # on gunicorn -k asgi
     python3 benchmarks/e2e.py --callgrind     # = python3 benchmarks/per_request.py --loops uvloop
 
 On a shared machine CPU time per request moves by 10-30% from one server
@@ -68,6 +76,7 @@ when one is missed, 2 when it cannot run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import http.client
 import importlib.util
@@ -89,12 +98,38 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from setups import BASELINE, SETUP_BY_KEY, SETUPS, Setup
+import gunicorn_asgi
+from setups import BASELINE, SETUPS, Setup
 
 HERE = Path(__file__).resolve().parent
 HELLO = b"Hello, world!"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 WRK_MISSING = "wrk not found: install it with `apt-get install wrk` (Debian/Ubuntu)"
+
+
+# The servers a pair runs on; every setup is measured beside the same server serving the bare app.
+SERVERS = ("uvicorn", "gunicorn")
+# The setups gunicorn's own ASGI worker serves (``gunicorn -k asgi``, started as
+# ``gunicorn_asgi.py`` says): the ones that are an app alone.  The others name
+# a uvicorn protocol (``--http``); on gunicorn connlist is given no flag, as
+# ``as-usual`` on uvicorn, and turns its integration on at the lifespan.
+GUNICORN_SETUPS = (
+    Setup("bare", "bare gunicorn -k asgi", "e2e_apps:bare", ""),
+    Setup(
+        "connlist",
+        "connlist on gunicorn -k asgi (no flag)",
+        "e2e_apps:with_connlist",
+        "",
+        mode=gunicorn_asgi.MODE,
+    ),
+    Setup("asgi-only", "connlist, ASGI-only mode", "e2e_apps:with_connlist_off", "", mode="asgi"),
+    Setup("asyncio.timeout", "asyncio.timeout middleware", "e2e_apps:with_asyncio_timeout", ""),
+)
+
+
+def setups_for(server: str) -> tuple[Setup, ...]:
+    """The setups ``server`` can serve, the baseline first."""
+    return GUNICORN_SETUPS if server == "gunicorn" else SETUPS
 
 
 # setup -> the largest allowed median ratio of its CPU per request to bare uvicorn's
@@ -168,6 +203,19 @@ def cpu_ns(pid: int) -> int | None:
     return total
 
 
+def tree_cpu(pids: tuple[int, ...]) -> tuple[int | None, tuple[int, int]]:
+    """``cpu_ns`` and ``cpu_ticks`` summed over a server's processes (None: no schedstat for one)."""
+    ns: int | None = 0
+    utime = stime = 0
+    for pid in pids:
+        one = cpu_ns(pid)
+        ns = None if ns is None or one is None else ns + one
+        user, system = cpu_ticks(pid)
+        utime += user
+        stime += system
+    return ns, (utime, stime)
+
+
 def busy_ticks(cpus: tuple[int, ...]) -> int:
     """Non-idle ticks of these CPUs (user, nice, system, irq, softirq, steal), from /proc/stat."""
     total = 0
@@ -197,8 +245,26 @@ def get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
         conn.close()
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (gunicorn's worker), from /proc/PID/task/*/children."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children = [int(child) for child in f.read().split()]
+        except (OSError, ValueError):
+            continue
+        for child in children:
+            found += [child, *descendants(child)]
+    return found
+
+
 class Server:
-    """One uvicorn process pinned to one CPU; a context manager that always stops it."""
+    """One server (uvicorn, or gunicorn with one worker) pinned to a CPU; a context manager that stops it."""
 
     def __init__(
         self,
@@ -208,38 +274,41 @@ class Server:
         cpu: int,
         extra: tuple[str, ...] = (),
         wrapper: tuple[str, ...] = (),
+        server: str = "uvicorn",
     ) -> None:
         self.setup = setup
+        self.server = server
         self.port = free_port()
         # The server's output, shown if it fails; closed in stop().
         self.log = tempfile.TemporaryFile()  # noqa: SIM115
-        command = [
-            "taskset",
-            "-c",
-            str(cpu),
-            # A program that runs the interpreter in this process (server_counts.py's valgrind).
-            *wrapper,
-            sys.executable,
-            "-m",
-            "uvicorn",
-            setup.app,
-            "--app-dir",
-            str(HERE),
-            "--http",
-            setup.http,
-            "--loop",
-            loop,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--log-level",
-            "warning",
-            "--no-access-log",
-            # More of uvicorn's options (scale.py's --timeout-keep-alive).
-            *extra,
-        ]
-        # taskset execs the interpreter, so this PID is the server's own.
+        if server == "gunicorn":
+            serve = gunicorn_asgi.command(setup.app, self.port, "--asgi-loop", loop, *extra)
+        else:
+            serve = [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                setup.app,
+                "--app-dir",
+                str(HERE),
+                "--http",
+                setup.http,
+                "--loop",
+                loop,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+                # More of uvicorn's options (scale.py's --timeout-keep-alive).
+                *extra,
+            ]
+        # A program that runs the interpreter in this process (server_counts.py's valgrind).
+        command = ["taskset", "-c", str(cpu), *wrapper, *serve]
+        # taskset execs the interpreter, so this PID is the server's own (gunicorn's master:
+        # its worker inherits the CPU).
         self.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, cwd=HERE
         )
@@ -247,6 +316,10 @@ class Server:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def pids(self) -> tuple[int, ...]:
+        """The server's processes: uvicorn's one, or gunicorn's master and its worker."""
+        return (self.pid, *descendants(self.pid))
 
     def output(self) -> str:
         self.log.seek(0)
@@ -257,13 +330,16 @@ class Server:
         while True:
             if self.process.poll() is not None:
                 status = self.process.returncode
-                raise BenchError(f"{self.setup.key}: uvicorn exited with status {status}:\n{self.output()}")
+                raise BenchError(
+                    f"{self.setup.key}: {self.server} exited with status {status}:\n{self.output()}"
+                )
             try:
                 status, body = get(self.port, "/", request_timeout)
             except OSError:
                 if time.monotonic() > deadline:
                     raise BenchError(
-                        f"{self.setup.key}: uvicorn did not answer within {timeout:g}s:\n{self.output()}"
+                        f"{self.setup.key}: {self.server} did not answer within {timeout:g}s:\n"
+                        f"{self.output()}"
                     ) from None
                 time.sleep(0.05)
                 continue
@@ -282,12 +358,17 @@ class Server:
 
     def stop(self, timeout: float = 5.0) -> None:
         if self.process.poll() is None:
+            workers = descendants(self.pid)
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=5)
+                # Its workers, which a killed master leaves behind.
+                for pid in workers:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
         self.log.close()
 
     def __enter__(self) -> Server:
@@ -364,14 +445,16 @@ def measure_pair(
     the machine down (other tenants, frequency, interrupts) slows both alike.
     """
     cpus = (args.server_cpu, args.client_cpu)
-    baseline = SETUP_BY_KEY[BASELINE]
+    baseline = setups_for(args.server)[0]
     with (
-        Server(baseline, loop=args.loop, cpu=args.server_cpu) as bare,
-        Server(setup, loop=args.loop, cpu=args.server_cpu) as other,
+        Server(baseline, loop=args.loop, cpu=args.server_cpu, server=args.server) as bare,
+        Server(setup, loop=args.loop, cpu=args.server_cpu, server=args.server) as other,
     ):
         servers = (bare, other)
         for server in servers:
             server.wait_ready()
+        # gunicorn's CPU is its master's and its worker's (one worker, started by now: it answered).
+        processes = [server.pids() for server in servers]
         if args.warmup > 0:
             warming = [
                 start_wrk(wrk, args.client_cpu, conns, args.warmup, s.port, args.close) for s in servers
@@ -379,14 +462,17 @@ def measure_pair(
             for process in warming:
                 finish_wrk(process, args.warmup)
         busy_before, wrk_before = busy_ticks(cpus), children_cpu()
-        before = [(cpu_ns(s.pid), cpu_ticks(s.pid)) for s in servers]
+        before = [tree_cpu(pids) for pids in processes]
         running = [start_wrk(wrk, args.client_cpu, conns, args.duration, s.port, args.close) for s in servers]
         results = [finish_wrk(process, args.duration) for process in running]
-        after = [(cpu_ns(s.pid), cpu_ticks(s.pid)) for s in servers]
+        after = [tree_cpu(pids) for pids in processes]
         busy_after, wrk_after = busy_ticks(cpus), children_cpu()
-        for server in servers:
-            if server.process.poll() is not None:
-                raise BenchError(f"{server.setup.key}: uvicorn died during the run:\n{server.output()}")
+        for server, pids in zip(servers, processes, strict=True):
+            if server.process.poll() is not None or server.pids() != pids:
+                raise BenchError(
+                    f"{server.setup.key}: {server.server} (or its worker) died during the run:\n"
+                    f"{server.output()}"
+                )
     servers_cpu = 0.0
     pair: list[Measurement] = []
     for server, result, (ns0, ticks0), (ns1, ticks1) in zip(servers, results, before, after, strict=True):
@@ -437,7 +523,9 @@ def measure(
 
 def run_rounds(args: argparse.Namespace, wrk: str) -> list[Measurement]:
     measurements: list[Measurement] = []
-    others = [setup for setup in SETUPS if setup.key != BASELINE and setup.key in args.setups]
+    others = [
+        setup for setup in setups_for(args.server) if setup.key != BASELINE and setup.key in args.setups
+    ]
     total = args.rounds * len(args.conns) * len(others)
     rotation = 0
     done = 0
@@ -470,7 +558,11 @@ def run_rounds(args: argparse.Namespace, wrk: str) -> list[Measurement]:
 
 
 def summarize(
-    measurements: list[Measurement], rounds: int, conns_list: list[int], close: bool = False
+    measurements: list[Measurement],
+    rounds: int,
+    conns_list: list[int],
+    close: bool = False,
+    setups: tuple[Setup, ...] = SETUPS,
 ) -> dict[str, Any]:
     measured = {m.setup for m in measurements}
     # (round, conns, setup, partner) -> measurement; each non-baseline setup ran once per round,
@@ -479,7 +571,7 @@ def summarize(
     table: list[dict[str, Any]] = []
     ratios: dict[tuple[int, str], list[float]] = {}
     for conns in conns_list:
-        for setup in SETUPS:
+        for setup in setups:
             if setup.key not in measured:
                 continue
             if setup.key == BASELINE:
@@ -543,7 +635,7 @@ def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
     print(
         f"Medians of {args.rounds} round(s), {args.duration:g} s per run, loop {args.loop}, "
         f"{'a connection per request (Connection: close)' if args.close else 'keep-alive'}; "
-        "ratio = CPU/request over bare uvicorn's in the same round, median [min..max]"
+        f"on {args.server}; ratio = CPU/request over the bare app's in the same round, median [min..max]"
     )
     header = (
         f"{'setup':<38s} {'conns':>5s} {'req/s':>8s} {'CPU us/req':>10s}  {'ratio vs bare':<22s} "
@@ -589,16 +681,21 @@ def wrk_version(wrk: str) -> str:
     return first[0] if first else "unknown"
 
 
+def source_digest(folder: Path) -> str:
+    """A digest of every Python file in ``folder`` and its subfolders, with their paths."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*.py")):
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def connlist_source() -> dict[str, Any]:
     """Which connlist code the servers ran: its folder, the commit, uncommitted changes, a digest."""
     spec = importlib.util.find_spec("connlist")
     if spec is None or not spec.submodule_search_locations:
         return {}
     folder = Path(next(iter(spec.submodule_search_locations)))
-    digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    info: dict[str, Any] = {"path": str(folder), "sha256": digest.hexdigest()[:16]}
+    info: dict[str, Any] = {"path": str(folder), "sha256": source_digest(folder)}
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10
@@ -633,6 +730,7 @@ def machine(wrk: str) -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "uvicorn": version("uvicorn"),
+        "gunicorn": version("gunicorn"),
         "starlette": version("starlette"),
         "httptools": version("httptools"),
         "uvloop": version("uvloop"),
@@ -682,8 +780,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--setups",
         nargs="+",
         choices=[setup.key for setup in SETUPS if setup.key != BASELINE],
-        default=[setup.key for setup in SETUPS if setup.key != BASELINE],
-        help="the setups measured, each beside a bare uvicorn of its own (default: all)",
+        help="the setups measured, each beside a bare server of its own (default: all that --server serves)",
+    )
+    parser.add_argument(
+        "--server",
+        choices=SERVERS,
+        default="uvicorn",
+        help="the server of every setup and of its bare partner (default uvicorn; gunicorn: gunicorn's own "
+        "ASGI worker, gunicorn -k asgi, one worker)",
     )
     parser.add_argument(
         "--close",
@@ -703,6 +807,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.conns = list(dict.fromkeys(defaults[2] if args.conns is None else args.conns))
     if args.rounds < 1 or args.duration <= 0 or args.warmup < 0 or args.retries < 0:
         parser.error("--rounds must be >= 1, --duration > 0, --warmup >= 0 and --retries >= 0")
+    served = [setup.key for setup in setups_for(args.server) if setup.key != BASELINE]
+    if args.setups is None:
+        args.setups = served
+    elif unserved := [key for key in args.setups if key not in served]:
+        parser.error(
+            f"--server {args.server} cannot serve --setups {' '.join(unserved)} (each names a uvicorn "
+            f"protocol); it serves: {' '.join(served)}"
+        )
     return args
 
 
@@ -742,9 +854,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.loop == "uvloop" and version("uvloop") is None:
         print("uvloop is not installed: pip install uvloop, or pass --loop asyncio", file=sys.stderr)
         return 2
+    if args.server == "gunicorn" and not gunicorn_asgi.installed():
+        print(
+            f"--server gunicorn needs gunicorn's ASGI worker ({gunicorn_asgi.MODULE}): "
+            "pip install 'gunicorn>=25.1'",
+            file=sys.stderr,
+        )
+        return 2
     info = machine(wrk)
     print(
         f"{info['nproc']} CPUs ({info['cpu_model']}), Python {info['python']}, uvicorn {info['uvicorn']}, "
+        f"gunicorn {info['gunicorn']}, "
         f"{info['wrk']}; server on CPU {args.server_cpu}, wrk on CPU {args.client_cpu}, loop {args.loop}"
     )
     source = info["connlist_source"]
@@ -759,7 +879,7 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as error:
         print(f"benchmark failed: {error}", file=sys.stderr)
         return 2
-    summary = summarize(measurements, args.rounds, args.conns, args.close)
+    summary = summarize(measurements, args.rounds, args.conns, args.close, setups_for(args.server))
     print_summary(summary, args)
     source_end = connlist_source()
     if source_end.get("sha256") != source.get("sha256"):
@@ -777,6 +897,7 @@ def main(argv: list[str] | None = None) -> int:
                 "warmup": args.warmup,
                 "conns": args.conns,
                 "loop": args.loop,
+                "server": args.server,
                 "close": args.close,
                 "server_cpu": args.server_cpu,
                 "client_cpu": args.client_cpu,
@@ -784,7 +905,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max_other_load": args.max_other_load,
                 "retries": args.retries,
             },
-            "setups": [asdict(setup) for setup in SETUPS],
+            "setups": [asdict(setup) for setup in setups_for(args.server)],
             "measurements": [asdict(m) for m in measurements],
             **summary,
         }

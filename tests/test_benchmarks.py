@@ -200,6 +200,76 @@ def test_e2e_callgrind_runs_per_request(
     assert "valgrind not found" in capsys.readouterr().err
 
 
+def test_e2e_serves_only_apps_on_gunicorn(capsys: pytest.CaptureFixture[str]) -> None:
+    # By default every setup gunicorn's ASGI worker can serve; a uvicorn protocol's is refused, by name.
+    assert e2e.parse_args(["--server", "gunicorn"]).setups == ["connlist", "asgi-only", "asyncio.timeout"]
+    assert "padded" in e2e.parse_args([]).setups
+    with pytest.raises(SystemExit):
+        e2e.parse_args(["--server", "gunicorn", "--setups", "connlist", "padded", "call_later"])
+    assert (
+        "--server gunicorn cannot serve --setups padded call_later (each names a uvicorn protocol); "
+        "it serves: connlist asgi-only asyncio.timeout" in capsys.readouterr().err
+    )
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+@pytest.mark.parametrize("key", ["connlist", "asgi-only"])
+def test_e2e_serves_on_gunicorn_and_counts_its_worker(key: str) -> None:
+    # gunicorn -k asgi, one worker, serving the setup's app in the mode it is run for; its CPU is
+    # its master's and its worker's, which serves the requests, and stop leaves neither behind.
+    pytest.importorskip("gunicorn.workers.gasgi")
+    setup = {s.key: s for s in e2e.GUNICORN_SETUPS}[key]
+    cpu = min(os.sched_getaffinity(0))
+    with e2e.Server(setup, loop="asyncio", cpu=cpu, server="gunicorn") as server:
+        server.wait_ready()
+        master, *workers = pids = server.pids()
+        assert master == server.pid and len(workers) == 1
+        worker = workers[0]
+        before, worker_before = e2e.tree_cpu(pids), e2e.cpu_ticks(worker)
+        worker_ns = e2e.cpu_ns(worker)
+        for _ in range(200):
+            assert e2e.get(server.port, "/") == (200, e2e.HELLO)
+        after = e2e.tree_cpu(pids)
+        assert after[0] is not None and before[0] is not None and worker_ns is not None
+        worker_spent = e2e.cpu_ns(worker) - worker_ns
+        assert worker_spent > 0 and after[0] - before[0] >= worker_spent
+        assert sum(after[1]) >= sum(before[1]) + sum(e2e.cpu_ticks(worker)) - sum(worker_before)
+    assert server.process.returncode is not None
+    assert not Path(f"/proc/{worker}").exists()
+
+
+def test_e2e_summarizes_gunicorn_pairs_against_bare_gunicorn() -> None:
+    def one(setup: str, partner: str, cpu_us: float) -> e2e.Measurement:
+        return e2e.Measurement(
+            round=1, conns=50, setup=setup, partner=partner, position=0, requests=1000, seconds=1.0,
+            req_per_s=1000.0, cpu_s=cpu_us / 1000, user_share=0.9, cpu_us_per_req=cpu_us,
+            server_cpu_util=0.5, other_load=0.0,
+        )  # fmt: skip
+
+    measured = [one("bare", "connlist", 100.0), one("connlist", "bare", 103.0)]
+    summary = e2e.summarize(measured, 1, [50], close=True, setups=e2e.GUNICORN_SETUPS)
+    assert [(row["label"], row["cpu_ratio"]) for row in summary["table"]] == [
+        ("bare gunicorn -k asgi", 1.0),
+        ("connlist on gunicorn -k asgi (no flag)", pytest.approx(1.03)),
+    ]
+    assert [(t["target"], t["met"]) for t in summary["targets"]] == [
+        ("connlist CPU/request vs bare <= 1.05", True)
+    ]
+
+
+def test_e2e_source_digest_covers_the_subpackages(tmp_path: Path) -> None:
+    # The check that the benchmark measured one tree throughout reads every module, not only the top's.
+    (tmp_path / "core").mkdir()
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "core" / "sweep.py").write_text("A = 1\n")
+    first = e2e.source_digest(tmp_path)
+    (tmp_path / "core" / "sweep.py").write_text("A = 2\n")
+    assert e2e.source_digest(tmp_path) != first
+    (tmp_path / "core" / "sweep.py").rename(tmp_path / "sweep.py")
+    (tmp_path / "sweep.py").write_text("A = 1\n")
+    assert e2e.source_digest(tmp_path) != first
+
+
 def test_server_counts_needs_valgrind_and_wrk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
