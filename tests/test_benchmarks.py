@@ -238,6 +238,45 @@ def test_e2e_serves_on_gunicorn_and_counts_its_worker(key: str) -> None:
     assert not Path(f"/proc/{worker}").exists()
 
 
+def wrk_or_skip() -> str:
+    path = shutil.which("wrk")
+    if path is None:
+        if os.environ.get("CONNLIST_REQUIRE_WRK") == "1":
+            pytest.fail("wrk is not installed (apt-get install wrk) and CONNLIST_REQUIRE_WRK=1")
+        pytest.skip("wrk is not installed (apt-get install wrk)")
+    return path
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "gunicorn"])
+def test_e2e_measures_a_pair_under_wrk(server: str, tmp_path: Path) -> None:
+    # One round of one pair, 1 s of wrk: the whole run, from the servers' start to the report.
+    wrk_or_skip()
+    if server == "gunicorn":
+        pytest.importorskip("gunicorn.workers.gasgi")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2 or shutil.which("taskset") is None:
+        pytest.skip("needs two CPUs and taskset (util-linux)")
+    report = tmp_path / "e2e.json"
+    done = run_script(
+        "benchmarks/e2e.py", "--server", server, "--setups", "connlist", "--loop", "asyncio",
+        "--rounds", "1", "--duration", "1", "--warmup", "0", "--conns", "10",
+        "--server-cpu", str(cpus[0]), "--client-cpu", str(cpus[1]), "--json", str(report),
+    )  # fmt: skip
+    # 1: a target missed, which one second on a shared machine may well be.
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    data = json.loads(report.read_text())
+    assert data["settings"]["server"] == server
+    assert [setup["key"] for setup in data["setups"]] == [s.key for s in e2e.setups_for(server)]
+    pairs = sorted((m["setup"], m["partner"]) for m in data["measurements"])
+    assert pairs == [("bare", "connlist"), ("connlist", "bare")]
+    for m in data["measurements"]:
+        assert m["requests"] > 0 and m["non_2xx"] == 0 and m["socket_errors"] == {}, m
+        # The server's CPU, its worker's on gunicorn (its master's alone is next to nothing).
+        assert 5 < m["cpu_us_per_req"] < 5000, m
+    assert [row["setup"] for row in data["table"]] == ["bare", "connlist"]
+    assert "on " + server + "; ratio = CPU/request over the bare app's" in done.stdout
+
+
 def test_e2e_summarizes_gunicorn_pairs_against_bare_gunicorn() -> None:
     def one(setup: str, partner: str, cpu_us: float) -> e2e.Measurement:
         return e2e.Measurement(
