@@ -321,6 +321,13 @@ class Server:
         """The server's processes: uvicorn's one, or gunicorn's master and its worker."""
         return (self.pid, *descendants(self.pid))
 
+    def check_same(self, pids: tuple[int, ...]) -> None:
+        """Raise ``BenchError`` unless the server still runs as ``pids`` (a replaced worker's CPU is lost)."""
+        if self.process.poll() is not None or self.pids() != pids:
+            raise BenchError(
+                f"{self.setup.key}: {self.server} (or its worker) died during the run:\n{self.output()}"
+            )
+
     def output(self) -> str:
         self.log.seek(0)
         return self.log.read().decode(errors="replace")[-3000:]
@@ -465,14 +472,11 @@ def measure_pair(
         before = [tree_cpu(pids) for pids in processes]
         running = [start_wrk(wrk, args.client_cpu, conns, args.duration, s.port, args.close) for s in servers]
         results = [finish_wrk(process, args.duration) for process in running]
+        # Before the CPU is read again: a process that is gone has none to read.
+        for server, pids in zip(servers, processes, strict=True):
+            server.check_same(pids)
         after = [tree_cpu(pids) for pids in processes]
         busy_after, wrk_after = busy_ticks(cpus), children_cpu()
-        for server, pids in zip(servers, processes, strict=True):
-            if server.process.poll() is not None or server.pids() != pids:
-                raise BenchError(
-                    f"{server.setup.key}: {server.server} (or its worker) died during the run:\n"
-                    f"{server.output()}"
-                )
     servers_cpu = 0.0
     pair: list[Measurement] = []
     for server, result, (ns0, ticks0), (ns1, ticks1) in zip(servers, results, before, after, strict=True):

@@ -15,9 +15,11 @@ import math
 import os
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -229,13 +231,25 @@ def test_e2e_serves_on_gunicorn_and_counts_its_worker(key: str) -> None:
         worker_ns = e2e.cpu_ns(worker)
         for _ in range(200):
             assert e2e.get(server.port, "/") == (200, e2e.HELLO)
+        # The worker's own first: the tree's, read after, holds at least as much.
+        worker_ns_after, worker_after = e2e.cpu_ns(worker), e2e.cpu_ticks(worker)
         after = e2e.tree_cpu(pids)
-        assert after[0] is not None and before[0] is not None and worker_ns is not None
-        worker_spent = e2e.cpu_ns(worker) - worker_ns
+        assert None not in (after[0], before[0], worker_ns, worker_ns_after)
+        worker_spent = worker_ns_after - worker_ns
         assert worker_spent > 0 and after[0] - before[0] >= worker_spent
-        assert sum(after[1]) >= sum(before[1]) + sum(e2e.cpu_ticks(worker)) - sum(worker_before)
+        assert sum(after[1]) - sum(before[1]) >= sum(worker_after) - sum(worker_before)
+        server.check_same(pids)
+        # A worker that dies is replaced by gunicorn: the run's CPU is not the server's any more.
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while server.pids() == pids or len(server.pids()) < 2:
+            assert time.monotonic() < deadline, "gunicorn did not replace its worker"
+            time.sleep(0.05)
+        with pytest.raises(e2e.BenchError, match="gunicorn \\(or its worker\\) died during the run"):
+            server.check_same(pids)
+        replaced = server.pids()
     assert server.process.returncode is not None
-    assert not Path(f"/proc/{worker}").exists()
+    assert not any(Path(f"/proc/{pid}").exists() for pid in (worker, *replaced))
 
 
 def wrk_or_skip() -> str:
