@@ -224,7 +224,7 @@ def _defined(module: str) -> set[str]:
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 names.update(name.id for name in ast.walk(target) if isinstance(name, ast.Name))
         elif isinstance(node, (ast.If, ast.Try, ast.With)):
-            # Still the top level: what a module defines where its server's module imports.
+            # Still the top level: a name defined only if an import succeeded (httptools_impl's class).
             statements += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])]
             statements += [line for handler in getattr(node, "handlers", []) for line in handler.body]
     return names
