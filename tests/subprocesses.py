@@ -3,6 +3,13 @@
 Each server is bounded: it gets a free port, readiness is polled with a
 deadline, and it is stopped in a ``finally`` (SIGINT to its process group,
 then SIGKILL), so no worker outlives the test.
+
+Servers started at the same time (``test_uvicorn_drift.py`` runs several)
+must not be given the same port: a port is free between ``free_port`` and
+the server's bind, and the kernel may hand it out again meanwhile.  Then
+one server fails to bind while the other answers for it.  So
+``free_port`` never gives a port twice in a session, and ``run_server``
+checks that what answers is its own process.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,11 +37,39 @@ PYTHON = sys.executable
 START_LIMIT = 30.0
 
 
+# The ports free_port has given, never again in this session (see the module docstring).
+_given: set[int] = set()
+_given_lock = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A port of 127.0.0.1 nothing listens on now, and not given before in this session."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        with _given_lock:
+            if port not in _given:
+                _given.add(port)
+                return port
+
+
+def answered_by(proc: subprocess.Popen[bytes], body: bytes) -> bool:
+    """Whether a readiness answer came from ``proc``'s process group, where it says its ``pid``.
+
+    connlist's debug view does (the worker that answered); another answer
+    cannot tell, and counts as ``proc``'s.
+    """
+    try:
+        pid = json.loads(body).get("pid")
+    except (ValueError, AttributeError):
+        return True
+    if not isinstance(pid, int):
+        return True
+    try:
+        return os.getpgid(pid) == proc.pid
+    except ProcessLookupError:
+        return False
 
 
 def gunicorn_command(port: int, app: str, *options: str, workers: int) -> list[str]:
@@ -140,7 +176,10 @@ def run_server(
             if proc.poll() is not None:
                 raise AssertionError(f"server exited with {proc.returncode}:\n{running.log()}")
             try:
-                if get(port, ready_path, timeout=2)[0] == 200 and (ready is None or ready(port)):
+                status, body = get(port, ready_path, timeout=2)
+                if status == 200 and (ready is None or ready(port)):
+                    if not answered_by(proc, body):
+                        raise AssertionError(f"another process answered on port {port}:\n{running.log()}")
                     break
             except OSError:
                 pass
