@@ -171,10 +171,20 @@ class Measurement:
 # -- the server ------------------------------------------------------------------
 
 
+# The ports this run has given.  A pair's two servers start one after the other, and the
+# kernel may give the first one's port again before that server has bound it.
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port of 127.0.0.1 nothing listens on now, and not given before in this run."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _given:
+            _given.add(port)
+            return port
 
 
 def cpu_ticks(pid: int) -> tuple[int, int]:

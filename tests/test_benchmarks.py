@@ -310,6 +310,32 @@ def test_e2e_summarizes_gunicorn_pairs_against_bare_gunicorn() -> None:
     ]
 
 
+def test_e2e_never_gives_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pair's second server is not sent to the port the first is about to bind.
+    ports = [2001, 2001, 2002]
+
+    class Socket:
+        def __init__(self, *args: object) -> None:
+            self.port = 0
+
+        def __enter__(self) -> Socket:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def bind(self, address: tuple[str, int]) -> None:
+            self.port = ports.pop(0)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(e2e.socket, "socket", Socket)
+    monkeypatch.setattr(e2e, "_given", set())
+    assert [e2e.free_port(), e2e.free_port()] == [2001, 2002]
+    assert ports == []
+
+
 def test_e2e_source_digest_covers_the_subpackages(tmp_path: Path) -> None:
     # The check that the benchmark measured one tree throughout reads every module, not only the top's.
     (tmp_path / "core").mkdir()
