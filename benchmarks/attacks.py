@@ -121,6 +121,7 @@ from pathlib import Path
 from typing import Any
 
 import gunicorn_asgi
+from ports import free_port
 
 HERE = Path(__file__).resolve().parent
 HELLO = b"Hello, world!"
@@ -229,12 +230,6 @@ SERVER_BY_KEY = {spec.key: spec for spec in SERVERS}
 DEFAULT_SERVERS = ("uvicorn", "connlist", "connlist-short")
 # The servers that need a package beyond uvicorn: the module each imports.
 NEEDS = {"gunicorn": gunicorn_asgi.MODULE, "hypercorn": "hypercorn"}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def middleware_options() -> set[str]:

@@ -87,7 +87,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -99,6 +98,7 @@ from pathlib import Path
 from typing import Any
 
 import gunicorn_asgi
+from ports import free_port
 from setups import BASELINE, SETUPS, Setup
 
 HERE = Path(__file__).resolve().parent
@@ -169,22 +169,6 @@ class Measurement:
 
 
 # -- the server ------------------------------------------------------------------
-
-
-# The ports this run has given.  A pair's two servers start one after the other, and the
-# kernel may give the first one's port again before that server has bound it.
-_given: set[int] = set()
-
-
-def free_port() -> int:
-    """A port of 127.0.0.1 nothing listens on now, and not given before in this run."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in _given:
-            _given.add(port)
-            return port
 
 
 def cpu_ticks(pid: int) -> tuple[int, int]:

@@ -90,6 +90,7 @@ from pathlib import Path
 from typing import Any
 
 import gunicorn_asgi
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -115,13 +116,6 @@ PROBE_TIMEOUT = 3.0
 # The Done-when line: every answer within this.
 FAST = 0.200
 START_LIMIT = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def limit_descriptors(limit: int) -> Any:

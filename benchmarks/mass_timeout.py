@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ports import free_port
+
 HERE = Path(__file__).resolve().parent
 PROTOCOLS = {"httptools": "connlist.uvicorn:HttpToolsProtocol", "h11": "connlist.uvicorn:H11Protocol"}
 
@@ -86,13 +88,6 @@ def _raise_fd_limit(need: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _request(sock: socket.socket, path: str) -> bytes:
@@ -170,7 +165,7 @@ def measure(parser: str, n: int, log: Path, headers_timeout: float = 5.0) -> Res
     ``headers_timeout`` must be longer than connecting the N takes.
     """
     _raise_fd_limit(n + 256)
-    port = _free_port()
+    port = free_port()
     with _server(parser, port, headers_timeout, log) as proc:
         ordinary = socket.create_connection(("127.0.0.1", port), timeout=5)
         ordinary.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

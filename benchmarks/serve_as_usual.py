@@ -33,6 +33,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 APP = "examples.fastapi_app:app"
@@ -69,12 +71,6 @@ COMMANDS: dict[str, list[str]] = {
     "gunicorn -k asgi --http-parser python -w 2": _gunicorn("asgi", "--http-parser", "python"),
     "gunicorn -k connlist.gunicorn.ASGIWorker -w 2": _gunicorn("connlist.gunicorn.ASGIWorker"),
 }  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get_json(port: int, path: str) -> dict[str, object]:

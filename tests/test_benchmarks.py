@@ -33,8 +33,11 @@ import e2e_apps  # noqa: E402
 import flood  # noqa: E402
 import list_micro  # noqa: E402
 import mass_close  # noqa: E402
+import mass_timeout  # noqa: E402
 import per_request  # noqa: E402
+import ports  # noqa: E402
 import scale  # noqa: E402
+import serve_as_usual  # noqa: E402
 import server_counts  # noqa: E402
 import setups  # noqa: E402
 import workloads  # noqa: E402
@@ -310,9 +313,9 @@ def test_e2e_summarizes_gunicorn_pairs_against_bare_gunicorn() -> None:
     ]
 
 
-def test_e2e_never_gives_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_port_is_given_once_per_run(monkeypatch: pytest.MonkeyPatch) -> None:
     # A pair's second server is not sent to the port the first is about to bind.
-    ports = [2001, 2001, 2002]
+    given = [2001, 2001, 2002]
 
     class Socket:
         def __init__(self, *args: object) -> None:
@@ -325,15 +328,18 @@ def test_e2e_never_gives_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
             pass
 
         def bind(self, address: tuple[str, int]) -> None:
-            self.port = ports.pop(0)
+            self.port = given.pop(0)
 
         def getsockname(self) -> tuple[str, int]:
             return ("127.0.0.1", self.port)
 
-    monkeypatch.setattr(e2e.socket, "socket", Socket)
-    monkeypatch.setattr(e2e, "_given", set())
-    assert [e2e.free_port(), e2e.free_port()] == [2001, 2002]
-    assert ports == []
+    monkeypatch.setattr(ports.socket, "socket", Socket)
+    monkeypatch.setattr(ports, "_given", set())
+    assert [ports.free_port(), ports.free_port()] == [2001, 2002]
+    assert given == []
+    # Every script that starts servers takes its ports from here.
+    for script in (attacks, e2e, flood, mass_timeout, serve_as_usual):
+        assert script.free_port is ports.free_port, script
 
 
 def test_e2e_source_digest_covers_the_subpackages(tmp_path: Path) -> None:
