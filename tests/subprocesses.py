@@ -7,9 +7,11 @@ then SIGKILL), so no worker outlives the test.
 Servers started at the same time (``test_uvicorn_drift.py`` runs several)
 must not be given the same port: a port is free between ``free_port`` and
 the server's bind, and the kernel may hand it out again meanwhile.  Then
-one server fails to bind while the other answers for it.  So
-``free_port`` never gives a port twice in a session, and ``run_server``
-checks that what answers is its own process.
+one server fails to bind while the other answers for it.  So ``free_port``
+is the benchmarks' (``benchmarks/ports.py``), which never gives a port
+twice in a run, one registry for the harness's servers and for those of
+the benchmark scripts the tests run in process; and ``run_server`` checks
+that what answers is its own process.
 """
 
 from __future__ import annotations
@@ -19,10 +21,8 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,25 +33,15 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 PYTHON = sys.executable
 
+# The benchmark scripts import each other by their names, and so do the tests that run them.
+BENCHMARKS = ROOT / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+from ports import free_port  # noqa: E402
+
 # Process startup on a loaded 2-core machine.
 START_LIMIT = 30.0
-
-
-# The ports free_port has given, never again in this session (see the module docstring).
-_given: set[int] = set()
-_given_lock = threading.Lock()
-
-
-def free_port() -> int:
-    """A port of 127.0.0.1 nothing listens on now, and not given before in this session."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
-        with _given_lock:
-            if port not in _given:
-                _given.add(port)
-                return port
 
 
 def answered_by(proc: subprocess.Popen[bytes], body: bytes) -> bool:

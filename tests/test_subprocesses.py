@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
 
 import pytest
 
@@ -11,34 +10,11 @@ from tests import subprocesses
 from tests.subprocesses import PYTHON, answered_by, free_port, run_server
 
 
-class _Socket:
-    """A socket whose bind to port 0 gets the next of ``ports``."""
+def test_the_harness_takes_the_benchmarks_free_port() -> None:
+    # One rule and one registry (tests/test_benchmarks.py tests the rule): a port never given twice.
+    import ports
 
-    ports: ClassVar[list[int]] = []
-
-    def __init__(self, *args: Any) -> None:
-        self.port = 0
-
-    def __enter__(self) -> _Socket:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def bind(self, address: tuple[str, int]) -> None:
-        self.port = self.ports.pop(0)
-
-    def getsockname(self) -> tuple[str, int]:
-        return ("127.0.0.1", self.port)
-
-
-def test_free_port_never_gives_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The kernel may give a port free again before the server it went to binds it.
-    monkeypatch.setattr(subprocesses.socket, "socket", _Socket)
-    monkeypatch.setattr(subprocesses, "_given", {1001})
-    _Socket.ports = [1001, 1002, 1002, 1001, 1003]
-    assert [free_port(), free_port()] == [1002, 1003]
-    assert _Socket.ports == []
+    assert free_port is ports.free_port
 
 
 def test_a_server_answered_for_by_another_process_is_refused(
