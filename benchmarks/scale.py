@@ -37,7 +37,10 @@ load side, is pinned to CPU 1:
 Rounds interleave the setups (the order turns every measurement); the
 report gives, per loop, N and setup, the medians over the rounds, and
 connlist's ratio to bare for CPU and for the worst latency (the median of
-the ratios within each round).  Targets (issue #34): at 5,000 idle
+the ratios within each round), and from 6 rounds on an interval that holds
+the median ratio with 95% confidence, whatever the rounds' noise
+(``median_interval``): where it holds 1, the rounds cannot tell the setups
+apart.  Targets (issue #34): at 5,000 idle
 connections and more, connlist's CPU and worst latency are no more than
 bare's and its memory per idle connection is within 1 KiB of bare's.
 
@@ -76,6 +79,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import resource
 import select
@@ -530,25 +534,65 @@ def summarize(results: list[Result]) -> dict[str, Any]:
             )
         by_round = {(r.round, r.setup): r for r in results if (r.loop, r.n) == (loop, n)}
         rounds = sorted({r for r, _ in by_round})
-        ratios = {
-            name: statistics.median(
+        per_round = {
+            name: [
                 getattr(by_round[r, connlist], name) / getattr(by_round[r, BASELINE], name) for r in rounds
-            )
+            ]
             for name in ("cpu_s", "probe_worst_ms")
         }
+        ratios = {name: statistics.median(values) for name, values in per_round.items()}
+        intervals = {name: median_interval(values) for name, values in per_round.items()}
         table[-1]["cpu_ratio"] = ratios["cpu_s"]
         table[-1]["worst_ratio"] = ratios["probe_worst_ms"]
+        table[-1]["cpu_interval"] = intervals["cpu_s"]
+        table[-1]["worst_interval"] = intervals["probe_worst_ms"]
         if n >= TARGET_FROM:
             memory = medians[connlist]["kib_per_conn"] - medians[BASELINE]["kib_per_conn"]
-            for name, value, ceiling in (
-                ("CPU vs bare <= 1", ratios["cpu_s"], 1.0),
-                ("worst latency vs bare <= 1", ratios["probe_worst_ms"], 1.0),
-                (f"memory/conn - bare's <= {MEMORY_SLACK_KIB:g} KiB", memory, MEMORY_SLACK_KIB),
+            for name, value, interval, ceiling in (
+                ("CPU vs bare <= 1", ratios["cpu_s"], intervals["cpu_s"], 1.0),
+                ("worst latency vs bare <= 1", ratios["probe_worst_ms"], intervals["probe_worst_ms"], 1.0),
+                (f"memory/conn - bare's <= {MEMORY_SLACK_KIB:g} KiB", memory, None, MEMORY_SLACK_KIB),
             ):
                 targets.append(
-                    {"loop": loop, "n": n, "target": name, "value": value, "met": value <= ceiling}
+                    {
+                        "loop": loop,
+                        "n": n,
+                        "target": name,
+                        "value": value,
+                        "met": value <= ceiling,
+                        "interval": interval,
+                        "told": interval is None or not interval[0] <= ceiling < interval[1],
+                    }
                 )
     return {"table": table, "targets": targets}
+
+
+# How sure the interval of a median ratio is (``median_interval``).
+CONFIDENCE = 0.95
+
+
+def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """An interval that holds the median of the ratios' distribution, with ``confidence``; None: too few.
+
+    Whatever that distribution is, the k-th smallest and the k-th largest of
+    n values drawn from it enclose its median unless k or fewer fall on one
+    side, which happens with probability 2 P(B < k), B binomial (n, 1/2).  k
+    is the largest whose interval keeps ``confidence``: at 95%, 6 values are
+    the fewest (the smallest and the largest), 21 give the 6th of each end.
+    A round's noise moves the rounds' ratios far more than the difference
+    between the setups; the interval says whether the rounds can tell them apart.
+    """
+    ordered = sorted(values)
+    n = len(ordered)
+    k = 0
+    below = 0  # 2**n P(B < k)
+    while k < n // 2:
+        below_next = below + math.comb(n, k)
+        if 2 * below_next > (1 - confidence) * 2**n:
+            break
+        below = below_next
+        k += 1
+    return None if k == 0 else (ordered[k - 1], ordered[n - k])
 
 
 def print_summary(summary: dict[str, Any], rounds: int, keep_alive: int) -> None:
@@ -580,9 +624,15 @@ def print_summary(summary: dict[str, Any], rounds: int, keep_alive: int) -> None
         print("Targets (issue #34):")
         for t in summary["targets"]:
             verdict = "met" if t["met"] else "MISSED"
+            interval = t["interval"]
+            if interval is not None:
+                verdict += f"  (95% interval of the median {interval[0]:.3f}..{interval[1]:.3f}"
+                verdict += ")" if t["told"] else ": the rounds cannot tell)"
             print(f"  {t['loop']:<7s} N={t['n']:<6d} {t['target']:<34s} {t['value']:7.3f}  {verdict}")
         if rounds < 3:
             print(f"  (only {rounds} round(s): indicative)")
+        elif rounds < 6:
+            print(f"  (an interval of the median ratio needs 6 rounds or more; {rounds} ran)")
 
 
 # -- main ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import importlib
 import json
 import math
 import os
+import random
 import resource
 import shutil
 import signal
@@ -879,6 +880,60 @@ def test_scale_measures_idle_connections_until_the_server_closed_them_all(budget
     assert rows[1]["worst_ratio"] == by_setup[connlist].probe_worst_ms / by_setup["bare"].probe_worst_ms
     # The targets are judged from 5,000 connections on.
     assert summary["targets"] == []
+
+
+def test_scale_gives_an_interval_of_the_median_ratio_that_holds_whatever_the_noise() -> None:
+    # Fewer than 6 rounds cannot give 95%: even the smallest and the largest of 5 miss
+    # the median with probability 2 / 32.
+    assert scale.median_interval([1.0, 0.9, 1.1, 1.2, 0.8]) is None
+    assert scale.median_interval([]) is None
+    # 6: the smallest and the largest (they miss it with probability 2 / 64).
+    assert scale.median_interval([1.3, 0.7, 1.0, 1.1, 0.9, 1.2]) == (0.7, 1.3)
+    # 21: the 6th of each end (2 P(B < 6) = 2.7%; the 7th would be 7.8%), in any order.
+    values = [i / 100 for i in range(80, 101)]
+    random.Random(34).shuffle(values)
+    assert scale.median_interval(values) == (0.85, 0.95)
+    # A lower confidence, a narrower interval.
+    assert scale.median_interval(values, confidence=0.5) == (0.88, 0.92)
+    # The coverage it claims, checked by drawing: rounds of a skewed noise around a median of 1.
+    rng = random.Random(7)
+    draws = 2000
+    held = 0
+    for _ in range(draws):
+        interval = scale.median_interval([math.exp(rng.gauss(0, 0.2)) ** 3 for _ in range(9)])
+        assert interval is not None
+        held += interval[0] <= 1.0 <= interval[1]
+    # 9 rounds: the 2nd of each end, 96.1%; 2,000 draws put it within 1.5 points of that.
+    assert 0.945 < held / draws < 0.977
+
+
+def test_scale_says_where_the_rounds_cannot_tell_bare_and_connlist_apart(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def result(setup: str, round_no: int, cpu: float, worst: float) -> scale.Result:
+        fields = {field.name: 1.0 for field in dataclasses.fields(scale.Result)}
+        fields.update(setup=setup, loop="uvloop", n=5000, round=round_no, cpu_s=cpu, probe_worst_ms=worst)
+        fields.update(closed=5000, probe_errors=0)
+        return scale.Result(**fields)
+
+    results = []
+    for round_no in range(1, 7):
+        results.append(result("bare", round_no, 1.0, 4.0))
+        # CPU always 5 to 10% dearer; the worst latency either way.
+        results.append(result("connlist", round_no, 1.05 + round_no / 100, 4.0 * (0.8 + round_no / 15)))
+    summary = scale.summarize(results)
+    targets = {t["target"]: t for t in summary["targets"]}
+    cpu = targets["CPU vs bare <= 1"]
+    assert cpu["interval"] == pytest.approx((1.06, 1.11))
+    assert not cpu["met"] and cpu["told"]
+    worst = targets["worst latency vs bare <= 1"]
+    assert worst["interval"] == pytest.approx((0.8 + 1 / 15, 0.8 + 6 / 15))
+    assert not worst["told"]
+    assert targets["memory/conn - bare's <= 1 KiB"]["interval"] is None
+    scale.print_summary(summary, 6, 5)
+    out = capsys.readouterr().out
+    assert "(95% interval of the median 1.060..1.110)" in out
+    assert "(95% interval of the median 0.867..1.200: the rounds cannot tell)" in out
 
 
 def test_scale_skips_a_count_above_the_hard_descriptor_limit() -> None:
