@@ -32,17 +32,22 @@ load side, is pinned to CPU 1:
    requests (about 100 a second, the same for both setups) and the mass
    close at the keep-alive deadline.  The time to close all N is from the
    first EOF to the last; "late" is how long after the last connection's
-   own deadline (when it went idle + the keep-alive) it was closed.
+   own deadline (when it went idle + the keep-alive) it was closed.  "In
+   the close" is the worst latency of the probe's requests sent from the
+   last before the first EOF to the last EOF: the stall the mass
+   close makes, without the machine's own over the idle time (the probe
+   and the load side read the same monotonic clock).
 
-Rounds interleave the setups (the order turns every measurement); the
-report gives, per loop, N and setup, the medians over the rounds, and
-connlist's ratio to bare for CPU and for the worst latency (the median of
-the ratios within each round), and from 6 rounds on an interval that holds
-the median ratio with 95% confidence, whatever the rounds' noise
-(``median_interval``): where it holds 1, the rounds cannot tell the setups
-apart.  Targets (issue #34): at 5,000 idle
-connections and more, connlist's CPU and worst latency are no more than
-bare's and its memory per idle connection is within 1 KiB of bare's.
+Rounds interleave the setups (the order turns every measurement); the report
+gives, per loop, N and setup, the medians over the rounds, and connlist's
+ratio to bare for CPU, for the worst latency and for the worst in the close
+(the median of the ratios within each round), and from 6 rounds on an
+interval that holds the median ratio with 95% confidence, whatever the
+rounds' noise (``median_interval``): where it holds 1, the rounds cannot
+tell the setups apart.  Targets (issue #34): at 5,000 idle connections and
+more, connlist's CPU and worst latency (over the whole time, and in the
+close) are no more than bare's and its memory per idle connection is within
+1 KiB of bare's.
 
 Descriptors: the server and this process each need N plus a margin.  The
 soft limit (RLIMIT_NOFILE) is raised up to the hard limit, which children
@@ -77,6 +82,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import json
 import math
@@ -145,6 +151,11 @@ class Result:
     probe_median_ms: float
     probe_p99_ms: float
     probe_worst_ms: float
+    # The worst of the probe's requests sent from one interval before the
+    # first close to the last (the mass close's stalls, without the idle
+    # time's), and how many there were.
+    close_worst_ms: float
+    close_probes: int
     # Seconds the N took to open (first idle to last idle).
     open_s: float
     # Seconds from the first EOF to the last.
@@ -337,6 +348,7 @@ def probe(port: int) -> None:
     if not os.read(stdin, 64):
         return
     latencies: list[float] = []
+    sent_at: list[float] = []
     errors = 0
     sock: socket.socket | None = None
     started = next_at = time.monotonic()
@@ -351,8 +363,11 @@ def probe(port: int) -> None:
                     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sent = time.perf_counter()
+                # On the clock the load side stamps the closes with.
+                at = time.monotonic()
                 request_on(sock, "/")
                 latencies.append(time.perf_counter() - sent)
+                sent_at.append(at)
             except OSError:
                 errors += 1
                 if sock is not None:
@@ -361,7 +376,7 @@ def probe(port: int) -> None:
     finally:
         if sock is not None:
             sock.close()
-    print(json.dumps({"latencies": latencies, "errors": errors}), flush=True)
+    print(json.dumps({"latencies": latencies, "sent_at": sent_at, "errors": errors}), flush=True)
 
 
 @contextlib.contextmanager
@@ -387,6 +402,20 @@ def probe_process(port: int) -> Iterator[subprocess.Popen[str]]:
         for stream in (process.stdin, process.stdout):
             if stream is not None:
                 stream.close()
+
+
+def close_latencies(sent_at: list[float], latencies: list[float], ends: list[float]) -> list[float]:
+    """The latencies of the probe's requests sent during the mass close (``ends``: the closes' times).
+
+    From the last request sent before the first close (the close may have
+    held it up), or the first one if none was, to the last close: at least
+    one, however quickly the closes come, as long as the probe sent any by then.
+    """
+    if not ends:
+        return []
+    first = max(bisect.bisect_right(sent_at, ends[0]) - 1, 0)
+    last = bisect.bisect_right(sent_at, ends[-1])
+    return latencies[first:last]
 
 
 def _percentile(sorted_values: list[float], fraction: float) -> float:
@@ -449,6 +478,7 @@ def measure(
     ends = closes.times
     if not latencies:
         raise BenchError("the probe got no answer")
+    in_close = close_latencies(report["sent_at"], report["latencies"], ends)
     return Result(
         round=round_no,
         loop=loop,
@@ -463,6 +493,8 @@ def measure(
         probe_median_ms=statistics.median(latencies) * 1000,
         probe_p99_ms=_percentile(latencies, 0.99) * 1000,
         probe_worst_ms=latencies[-1] * 1000,
+        close_worst_ms=max(in_close) * 1000 if in_close else math.nan,
+        close_probes=len(in_close),
         open_s=last_idle - first_idle,
         close_s=(ends[-1] - ends[0]) if ends else float("nan"),
         late_ms=(ends[-1] - last_idle - keep_alive) * 1000 if ends else float("nan"),
@@ -497,7 +529,8 @@ def run_rounds(
                             f"[{len(results):2d}/{total}] round {round_no} {loop:<7s} N={n:<6d} {key:<18s} "
                             f"{r.kib_per_conn:5.2f} KiB/conn  CPU {r.cpu_s:5.2f} s  probe median "
                             f"{r.probe_median_ms:5.2f} p99 {r.probe_p99_ms:6.2f} "
-                            f"worst {r.probe_worst_ms:6.2f} ms  "
+                            f"worst {r.probe_worst_ms:6.2f} ms, in the close {r.close_worst_ms:6.2f} ms "
+                            f"of {r.close_probes}  "
                             f"opened in {r.open_s:4.1f} s, closed {r.closed}/{n} in {r.close_s:4.1f} s "
                             f"(late {r.late_ms:4.0f} ms)  [{time.monotonic() - started:.0f}s]",
                             flush=True,
@@ -507,7 +540,18 @@ def run_rounds(
     return results
 
 
-FIELDS = ("kib_per_conn", "cpu_s", "probe_median_ms", "probe_p99_ms", "probe_worst_ms", "close_s", "late_ms")
+FIELDS = (
+    "kib_per_conn",
+    "cpu_s",
+    "probe_median_ms",
+    "probe_p99_ms",
+    "probe_worst_ms",
+    "close_worst_ms",
+    "close_s",
+    "late_ms",
+)
+# The figures compared round by round, connlist's over bare's.
+RATIOS = ("cpu_s", "probe_worst_ms", "close_worst_ms")
 
 
 def summarize(results: list[Result]) -> dict[str, Any]:
@@ -538,7 +582,7 @@ def summarize(results: list[Result]) -> dict[str, Any]:
             name: [
                 getattr(by_round[r, connlist], name) / getattr(by_round[r, BASELINE], name) for r in rounds
             ]
-            for name in ("cpu_s", "probe_worst_ms")
+            for name in RATIOS
         }
         ratios = {name: statistics.median(values) for name, values in per_round.items()}
         intervals = {name: median_interval(values) for name, values in per_round.items()}
@@ -546,11 +590,19 @@ def summarize(results: list[Result]) -> dict[str, Any]:
         table[-1]["worst_ratio"] = ratios["probe_worst_ms"]
         table[-1]["cpu_interval"] = intervals["cpu_s"]
         table[-1]["worst_interval"] = intervals["probe_worst_ms"]
+        table[-1]["close_worst_ratio"] = ratios["close_worst_ms"]
+        table[-1]["close_worst_interval"] = intervals["close_worst_ms"]
         if n >= TARGET_FROM:
             memory = medians[connlist]["kib_per_conn"] - medians[BASELINE]["kib_per_conn"]
             for name, value, interval, ceiling in (
                 ("CPU vs bare <= 1", ratios["cpu_s"], intervals["cpu_s"], 1.0),
                 ("worst latency vs bare <= 1", ratios["probe_worst_ms"], intervals["probe_worst_ms"], 1.0),
+                (
+                    "worst in the close vs bare <= 1",
+                    ratios["close_worst_ms"],
+                    intervals["close_worst_ms"],
+                    1.0,
+                ),
                 (f"memory/conn - bare's <= {MEMORY_SLACK_KIB:g} KiB", memory, None, MEMORY_SLACK_KIB),
             ):
                 targets.append(
@@ -599,24 +651,30 @@ def print_summary(summary: dict[str, Any], rounds: int, keep_alive: int) -> None
     print()
     print(
         f"Medians of {rounds} round(s); --timeout-keep-alive {keep_alive}; CPU: the server's, from all N "
-        "idle to the last closed; probe: GET / every 10 ms over that time; closed in: first close to last"
+        "idle to the last closed; probe: GET / every 10 ms over that time; in close: the worst of the "
+        "probes sent during the mass close; closed in: first close to last"
     )
     header = (
         f"{'loop':<7s} {'N':>6s} {'setup':<18s} {'KiB/conn':>8s} {'CPU s':>6s} {'median':>7s} {'p99':>7s} "
-        f"{'worst':>7s} {'closed in':>9s} {'late':>7s}  {'vs bare: CPU, worst':<20s}"
+        f"{'worst':>7s} {'in close':>8s} {'closed in':>9s} {'late':>7s}  "
+        f"{'vs bare: CPU, worst, in close':<30s}"
     )
     print(header)
     print("-" * len(header))
     for row in summary["table"]:
-        ratio = f"{row['cpu_ratio']:.2f}x, {row['worst_ratio']:.2f}x" if "cpu_ratio" in row else ""
+        ratio = (
+            f"{row['cpu_ratio']:.2f}x, {row['worst_ratio']:.2f}x, {row['close_worst_ratio']:.2f}x"
+            if "cpu_ratio" in row
+            else ""
+        )
         flags = "" if row["closed_all"] else "  NOT ALL CLOSED"
         if row["probe_errors"]:
             flags += f"  {row['probe_errors']} probe errors"
         print(
             f"{row['loop']:<7s} {row['n']:>6d} {row['setup']:<18s} {row['kib_per_conn']:>8.2f} "
             f"{row['cpu_s']:>6.2f} {row['probe_median_ms']:>5.2f}ms {row['probe_p99_ms']:>5.2f}ms "
-            f"{row['probe_worst_ms']:>5.1f}ms {row['close_s']:>8.2f}s {row['late_ms']:>5.0f}ms  "
-            f"{ratio:<20s}{flags}"
+            f"{row['probe_worst_ms']:>5.1f}ms {row['close_worst_ms']:>6.1f}ms {row['close_s']:>8.2f}s "
+            f"{row['late_ms']:>5.0f}ms  {ratio:<30s}{flags}"
         )
     print("(ratios: the median over rounds of connlist's figure over bare's in the same round)")
     if summary["targets"]:

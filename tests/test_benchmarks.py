@@ -868,6 +868,9 @@ def test_scale_measures_idle_connections_until_the_server_closed_them_all(budget
         assert r.cpu_s > 0
         assert r.probe_requests >= 10 and r.probe_errors == 0, r
         assert 0 < r.probe_median_ms <= r.probe_p99_ms <= r.probe_worst_ms
+        # At least the request sent last before the first close.
+        assert 1 <= r.close_probes < r.probe_requests, r
+        assert 0 < r.close_worst_ms <= r.probe_worst_ms
     summary = scale.summarize(results)
     rows = summary["table"]
     assert [(row["loop"], row["n"], row["setup"]) for row in rows] == [
@@ -878,6 +881,7 @@ def test_scale_measures_idle_connections_until_the_server_closed_them_all(budget
     by_setup = {r.setup: r for r in results}
     assert rows[1]["cpu_ratio"] == by_setup[connlist].cpu_s / by_setup["bare"].cpu_s
     assert rows[1]["worst_ratio"] == by_setup[connlist].probe_worst_ms / by_setup["bare"].probe_worst_ms
+    assert rows[1]["close_worst_ratio"] == by_setup[connlist].close_worst_ms / by_setup["bare"].close_worst_ms
     # The targets are judged from 5,000 connections on.
     assert summary["targets"] == []
 
@@ -905,6 +909,27 @@ def test_scale_gives_an_interval_of_the_median_ratio_that_holds_whatever_the_noi
         held += interval[0] <= 1.0 <= interval[1]
     # 9 rounds: the 2nd of each end, 96.1%; 2,000 draws put it within 1.5 points of that.
     assert 0.945 < held / draws < 0.977
+
+
+def test_scale_takes_the_worst_in_the_close_from_the_probes_sent_during_it() -> None:
+    # Probes every 10 ms from t = 0; the closes from 0.105 to 0.2.
+    sent_at = [i / 100 for i in range(40)]
+    latencies = [0.001] * 40
+    latencies[9] = 0.5  # sent at 0.09: before the one sent last before the first close
+    latencies[10] = 0.002  # 0.10: the last before it, which the close may hold up
+    latencies[15] = 0.004
+    latencies[20] = 0.003  # 0.20: at the last close's instant
+    latencies[21] = 0.9  # 0.21: after it
+    ends = [0.105, 0.15, 0.2]
+    during = scale.close_latencies(sent_at, latencies, ends)
+    assert len(during) == 11  # 0.10 to 0.20
+    assert max(during) == 0.004
+    # Closes between two probes: the one sent before them.
+    assert scale.close_latencies(sent_at, latencies, [0.1551, 0.1552]) == [0.004]
+    # Closes before the first probe: from the first.
+    assert scale.close_latencies(sent_at, latencies, [-1.0, 0.005]) == [0.001]
+    assert scale.close_latencies([], [], [0.1]) == []
+    assert scale.close_latencies(sent_at, latencies, []) == []
 
 
 def test_scale_says_where_the_rounds_cannot_tell_bare_and_connlist_apart(
