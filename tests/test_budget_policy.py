@@ -268,10 +268,13 @@ def test_under_pressure_idle_keep_alive_connections_are_closed_sooner(
     assert enforcer.pressed
     loop.run_until(clock.now + PRESSURE_FLOOR + 1)
     # At most KEEPALIVE_PER_ITERATION in a loop iteration; that relieved the
-    # pressure, so at the next iteration the rest keep their keep-alive.
+    # pressure, so when the sweep carries on (two iterations later: the one
+    # between is the closed connections') the rest keep their keep-alive.
     n = KEEPALIVE_PER_ITERATION
     assert [handle.transport.closed for handle in handles] == [True] * n + [False] * (10 - n)
-    loop.run_soon()
+    assert loop.run_soon() == 1
+    assert enforcer.pressed and sum(handle.transport.closed for handle in handles) == n
+    assert loop.run_soon() == 1
     assert not enforcer.pressed
     assert sum(handle.transport.closed for handle in handles) == n
     assert enforcer.totals.keepalive_timeouts == n

@@ -291,6 +291,13 @@ def test_a_mass_timeout_is_spread_over_loop_iterations(clock: FakeClock, loop: M
     enforcer.watch()  # a connect while the sweep carries on arms nothing
     enforcer.bring_forward(clock.now)
     assert (loop.queued, loop.armed) == (1, [])
+    # The next iteration is the closed connections' (their connection_lost):
+    # the sweep only hands over to the one after, and cuts nothing in it.
+    assert loop.run_soon() == 1
+    assert enforcer.totals.headers_timeouts == 3 * _BATCH
+    assert (loop.queued, loop.armed) == (1, [])
+    enforcer.watch()
+    assert (loop.queued, loop.armed) == (1, [])
     assert loop.run_soon() == 1
     assert all(h.transport.buffer == RESPONSE_408 for h in handles)
     assert enforcer.totals.headers_timeouts == 3 * _BATCH + 4
@@ -306,6 +313,18 @@ def test_cancel_forgets_the_sweep_that_carries_on(clock: FakeClock, loop: MockLo
     assert (loop.queued, loop.run_soon()) == (0, 0)
     assert enforcer.totals.headers_timeouts == 3 * _BATCH
     # Not continuing any more: a timer can be armed again at once.
+    enforcer.watch()
+    assert len(loop.armed) == 1
+
+
+def test_cancel_forgets_a_sweep_handed_over_to_the_next_iteration(clock: FakeClock, loop: MockLoop) -> None:
+    enforcer, _ = mass_timeout(clock, loop, 3 * _BATCH + 4)
+    loop.run_until(T0 + 1 + SLACK)
+    assert loop.run_soon() == 1  # the hand-over: the sweep is queued for the next iteration
+    assert loop.queued == 1
+    enforcer.cancel()
+    assert (loop.queued, loop.run_soon()) == (0, 0)
+    assert enforcer.totals.headers_timeouts == 3 * _BATCH
     enforcer.watch()
     assert len(loop.armed) == 1
 

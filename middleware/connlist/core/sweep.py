@@ -293,8 +293,8 @@ def reading_paused(conn: Connection) -> bool:
 def _run_keepalive(enforcer: Enforcing, now: float, stop: float) -> bool:
     """Keep-alive connections idle for the keep-alive time (shortened under pressure), closed.
 
-    At most ``KEEPALIVE_PER_ITERATION`` per sweep; the rest at the next
-    iteration (False: not finished).
+    At most ``KEEPALIVE_PER_ITERATION`` per sweep; the rest when the sweep
+    carries on (False: not finished; ``connlist.core.timer``).
     """
     idle_time = enforcer.idle_time_now
     if idle_time == _INF:

@@ -33,8 +33,15 @@ transport, the callback), so a mass timeout is spread over loop iterations:
 one sweep spends at most ``SWEEP_TIME`` seconds closing, and closes at most
 ``connlist.core.sweep.KEEPALIVE_PER_ITERATION`` idle keep-alive connections
 (``_work`` says whether it finished), then yields to the loop and carries
-on at the next iteration (``call_soon``), so requests of other clients are
-served in between.  A sweep that carries on runs only the steps that did
+on, so requests of other clients are served in between.  It carries on
+two iterations later, not at the next (``call_soon`` twice, ``_hand_over``):
+the loops run a closed connection's ``connection_lost`` at the iteration
+after its close, and a sweep at that iteration too would make each one
+carry the losses of one batch and the closes of the next, back to back
+for the whole mass close.  So an iteration carries one batch's closes or
+its losses, not both, and a request that needs a few iterations to be
+served waits behind less work at each (docs/benchmarks.md, "The stall in
+a mass close").  A sweep that carries on runs only the steps that did
 not finish (a mass close: the keep-alive's), with every other step once
 ``CARRY_ON_WHOLE`` has passed since the last whole sweep: what else falls
 due during a mass close of thousands, which takes seconds, is cut at most
@@ -88,7 +95,7 @@ class Timer(ABC):
         # Which arming the armed timer is: a timer that was replaced, yet
         # still fires (a loop that cannot cancel), does nothing.
         self._arming = 0
-        # A sweep that ran out of its time continues at the next iteration.
+        # A sweep that ran out of its time carries on (two iterations later).
         self._continuing = False
         self._soon: asyncio.Handle | None = None
 
@@ -199,8 +206,14 @@ class Timer(ABC):
         if self._work(floor, carrying):
             self._arm()
         else:
-            # Out of time: carry on at the next loop iteration, after the
-            # I/O that is ready (other clients) has been served.
+            # Out of time: carry on once the I/O that is ready (other
+            # clients) and the closes' losses have been served.
             self._continuing = True
             loop = self.loop or self.attached_loop or asyncio.get_running_loop()
-            self._soon = loop.call_soon(self._sweep)
+            self._soon = loop.call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        # The iteration after a sweep that did not finish: its closes' losses
+        # run in it, and the sweep carries on at the next (module docstring).
+        loop = self.loop or self.attached_loop or asyncio.get_running_loop()
+        self._soon = loop.call_soon(self._sweep)
