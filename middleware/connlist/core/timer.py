@@ -210,10 +210,9 @@ class Timer(ABC):
             # clients) and the closes' losses have been served.
             self._continuing = True
             loop = self.loop or self.attached_loop or asyncio.get_running_loop()
-            self._soon = loop.call_soon(self._hand_over)
+            self._soon = loop.call_soon(self._hand_over, loop)
 
-    def _hand_over(self) -> None:
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
         # The iteration after a sweep that did not finish: its closes' losses
         # run in it, and the sweep carries on at the next (module docstring).
-        loop = self.loop or self.attached_loop or asyncio.get_running_loop()
         self._soon = loop.call_soon(self._sweep)
