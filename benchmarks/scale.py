@@ -151,9 +151,9 @@ class Result:
     probe_median_ms: float
     probe_p99_ms: float
     probe_worst_ms: float
-    # The worst of the probe's requests sent from one interval before the
-    # first close to the last (the mass close's stalls, without the idle
-    # time's), and how many there were.
+    # The worst of the probe's requests sent from the last before the first
+    # close to the last close (the mass close's stalls, without the idle
+    # time's: ``close_latencies``), and how many there were.
     close_worst_ms: float
     close_probes: int
     # Seconds the N took to open (first idle to last idle).
@@ -493,7 +493,7 @@ def measure(
         probe_median_ms=statistics.median(latencies) * 1000,
         probe_p99_ms=_percentile(latencies, 0.99) * 1000,
         probe_worst_ms=latencies[-1] * 1000,
-        close_worst_ms=max(in_close) * 1000 if in_close else math.nan,
+        close_worst_ms=max(in_close) * 1000 if in_close else float("nan"),
         close_probes=len(in_close),
         open_s=last_idle - first_idle,
         close_s=(ends[-1] - ends[0]) if ends else float("nan"),
@@ -550,8 +550,13 @@ FIELDS = (
     "close_s",
     "late_ms",
 )
-# The figures compared round by round, connlist's over bare's.
-RATIOS = ("cpu_s", "probe_worst_ms", "close_worst_ms")
+# The figures compared round by round, connlist's over bare's: the field,
+# its key in the report's rows (``KEY_ratio``, ``KEY_interval``), and its target.
+RATIOS = (
+    ("cpu_s", "cpu", "CPU vs bare <= 1"),
+    ("probe_worst_ms", "worst", "worst latency vs bare <= 1"),
+    ("close_worst_ms", "close_worst", "worst in the close vs bare <= 1"),
+)
 
 
 def summarize(results: list[Result]) -> dict[str, Any]:
@@ -578,33 +583,21 @@ def summarize(results: list[Result]) -> dict[str, Any]:
             )
         by_round = {(r.round, r.setup): r for r in results if (r.loop, r.n) == (loop, n)}
         rounds = sorted({r for r, _ in by_round})
-        per_round = {
-            name: [
-                getattr(by_round[r, connlist], name) / getattr(by_round[r, BASELINE], name) for r in rounds
+        judged: list[tuple[str, float, tuple[float, float] | None, float]] = []
+        for field, key, target in RATIOS:
+            per_round = [
+                getattr(by_round[r, connlist], field) / getattr(by_round[r, BASELINE], field) for r in rounds
             ]
-            for name in RATIOS
-        }
-        ratios = {name: statistics.median(values) for name, values in per_round.items()}
-        intervals = {name: median_interval(values) for name, values in per_round.items()}
-        table[-1]["cpu_ratio"] = ratios["cpu_s"]
-        table[-1]["worst_ratio"] = ratios["probe_worst_ms"]
-        table[-1]["cpu_interval"] = intervals["cpu_s"]
-        table[-1]["worst_interval"] = intervals["probe_worst_ms"]
-        table[-1]["close_worst_ratio"] = ratios["close_worst_ms"]
-        table[-1]["close_worst_interval"] = intervals["close_worst_ms"]
+            ratio, interval = statistics.median(per_round), median_interval(per_round)
+            table[-1][f"{key}_ratio"] = ratio
+            table[-1][f"{key}_interval"] = interval
+            judged.append((target, ratio, interval, 1.0))
         if n >= TARGET_FROM:
             memory = medians[connlist]["kib_per_conn"] - medians[BASELINE]["kib_per_conn"]
-            for name, value, interval, ceiling in (
-                ("CPU vs bare <= 1", ratios["cpu_s"], intervals["cpu_s"], 1.0),
-                ("worst latency vs bare <= 1", ratios["probe_worst_ms"], intervals["probe_worst_ms"], 1.0),
-                (
-                    "worst in the close vs bare <= 1",
-                    ratios["close_worst_ms"],
-                    intervals["close_worst_ms"],
-                    1.0,
-                ),
-                (f"memory/conn - bare's <= {MEMORY_SLACK_KIB:g} KiB", memory, None, MEMORY_SLACK_KIB),
-            ):
+            judged.append(
+                (f"memory/conn - bare's <= {MEMORY_SLACK_KIB:g} KiB", memory, None, MEMORY_SLACK_KIB)
+            )
+            for name, value, interval, ceiling in judged:
                 targets.append(
                     {
                         "loop": loop,
