@@ -36,18 +36,25 @@ load side, is pinned to CPU 1:
    the close" is the worst latency of the probe's requests sent from the
    last before the first EOF to the last EOF: the stall the mass
    close makes, without the machine's own over the idle time (the probe
-   and the load side read the same monotonic clock).
+   and the load side read the same monotonic clock);
+6. the server, stopped, writes how long its loop worked between two polls
+   of its sockets, each time it did so for 20 us or more
+   (``loop_busy.c``, loaded into it): "busy" is the longest of those that
+   ended from 50 ms before the first EOF to 50 ms after the last, the
+   loop's longest stall in the close measured where it happens, without
+   the probe's own time on the network, on CPU 1 and in the client.
 
 Rounds interleave the setups (the order turns every measurement); the report
 gives, per loop, N and setup, the medians over the rounds, and connlist's
-ratio to bare for CPU, for the worst latency and for the worst in the close
-(the median of the ratios within each round), and from 6 rounds on an
-interval that holds the median ratio with 95% confidence, whatever the
+ratio to bare for CPU, for the worst latency, for the worst in the close
+and for the loop's longest stall in the close (the median of the ratios
+within each round), and from 6 rounds on an interval that holds the
+median ratio with 95% confidence, whatever the
 rounds' noise (``median_interval``): where it holds 1, the rounds cannot
 tell the setups apart.  Targets (issue #34): at 5,000 idle connections and
-more, connlist's CPU and worst latency (over the whole time, and in the
-close) are no more than bare's and its memory per idle connection is within
-1 KiB of bare's.
+more, connlist's CPU, its worst latency (over the whole time, and in the
+close) and its loop's longest stall in the close are no more than bare's,
+and its memory per idle connection is within 1 KiB of bare's.
 
 Descriptors: the server and this process each need N plus a margin.  The
 soft limit (RLIMIT_NOFILE) is raised up to the hard limit, which children
@@ -72,10 +79,10 @@ body, clients that are slow or never send (``mass_timeout.py``, ``attacks.py``),
 and the kernel's memory per socket (RSS is the process's own).  One worker;
 the load side and the probe share a CPU.
 
-Needs ``taskset`` (util-linux), two CPUs and, for ``--loops uvloop``,
-uvloop.  Loopback only; bounded in connections and in time (about 15 s per
-measurement at 20,000).  Exits 0 when every target is met, 1 when one is
-missed, 2 when it cannot run.
+Needs ``taskset`` (util-linux), a C compiler (``cc``, for ``loop_busy.c``),
+two CPUs and, for ``--loops uvloop``, uvloop.  Loopback only; bounded in
+connections and in time (about 15 s per measurement at 20,000).  Exits 0
+when every target is met, 1 when one is missed, 2 when it cannot run.
 """
 
 from __future__ import annotations
@@ -84,6 +91,7 @@ import argparse
 import asyncio
 import bisect
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -95,12 +103,14 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import loop_busy
 from e2e import CLK_TCK, BenchError, Server, cpu_ns, cpu_ticks, cpus_problem, exit_on_sigterm, version
 from mass_timeout import _raise_fd_limit as raise_fd_limit
 from mass_timeout import _request as request_on
@@ -132,6 +142,10 @@ PROBE_INTERVAL = 0.010
 PROBE_LIMIT = 300.0
 # At or above this N, the targets are judged (the issue's 5,000 and 20,000).
 TARGET_FROM = 5000
+# The loop's stall in the close: its stretches without a poll that ended from
+# this long before the first EOF the load side saw to this long after the
+# last (a sweep goes on after its first close; the losses follow the last).
+CLOSE_MARGIN = 0.05
 MEMORY_SLACK_KIB = 1.0
 
 
@@ -156,6 +170,9 @@ class Result:
     # time's: ``close_latencies``), and how many there were.
     close_worst_ms: float
     close_probes: int
+    # The longest the server's loop worked without polling, in the close
+    # (``loop_busy``; from CLOSE_MARGIN before the first close to as long after the last).
+    close_busy_ms: float
     # Seconds the N took to open (first idle to last idle).
     open_s: float
     # Seconds from the first EOF to the last.
@@ -426,13 +443,26 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
 
 
 def measure(
-    setup_key: str, loop: str, n: int, *, keep_alive: int = 5, cpu: int = 0, round_no: int = 1
+    setup_key: str,
+    loop: str,
+    n: int,
+    library: Path,
+    *,
+    keep_alive: int = 5,
+    cpu: int = 0,
+    round_no: int = 1,
 ) -> Result:
-    """One fresh server, N idle keep-alive connections, their mass close; the server stopped at the end."""
+    """One fresh server, N idle keep-alive connections, their mass close; the server stopped at the end.
+
+    ``library``: ``loop_busy.build``'s, loaded into the server.
+    """
     setup = SETUPS[setup_key]
     extra = ("--timeout-keep-alive", str(keep_alive))
     socks: list[socket.socket] = []
-    with Server(setup, loop=loop, cpu=cpu, extra=extra) as server:
+    busy_out = library.parent / f"busy-{os.getpid()}-{setup_key}-{loop}-{n}-{round_no}.txt"
+    busy_out.unlink(missing_ok=True)
+    wrapper = loop_busy.wrapper(library, busy_out)
+    with Server(setup, loop=loop, cpu=cpu, extra=extra, wrapper=wrapper) as server:
         try:
             server.wait_ready()
             warm_up(server, min(WARMUP, n))
@@ -479,6 +509,17 @@ def measure(
     if not latencies:
         raise BenchError("the probe got no answer")
     in_close = close_latencies(report["sent_at"], report["latencies"], ends)
+    try:
+        stretches, dropped = loop_busy.read(busy_out)
+    except ValueError as error:
+        raise BenchError(f"{setup.key}: the loop's stalls: {error}") from None
+    finally:
+        busy_out.unlink(missing_ok=True)
+    if dropped:
+        raise BenchError(f"{setup.key}: the server had no room for {dropped} of its loop's stalls")
+    close_busy = (
+        loop_busy.longest(stretches, ends[0] - CLOSE_MARGIN, ends[-1] + CLOSE_MARGIN) if ends else math.nan
+    )
     return Result(
         round=round_no,
         loop=loop,
@@ -495,6 +536,7 @@ def measure(
         probe_worst_ms=latencies[-1] * 1000,
         close_worst_ms=max(in_close) * 1000 if in_close else float("nan"),
         close_probes=len(in_close),
+        close_busy_ms=close_busy * 1000,
         open_s=last_idle - first_idle,
         close_s=(ends[-1] - ends[0]) if ends else float("nan"),
         late_ms=(ends[-1] - last_idle - keep_alive) * 1000 if ends else float("nan"),
@@ -503,6 +545,19 @@ def measure(
 
 
 # -- the rounds and the report -------------------------------------------------------
+
+
+def progress(r: Result) -> str:
+    """One measurement, as the rounds go."""
+    return (
+        f"round {r.round} {r.loop:<7s} N={r.n:<6d} {r.setup:<18s} "
+        f"{r.kib_per_conn:5.2f} KiB/conn  CPU {r.cpu_s:5.2f} s  probe median "
+        f"{r.probe_median_ms:5.2f} p99 {r.probe_p99_ms:6.2f} "
+        f"worst {r.probe_worst_ms:6.2f} ms, in the close {r.close_worst_ms:6.2f} ms "
+        f"of {r.close_probes}, loop busy {r.close_busy_ms:5.2f} ms  "
+        f"opened in {r.open_s:4.1f} s, closed {r.closed}/{r.n} in {r.close_s:4.1f} s "
+        f"(late {r.late_ms:4.0f} ms)"
+    )
 
 
 def run_rounds(
@@ -518,25 +573,22 @@ def run_rounds(
     order = list(compared)
     total = rounds * len(loops) * len(counts) * len(order)
     started = time.monotonic()
-    for round_no in range(1, rounds + 1):
-        for loop in loops:
-            for n in counts:
-                for key in order:
-                    r = measure(key, loop, n, keep_alive=keep_alive, cpu=cpu, round_no=round_no)
-                    results.append(r)
-                    if not quiet:
-                        print(
-                            f"[{len(results):2d}/{total}] round {round_no} {loop:<7s} N={n:<6d} {key:<18s} "
-                            f"{r.kib_per_conn:5.2f} KiB/conn  CPU {r.cpu_s:5.2f} s  probe median "
-                            f"{r.probe_median_ms:5.2f} p99 {r.probe_p99_ms:6.2f} "
-                            f"worst {r.probe_worst_ms:6.2f} ms, in the close {r.close_worst_ms:6.2f} ms "
-                            f"of {r.close_probes}  "
-                            f"opened in {r.open_s:4.1f} s, closed {r.closed}/{n} in {r.close_s:4.1f} s "
-                            f"(late {r.late_ms:4.0f} ms)  [{time.monotonic() - started:.0f}s]",
-                            flush=True,
-                        )
-                # Interleave: the other setup goes first next time.
-                order.reverse()
+    with tempfile.TemporaryDirectory(prefix="scale-") as directory:
+        try:
+            library = loop_busy.build(Path(directory))
+        except loop_busy.Unavailable as error:
+            raise BenchError(f"the loop's stalls cannot be measured: {error}") from None
+        for round_no, loop, n in itertools.product(range(1, rounds + 1), loops, counts):
+            for key in order:
+                r = measure(key, loop, n, library, keep_alive=keep_alive, cpu=cpu, round_no=round_no)
+                results.append(r)
+                if not quiet:
+                    print(
+                        f"[{len(results):2d}/{total}] {progress(r)}  [{time.monotonic() - started:.0f}s]",
+                        flush=True,
+                    )
+            # Interleave: the other setup goes first next time.
+            order.reverse()
     return results
 
 
@@ -547,6 +599,7 @@ FIELDS = (
     "probe_p99_ms",
     "probe_worst_ms",
     "close_worst_ms",
+    "close_busy_ms",
     "close_s",
     "late_ms",
 )
@@ -556,6 +609,7 @@ RATIOS = (
     ("cpu_s", "cpu", "CPU vs bare <= 1"),
     ("probe_worst_ms", "worst", "worst latency vs bare <= 1"),
     ("close_worst_ms", "close_worst", "worst in the close vs bare <= 1"),
+    ("close_busy_ms", "close_busy", "loop's longest stall in the close vs bare <= 1"),
 )
 
 
@@ -645,29 +699,26 @@ def print_summary(summary: dict[str, Any], rounds: int, keep_alive: int) -> None
     print(
         f"Medians of {rounds} round(s); --timeout-keep-alive {keep_alive}; CPU: the server's, from all N "
         "idle to the last closed; probe: GET / every 10 ms over that time; in close: the worst of the "
-        "probes sent during the mass close; closed in: first close to last"
+        "probes sent during the mass close; busy: the server loop's longest stall in the close; "
+        "closed in: first close to last"
     )
     header = (
         f"{'loop':<7s} {'N':>6s} {'setup':<18s} {'KiB/conn':>8s} {'CPU s':>6s} {'median':>7s} {'p99':>7s} "
-        f"{'worst':>7s} {'in close':>8s} {'closed in':>9s} {'late':>7s}  "
-        f"{'vs bare: CPU, worst, in close':<30s}"
+        f"{'worst':>7s} {'in close':>8s} {'busy':>7s} {'closed in':>9s} {'late':>7s}  "
+        f"{'vs bare: CPU, worst, in close, busy':<36s}"
     )
     print(header)
     print("-" * len(header))
     for row in summary["table"]:
-        ratio = (
-            f"{row['cpu_ratio']:.2f}x, {row['worst_ratio']:.2f}x, {row['close_worst_ratio']:.2f}x"
-            if "cpu_ratio" in row
-            else ""
-        )
+        ratio = ", ".join(f"{row[f'{key}_ratio']:.2f}x" for _, key, _ in RATIOS) if "cpu_ratio" in row else ""
         flags = "" if row["closed_all"] else "  NOT ALL CLOSED"
         if row["probe_errors"]:
             flags += f"  {row['probe_errors']} probe errors"
         print(
             f"{row['loop']:<7s} {row['n']:>6d} {row['setup']:<18s} {row['kib_per_conn']:>8.2f} "
             f"{row['cpu_s']:>6.2f} {row['probe_median_ms']:>5.2f}ms {row['probe_p99_ms']:>5.2f}ms "
-            f"{row['probe_worst_ms']:>5.1f}ms {row['close_worst_ms']:>6.1f}ms {row['close_s']:>8.2f}s "
-            f"{row['late_ms']:>5.0f}ms  {ratio:<30s}{flags}"
+            f"{row['probe_worst_ms']:>5.1f}ms {row['close_worst_ms']:>6.1f}ms {row['close_busy_ms']:>5.2f}ms "
+            f"{row['close_s']:>8.2f}s {row['late_ms']:>5.0f}ms  {ratio:<36s}{flags}"
         )
     print("(ratios: the median over rounds of connlist's figure over bare's in the same round)")
     if summary["targets"]:

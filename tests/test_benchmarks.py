@@ -33,6 +33,7 @@ import e2e  # noqa: E402
 import e2e_apps  # noqa: E402
 import flood  # noqa: E402
 import list_micro  # noqa: E402
+import loop_busy  # noqa: E402
 import mass_close  # noqa: E402
 import mass_timeout  # noqa: E402
 import per_request  # noqa: E402
@@ -871,6 +872,8 @@ def test_scale_measures_idle_connections_until_the_server_closed_them_all(budget
         # At least the request sent last before the first close.
         assert 1 <= r.close_probes < r.probe_requests, r
         assert 0 < r.close_worst_ms <= r.probe_worst_ms
+        # The server's loop worked in the close (the closes, the probe's requests).
+        assert r.close_busy_ms > 0, r
     summary = scale.summarize(results)
     rows = summary["table"]
     assert [(row["loop"], row["n"], row["setup"]) for row in rows] == [
@@ -882,8 +885,82 @@ def test_scale_measures_idle_connections_until_the_server_closed_them_all(budget
     assert rows[1]["cpu_ratio"] == by_setup[connlist].cpu_s / by_setup["bare"].cpu_s
     assert rows[1]["worst_ratio"] == by_setup[connlist].probe_worst_ms / by_setup["bare"].probe_worst_ms
     assert rows[1]["close_worst_ratio"] == by_setup[connlist].close_worst_ms / by_setup["bare"].close_worst_ms
+    assert rows[1]["close_busy_ratio"] == by_setup[connlist].close_busy_ms / by_setup["bare"].close_busy_ms
     # The issue's targets are judged from 5,000 connections on.
     assert summary["targets"] == []
+
+
+# A loop that works 30 ms between two polls, between two sleeps; it prints when the work began and
+# when it ended, on the monotonic clock.
+SPINNER = """
+import asyncio, sys, time
+async def main():
+    await asyncio.sleep(0.01)
+    began = time.monotonic()
+    while time.monotonic() - began < 0.03:
+        pass
+    await asyncio.sleep(0.01)
+    print(began, time.monotonic())
+if sys.argv[1] == "uvloop":
+    import uvloop
+    uvloop.run(main())
+else:
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_loop_busy_records_how_long_the_loop_worked_between_two_polls(loop: str, tmp_path: Path) -> None:
+    library = loop_busy.build(tmp_path)
+    out = tmp_path / "busy"
+    env = dict(os.environ)
+    env.update(arg.split("=", 1) for arg in loop_busy.wrapper(library, out)[1:])
+    done = subprocess.run(
+        [sys.executable, "-c", SPINNER, loop], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    began, ended = map(float, done.stdout.split())
+    stretches, dropped = loop_busy.read(out)
+    assert dropped == 0
+    # The 30 ms of work are one stretch, from the poll before it to the poll after it.
+    assert loop_busy.longest(stretches, began + 0.03, ended) >= 0.03
+    assert all(s.length >= loop_busy.MIN_NS / 1e9 for s in stretches)
+    assert [s.end for s in stretches] == sorted(s.end for s in stretches)
+    # Loaded without a file to write to, it does nothing.
+    del env["LOOP_BUSY_OUT"]
+    out.unlink()
+    done = subprocess.run(
+        [sys.executable, "-c", SPINNER, loop], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert not out.exists()
+
+
+def test_loop_busy_reads_the_librarys_file_and_refuses_another(tmp_path: Path) -> None:
+    out = tmp_path / "busy"
+    with pytest.raises(ValueError, match="was not written"):
+        loop_busy.read(out)
+    out.write_bytes(b"not the library's")
+    with pytest.raises(ValueError, match="not the library's record"):
+        loop_busy.read(out)
+    # Three recorded, the second taken but not written (the process ended between the two).
+    record = bytearray(loop_busy.HEADER.size + loop_busy.CAPACITY * loop_busy.PAIR.size)
+    loop_busy.HEADER.pack_into(record, 0, 3)
+    loop_busy.PAIR.pack_into(record, loop_busy.HEADER.size, 1_000_000_000, 50_000)
+    loop_busy.PAIR.pack_into(record, loop_busy.HEADER.size + 2 * loop_busy.PAIR.size, 2_000_000_000, 70_000)
+    out.write_bytes(record)
+    stretches, dropped = loop_busy.read(out)
+    assert stretches == [loop_busy.Stretch(1.0, 50e-6), loop_busy.Stretch(2.0, 70e-6)]
+    assert dropped == 0
+    # The window takes the stretches that ended in it, edges included.
+    assert loop_busy.longest(stretches, 1.0, 2.0) == 70e-6
+    assert loop_busy.longest(stretches, 0.5, 1.0) == 50e-6
+    assert loop_busy.longest(stretches, 1.5, 1.9) == 0.0
+    # More than it has room for: the count says how many were left out.
+    loop_busy.HEADER.pack_into(record, 0, loop_busy.CAPACITY + 5)
+    out.write_bytes(record)
+    assert loop_busy.read(out)[1] == 5
 
 
 def test_scale_gives_an_interval_of_the_median_ratio_that_holds_whatever_the_noise() -> None:
