@@ -13,7 +13,11 @@
    holds them however the process ends (uvicorn ends by its signal once it
    has shut down): a 64-bit count of the stretches recorded, then an (end,
    length) pair of 64-bit nanoseconds for each of the first CAPACITY (a
-   count above CAPACITY: the others had no room).  The file is written whole at load, so the
+   count above CAPACITY: the others had no room), and a third, how many
+   times the kernel gave the CPU to another task within it (involuntary
+   context switches, from getrusage at each poll's return and at the end of
+   a stretch kept): a stretch with any is the machine's as much as the
+   loop's.  The file is written whole at load, so the
    process's memory does not grow with what it records.  Nothing is done
    without LOOP_BUSY_OUT. */
 
@@ -27,6 +31,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,14 +40,17 @@
 struct stretch {
     int64_t end;
     int64_t length;
+    /* Involuntary context switches within it: the CPU was given to another task. */
+    int64_t preempted;
 };
 static struct record {
     uint64_t recorded;
     struct stretch stretches[CAPACITY];
 } *record;
 static int64_t threshold = 20000;
-/* When this thread's last poll returned; 0 before its first. */
+/* When this thread's last poll returned (0 before its first), and its involuntary switches then. */
 static __thread int64_t returned;
+static __thread long switches;
 
 static int (*real_epoll_wait)(int, struct epoll_event *, int, int);
 static int (*real_epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
@@ -52,6 +60,13 @@ static int64_t now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static long involuntary_switches(void)
+{
+    struct rusage usage;
+    getrusage(RUSAGE_THREAD, &usage);
+    return usage.ru_nivcsw;
 }
 
 static void poll_begins(void)
@@ -66,13 +81,16 @@ static void poll_begins(void)
     if (i < CAPACITY) {
         record->stretches[i].end = now;
         record->stretches[i].length = length;
+        record->stretches[i].preempted = involuntary_switches() - switches;
     }
 }
 
 static void poll_ended(void)
 {
-    if (record != NULL)
+    if (record != NULL) {
         returned = now_ns();
+        switches = involuntary_switches();
+    }
 }
 
 int epoll_wait(int epfd, struct epoll_event *events, int maxevents, int timeout)

@@ -4,7 +4,7 @@ A benchmark builds the library once (``build``, with the C compiler ``cc``),
 runs the server through ``wrapper(library, out)`` (``env LD_PRELOAD=...``,
 which execs the server, so its PID stays the server's), and reads what it
 recorded (``read``: at any time, and however it ended), then takes the
-longest stretch within a time window (``longest``).  The clock is the monotonic one of both
+stretches within a time window (``within``).  The clock is the monotonic one of both
 processes, so the window can be the load side's own times.
 """
 
@@ -21,10 +21,10 @@ HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "loop_busy.c"
 # Stretches shorter than this are not recorded (the library's default).
 MIN_NS = 20_000
-# The file's layout (loop_busy.c): the count recorded, then (end, length) pairs.
+# The file's layout (loop_busy.c): the count recorded, then (end, length, preempted) triples.
 CAPACITY = 1 << 18
 HEADER = struct.Struct("=Q")
-PAIR = struct.Struct("=qq")
+PAIR = struct.Struct("=qqq")
 
 
 class Unavailable(Exception):
@@ -36,6 +36,8 @@ class Stretch:
     # When the stretch ended and how long it was, in seconds on the monotonic clock.
     end: float
     length: float
+    # How many times the kernel gave the CPU to another task within it.
+    preempted: int = 0
 
 
 def build(directory: Path | None = None) -> Path:
@@ -74,13 +76,13 @@ def read(out: Path) -> tuple[list[Stretch], int]:
     (recorded,) = HEADER.unpack_from(data)
     kept = min(recorded, CAPACITY)
     stretches = [
-        Stretch(end / 1e9, length / 1e9)
-        for end, length in PAIR.iter_unpack(data[HEADER.size : HEADER.size + kept * PAIR.size])
+        Stretch(end / 1e9, length / 1e9, preempted)
+        for end, length, preempted in PAIR.iter_unpack(data[HEADER.size : HEADER.size + kept * PAIR.size])
         if end  # a slot taken but not written: the process ended between the two
     ]
     return stretches, recorded - kept
 
 
-def longest(stretches: list[Stretch], start: float, stop: float) -> float:
-    """The longest stretch that ended from ``start`` to ``stop`` (seconds); 0.0 if none did."""
-    return max((s.length for s in stretches if start <= s.end <= stop), default=0.0)
+def within(stretches: list[Stretch], start: float, stop: float) -> list[Stretch]:
+    """The stretches that ended from ``start`` to ``stop`` (seconds on the monotonic clock)."""
+    return [s for s in stretches if start <= s.end <= stop]
