@@ -37,8 +37,8 @@ load side, is pinned to CPU 1:
    last before the first EOF to the last EOF: the stall the mass
    close makes, without the machine's own over the idle time (the probe
    and the load side read the same monotonic clock);
-6. the server, stopped, writes how long its loop worked between two polls
-   of its sockets, each time it did so for 20 us or more
+6. all along, the server has recorded how long its loop worked between two
+   polls of its sockets, each time it did so for 20 us or more
    (``loop_busy.c``, loaded into it), and whether the kernel gave its CPU
    to another task meanwhile.  Of those that ended from 50 ms before the
    first EOF to 50 ms after the last, and that the kernel did not
@@ -467,7 +467,7 @@ def measure(
     setup = SETUPS[setup_key]
     extra = ("--timeout-keep-alive", str(keep_alive))
     socks: list[socket.socket] = []
-    busy_out = library.parent / f"busy-{os.getpid()}-{setup_key}-{loop}-{n}-{round_no}.txt"
+    busy_out = library.parent / f"busy-{os.getpid()}-{setup_key}-{loop}-{n}-{round_no}.bin"
     busy_out.unlink(missing_ok=True)
     wrapper = loop_busy.wrapper(library, busy_out)
     with Server(setup, loop=loop, cpu=cpu, extra=extra, wrapper=wrapper) as server:
