@@ -15,7 +15,8 @@ from connlist.core.checks import default_max_connections
 from connlist.core.connections import Connection, ConnectionsList, connection_state
 from connlist.core.enforcer import PRESSURE_FLOOR, PRESSURE_WATERMARK, Enforcer, shrink
 from connlist.core.kinds import resolve
-from connlist.core.sweep import KEEPALIVE_PER_ITERATION
+from connlist.core.sweep import KEEPALIVE_PER_SWEEP
+from connlist.core.timer import CARRY_PACE
 from tests.fakes import RESPONSE_408, RESPONSE_503, FakeClock, MemoryHandle, MockLoop
 
 
@@ -258,23 +259,26 @@ def test_under_pressure_the_headers_timeout_shrinks_and_comes_back(clock: FakeCl
 def test_under_pressure_idle_keep_alive_connections_are_closed_sooner(
     clock: FakeClock, loop: MockLoop
 ) -> None:
-    enforcer = make(clock, loop, 10)
+    total = KEEPALIVE_PER_SWEEP + 2
+    enforcer = make(clock, loop, total)
     enforcer.keep_alive = 30.0
     handles = []
-    for _ in range(10):
+    for _ in range(total):
         conn, handle = arrive(enforcer)
         idle(enforcer, conn)
         handles.append(handle)
     assert enforcer.pressed
-    loop.run_until(clock.now + PRESSURE_FLOOR + 1)
-    # At most KEEPALIVE_PER_ITERATION in a loop iteration; that relieved the
-    # pressure, so when the sweep carries on (two iterations later: the one
-    # between is the closed connections') the rest keep their keep-alive.
-    n = KEEPALIVE_PER_ITERATION
-    assert [handle.transport.closed for handle in handles] == [True] * n + [False] * (10 - n)
-    assert loop.run_soon() == 1
+    since = clock.now
+    while not handles[0].transport.closed and clock.now < since + PRESSURE_FLOOR + 1:
+        loop.run_until(min(loop.armed))
+    # At most KEEPALIVE_PER_SWEEP in a sweep; that relieved the pressure, so
+    # when the sweep carries on (CARRY_PACE later: the closed connections'
+    # losses run meanwhile) the rest keep their keep-alive.
+    n = KEEPALIVE_PER_SWEEP
+    assert [handle.transport.closed for handle in handles] == [True] * n + [False] * (total - n)
+    loop.run_soon()
     assert enforcer.pressed and sum(handle.transport.closed for handle in handles) == n
-    assert loop.run_soon() == 1
+    assert loop.run_until(clock.now + CARRY_PACE) == 1
     assert not enforcer.pressed
     assert sum(handle.transport.closed for handle in handles) == n
     assert enforcer.totals.keepalive_timeouts == n

@@ -32,7 +32,7 @@ from connlist.core.kinds import (
 )
 from connlist.core.logs import SUMMARY_INTERVAL
 from connlist.core.sweep import _BATCH, RATE_RESOLUTION, SLACK
-from connlist.core.timer import SWEEP_TIME
+from connlist.core.timer import CARRY_PACE, SWEEP_TIME
 from tests.fakes import RESPONSE_408, T0, FakeClock, MemoryHandle, MockLoop
 
 LINGER = 1.0
@@ -239,6 +239,15 @@ def costly(enforcer: Enforcer, clock: FakeClock) -> None:
     enforcer.clock = reading
 
 
+def carry_on(enforcer: Enforcer, loop: MockLoop) -> int:
+    """Run the sweep that carries on, ``CARRY_PACE`` after each stop, until it finishes; how many times."""
+    ran = 0
+    while enforcer.timer_at == math.inf and loop.armed:  # no timer of its own: the sweep carries on
+        loop.run_until(loop.armed[0])
+        ran += 1
+    return ran
+
+
 def mass_timeout(clock: FakeClock, loop: MockLoop, n: int) -> tuple[Enforcer, list[MemoryHandle]]:
     """``n`` connections past their headers deadline, and a clock that moves half the budget per reading."""
     enforcer = make(clock, loop, headers_timeout=1, request_timeout=2)
@@ -272,9 +281,8 @@ def test_each_kind_of_mass_cut_off_keeps_to_the_budget(clock: FakeClock, loop: M
     costly(enforcer, clock)  # each reading of the clock costs half the budget from now on
     loop.run_until(due)
     done = [h for h in handles if h.transport.closed]
-    assert 0 < len(done) < n and loop.queued == 1 and loop.armed == []
-    while loop.run_soon():
-        pass
+    assert 0 < len(done) < n and loop.queued == 0 and loop.armed == [clock.now + CARRY_PACE]
+    assert carry_on(enforcer, loop) >= 1
     assert all(h.transport.closed for h in handles)
     if kind == "linger":
         assert all(h.transport.aborted for h in handles)
@@ -283,48 +291,37 @@ def test_each_kind_of_mass_cut_off_keeps_to_the_budget(clock: FakeClock, loop: M
 def test_a_mass_timeout_is_spread_over_loop_iterations(clock: FakeClock, loop: MockLoop) -> None:
     enforcer, handles = mass_timeout(clock, loop, 3 * _BATCH + 4)
     loop.run_until(T0 + 1 + SLACK)
-    # Three batches, then the budget was spent: the rest waits for the next
-    # iteration (call_soon), and no timer is armed meanwhile.
+    # Three batches, then the budget was spent: the rest waits CARRY_PACE,
+    # and no timer of the enforcer's own is armed meanwhile.
     assert enforcer.totals.headers_timeouts == 3 * _BATCH
     assert sum(h.transport.buffer == RESPONSE_408 for h in handles) == 3 * _BATCH
-    assert (loop.queued, loop.armed) == (1, [])
+    carry = clock.now + CARRY_PACE
+    assert (loop.queued, loop.armed, enforcer.timer_at) == (0, [carry], math.inf)
     enforcer.watch()  # a connect while the sweep carries on arms nothing
     enforcer.bring_forward(clock.now)
-    assert (loop.queued, loop.armed) == (1, [])
-    # The next iteration is the closed connections' (their connection_lost):
-    # the sweep only hands over to the one after, and cuts nothing in it.
-    assert loop.run_soon() == 1
+    enforcer.wake_by(clock.now)
+    assert (loop.queued, loop.armed) == (0, [carry])
+    # Until then the loop serves the closed connections' connection_lost and
+    # other clients: the sweep cuts nothing.
+    loop.run_soon()
+    loop.run_until(carry - CARRY_PACE / 10)
     assert enforcer.totals.headers_timeouts == 3 * _BATCH
-    assert (loop.queued, loop.armed) == (1, [])
-    enforcer.watch()
-    assert (loop.queued, loop.armed) == (1, [])
-    assert loop.run_soon() == 1
+    assert loop.armed == [carry]
+    assert loop.run_until(carry) == 1
     assert all(h.transport.buffer == RESPONSE_408 for h in handles)
     assert enforcer.totals.headers_timeouts == 3 * _BATCH + 4
     # Done: nothing queued, the timer armed again for the lingers.
-    assert loop.queued == 0 and len(loop.armed) == 1
+    assert loop.queued == 0 and len(loop.armed) == 1 and enforcer.timer_at == loop.armed[0]
 
 
 def test_cancel_forgets_the_sweep_that_carries_on(clock: FakeClock, loop: MockLoop) -> None:
     enforcer, _ = mass_timeout(clock, loop, 3 * _BATCH + 4)
     loop.run_until(T0 + 1 + SLACK)
-    assert loop.queued == 1
+    assert len(loop.armed) == 1 and enforcer.timer_at == math.inf
     enforcer.cancel()  # a server starting, or nothing due any more
-    assert (loop.queued, loop.run_soon()) == (0, 0)
+    assert loop.armed == [] and loop.run_until(clock.now + 1) == 0
     assert enforcer.totals.headers_timeouts == 3 * _BATCH
     # Not continuing any more: a timer can be armed again at once.
-    enforcer.watch()
-    assert len(loop.armed) == 1
-
-
-def test_cancel_forgets_a_sweep_handed_over_to_the_next_iteration(clock: FakeClock, loop: MockLoop) -> None:
-    enforcer, _ = mass_timeout(clock, loop, 3 * _BATCH + 4)
-    loop.run_until(T0 + 1 + SLACK)
-    assert loop.run_soon() == 1  # the hand-over: the sweep is queued for the next iteration
-    assert loop.queued == 1
-    enforcer.cancel()
-    assert (loop.queued, loop.run_soon()) == (0, 0)
-    assert enforcer.totals.headers_timeouts == 3 * _BATCH
     enforcer.watch()
     assert len(loop.armed) == 1
 

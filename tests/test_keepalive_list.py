@@ -21,8 +21,8 @@ from connlist.core.budget import idle_oldest
 from connlist.core.connections import Connection, ConnectionsList
 from connlist.core.enforcer import PRESSURE_FLOOR, Enforcer
 from connlist.core.kinds import resolve
-from connlist.core.sweep import KEEPALIVE_BATCH, KEEPALIVE_PER_ITERATION, SLACK, idle_expired
-from connlist.core.timer import CARRY_ON_WHOLE
+from connlist.core.sweep import KEEPALIVE_BATCH, KEEPALIVE_PER_SWEEP, SLACK, idle_expired
+from connlist.core.timer import CARRY_ON_WHOLE, CARRY_PACE
 from tests.fakes import T0, FakeClock, MockLoop
 from tests.test_budget_policy import arrive
 
@@ -159,21 +159,21 @@ def test_a_mass_close_goes_in_batches_never_early_and_at_most_a_batch_late(
     closed_at = {}
     iterations = 0
     while len(closed_at) < len(conns):
-        # The timer, or the sweep carrying on two iterations later (KEEPALIVE_PER_ITERATION).
-        iterations += loop.run_soon() if loop.queued else loop.run_until(min(loop.armed))
+        # The timer, or the sweep carrying on CARRY_PACE later (KEEPALIVE_PER_SWEEP).
+        assert not loop.queued
+        iterations += loop.run_until(min(loop.armed))
         closed_at.update({h: clock.now for _, h in conns if h.closed_keepalive and h not in closed_at})
     first = min(idle_at.values())
     late = [closed_at[h] - (idle_at[h] + KEEP_ALIVE) for _, h in conns]
     assert min(late) >= 0  # never early
     assert closed_at[conns[0][1]] == first + KEEP_ALIVE  # the first, exactly at its time
     assert max(late) <= KEEPALIVE_BATCH + 1e-9
-    # About one sweep per batch (and two iterations per KEEPALIVE_PER_ITERATION of it, the
-    # sweep's and its closes' losses'), not one per connection.
-    assert iterations <= 2 * len(conns) / KEEPALIVE_PER_ITERATION + 0.2 / KEEPALIVE_BATCH + 2, iterations
+    # About one sweep per batch (and one per KEEPALIVE_PER_SWEEP of it), not one per connection.
+    assert iterations <= len(conns) / KEEPALIVE_PER_SWEEP + 0.2 / KEEPALIVE_BATCH + 2, iterations
     assert iterations < len(conns) / 2, iterations
 
 
-def test_a_mass_close_takes_a_batch_per_loop_iteration_and_holds_other_timeouts_back_at_most_a_while(
+def test_a_mass_close_takes_a_batch_a_millisecond_and_holds_other_timeouts_back_at_most_a_while(
     clock: FakeClock, loop: MockLoop
 ) -> None:
     enforcer = Enforcer(resolve(headers_timeout=KEEP_ALIVE), clock=clock, loop=loop)  # type: ignore[arg-type]
@@ -181,40 +181,40 @@ def test_a_mass_close_takes_a_batch_per_loop_iteration_and_holds_other_timeouts_
     enforcer.keep_alive_timed = True
     # Connections gone idle at one instant, all due at once; and a silent client
     # whose headers deadline comes with them.
-    n = 3 * KEEPALIVE_PER_ITERATION + 4
+    n = 3 * KEEPALIVE_PER_SWEEP + 4
     _, silent_handle = arrive(enforcer)
     conns = [arrive(enforcer) for _ in range(n)]
     for conn, _ in conns:
         first_request(enforcer, conn)
         responded(enforcer, conn)
-    loop.run_until(T0 + KEEP_ALIVE + SLACK)
+    loop.run_until(T0 + KEEP_ALIVE)
 
     def closed() -> int:
         return sum(handle.closed_keepalive for _, handle in conns)
 
-    # One batch (at the keep-alive time, exactly), then the next two
-    # iterations later (call_soon twice: the one between is the closed
-    # connections'), no timer meanwhile.
-    assert closed() == KEEPALIVE_PER_ITERATION
-    assert (loop.queued, loop.armed) == (1, [])
+    # One batch (at the keep-alive time, exactly), then the next CARRY_PACE
+    # later, no timer of the enforcer's own meanwhile.
+    assert closed() == KEEPALIVE_PER_SWEEP
+    assert (loop.queued, loop.armed, enforcer.timer_at) == (0, [clock.now + CARRY_PACE], math.inf)
     assert not silent_handle.transport.buffer  # not yet past its deadline (Node's rule is strict)
 
     def carry_on() -> None:
-        assert loop.run_soon() == 1  # the hand-over: nothing closed in it
-        assert (closed(), loop.queued, loop.armed) == (before, 1, [])
-        assert loop.run_soon() == 1
+        # The iterations before it (the closed connections' losses, other clients) close nothing.
+        loop.run_soon()
+        assert closed() == before
+        assert loop.run_until(loop.armed[0]) == 1
 
     # Carrying on, a sweep runs the step that did not finish, the keep-alive's ...
     before = closed()
     carry_on()
-    assert closed() == 2 * KEEPALIVE_PER_ITERATION
+    assert closed() == 2 * KEEPALIVE_PER_SWEEP
     assert not silent_handle.transport.buffer
     # ... and every step once CARRY_ON_WHOLE has passed since the last whole
     # sweep: the headers timeout did not wait for the end of the mass close.
     clock.advance(CARRY_ON_WHOLE)
     before = closed()
     carry_on()
-    assert closed() == 3 * KEEPALIVE_PER_ITERATION
+    assert closed() == 3 * KEEPALIVE_PER_SWEEP
     assert silent_handle.transport.buffer.startswith(b"HTTP/1.1 408 ")
     before = closed()
     carry_on()
@@ -305,25 +305,25 @@ def test_without_the_list_timing_it_idle_connections_are_left_to_the_server(
 def test_under_pressure_the_same_rule_closes_sooner_and_says_so(
     clock: FakeClock, loop: MockLoop, caplog: pytest.LogCaptureFixture
 ) -> None:
-    enforcer = Enforcer(resolve(max_connections=10), clock=clock, loop=loop)  # type: ignore[arg-type]
+    total = KEEPALIVE_PER_SWEEP + 4
+    enforcer = Enforcer(resolve(max_connections=total), clock=clock, loop=loop)  # type: ignore[arg-type]
     enforcer.keep_alive = 30.0
     enforcer.keep_alive_timed = True
-    conns = [arrive(enforcer) for _ in range(10)]
+    conns = [arrive(enforcer) for _ in range(total)]
     for conn, _ in conns:
         first_request(enforcer, conn)
         responded(enforcer, conn)
     assert enforcer.pressed
     since = clock.now
-    loop.run_until(since + PRESSURE_FLOOR + 0.3)
-    # As many as a sweep takes in one loop iteration (KEEPALIVE_PER_ITERATION),
-    # which relieves the pressure: when it carries on (two iterations later),
-    # the rest keep their keep-alive.
-    n = KEEPALIVE_PER_ITERATION
-    assert n < len(conns)
+    while not conns[0][1].transport.closed and clock.now < since + PRESSURE_FLOOR + 0.3:
+        loop.run_until(min(loop.armed))
+    # As many as a sweep takes (KEEPALIVE_PER_SWEEP), which relieves the
+    # pressure: when it carries on (CARRY_PACE later), the rest keep their keep-alive.
+    n = KEEPALIVE_PER_SWEEP
     assert [handle.transport.closed for _, handle in conns] == [True] * n + [False] * (len(conns) - n)
-    assert loop.run_soon() == 1
+    loop.run_soon()
     assert enforcer.pressed
-    assert loop.run_soon() == 1
+    assert loop.run_until(clock.now + CARRY_PACE) == 1
     assert not enforcer.pressed and enforcer.idle_time_now == enforcer.keep_alive
     assert sum(handle.transport.closed for _, handle in conns) == n
     # Counted as keep-alive closes, each let go (out of the budget) and in the log summary.

@@ -31,17 +31,18 @@ sweep that can be due sooner (a close's linger) brings the timer forward
 Cutting a connection off costs tens of microseconds (the ``408``, the
 transport, the callback), so a mass timeout is spread over loop iterations:
 one sweep spends at most ``SWEEP_TIME`` seconds closing, and closes at most
-``connlist.core.sweep.KEEPALIVE_PER_ITERATION`` idle keep-alive connections
+``connlist.core.sweep.KEEPALIVE_PER_SWEEP`` idle keep-alive connections
 (``_work`` says whether it finished), then yields to the loop and carries
 on, so requests of other clients are served in between.  It carries on
-two iterations later, not at the next (``call_soon`` twice, ``_hand_over``):
-the loops run a closed connection's ``connection_lost`` at the iteration
-after its close, and a sweep at that iteration too would make each one
-carry the losses of one batch and the closes of the next, back to back
-for the whole mass close.  So an iteration carries one batch's closes or
-its losses, not both, and a request that needs a few iterations to be
-served waits behind less work at each (docs/benchmarks.md, "The stall in
-a mass close").  A sweep that carries on runs only the steps that did
+``CARRY_PACE`` later, not at the next iteration: a request needs a few
+iterations to be served (its bytes, the app's task, the response), and
+a sweep at every iteration would put a batch of closes, or their
+``connection_lost`` calls, which the loops run at the iteration after a
+close, in front of each of them.  With the pause, the losses run at once,
+the loop rests until the sweep carries on, and a request waits behind
+one batch, as behind bare uvicorn's timers, which close at each
+iteration what fell due since the last (docs/benchmarks.md, "The stall
+in a mass close").  A sweep that carries on runs only the steps that did
 not finish (a mass close: the keep-alive's), with every other step once
 ``CARRY_ON_WHOLE`` has passed since the last whole sweep: what else falls
 due during a mass close of thousands, which takes seconds, is cut at most
@@ -65,7 +66,7 @@ from collections.abc import Callable
 
 from connlist.core.kinds import Settings
 
-__all__ = ["CARRY_ON_WHOLE", "SWEEP_TIME", "Timer"]
+__all__ = ["CARRY_ON_WHOLE", "CARRY_PACE", "SWEEP_TIME", "Timer"]
 
 # Seconds of cutting-off work per loop iteration (the sweep's time, not the
 # connection budget).
@@ -73,6 +74,9 @@ SWEEP_TIME = 0.008
 # While a sweep carries on over loop iterations, every step runs again at
 # least this often (the others only run the steps left unfinished).
 CARRY_ON_WHOLE = 0.02
+# A sweep that did not finish carries on this much later: a millisecond,
+# libuv's timers' resolution, at which uvicorn's own timers close what falls due.
+CARRY_PACE = 0.001
 
 
 class Timer(ABC):
@@ -95,9 +99,9 @@ class Timer(ABC):
         # Which arming the armed timer is: a timer that was replaced, yet
         # still fires (a loop that cannot cancel), does nothing.
         self._arming = 0
-        # A sweep that ran out of its time carries on (two iterations later).
+        # A sweep that ran out of its time carries on (``CARRY_PACE`` later).
         self._continuing = False
-        self._soon: asyncio.Handle | None = None
+        self._carry: asyncio.TimerHandle | None = None
 
     @abstractmethod
     def _next_due(self, now: float) -> float | None:
@@ -125,9 +129,9 @@ class Timer(ABC):
             self._timer.cancel()
             self._timer = None
             self.timer_at = math.inf
-        if self._soon is not None:
-            self._soon.cancel()
-            self._soon = None
+        if self._carry is not None:
+            self._carry.cancel()
+            self._carry = None
             self._continuing = False
 
     def bring_forward(self, when: float) -> None:
@@ -201,18 +205,13 @@ class Timer(ABC):
         carrying = self._continuing
         self._timer = None
         self.timer_at = math.inf
-        self._soon = None
+        self._carry = None
         self._continuing = False
         if self._work(floor, carrying):
             self._arm()
         else:
-            # Out of time: carry on once the I/O that is ready (other
-            # clients) and the closes' losses have been served.
+            # Out of time: carry on once the closes' losses and the requests
+            # of other clients have been served (module docstring).
             self._continuing = True
             loop = self.loop or self.attached_loop or asyncio.get_running_loop()
-            self._soon = loop.call_soon(self._hand_over, loop)
-
-    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
-        # The iteration after a sweep that did not finish: its closes' losses
-        # run in it, and the sweep carries on at the next (module docstring).
-        self._soon = loop.call_soon(self._sweep)
+            self._carry = loop.call_later(CARRY_PACE, self._sweep)
