@@ -875,6 +875,8 @@ def test_scale_measures_idle_connections_until_the_server_closed_them_all(budget
         # The server's loop worked in the close (the closes, the probe's requests).
         assert 0 < r.close_busy_p99_ms <= r.close_busy_ms, r
         assert r.close_preempted >= 0
+        # Raised where this process may, else this process's own.
+        assert r.probe_nice in (scale.PROBE_NICE, os.getpriority(os.PRIO_PROCESS, 0)), r
     summary = scale.summarize(results)
     rows = summary["table"]
     assert [(row["loop"], row["n"], row["setup"]) for row in rows] == [
@@ -1021,7 +1023,7 @@ def test_scale_says_where_the_rounds_cannot_tell_bare_and_connlist_apart(
     def result(setup: str, round_no: int, cpu: float, worst: float) -> scale.Result:
         fields = {field.name: 1.0 for field in dataclasses.fields(scale.Result)}
         fields.update(setup=setup, loop="uvloop", n=5000, round=round_no, cpu_s=cpu, probe_worst_ms=worst)
-        fields.update(closed=5000, probe_errors=0)
+        fields.update(closed=5000, probe_errors=0, probe_nice=scale.PROBE_NICE)
         return scale.Result(**fields)
 
     results = []
@@ -1048,6 +1050,13 @@ def test_scale_says_where_the_rounds_cannot_tell_bare_and_connlist_apart(
         in out
     )
     assert len(targets) == 5
+    assert "could not be given nice" not in out
+    # A probe that could not be given its priority is said.
+    results[3] = dataclasses.replace(results[3], probe_nice=0)
+    scale.print_summary(scale.summarize(results), 6, 5)
+    assert (
+        f"(the probe could not be given nice {scale.PROBE_NICE}, which needs root" in capsys.readouterr().out
+    )
 
 
 def test_scale_skips_a_count_above_the_hard_descriptor_limit() -> None:
