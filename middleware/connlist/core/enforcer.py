@@ -381,7 +381,7 @@ class Enforcer(Budget, Timer):
         self.totals.connections += 1
         if connections.occupied > self._quiet_below:
             self.admit(record)  # max_connections: may make room, or refuse this one
-        if self._timer is None and not self._continuing:
+        if self._timer is None and self._carry is None:
             self._arm()
         return record
 

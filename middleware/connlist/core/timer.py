@@ -99,8 +99,8 @@ class Timer(ABC):
         # Which arming the armed timer is: a timer that was replaced, yet
         # still fires (a loop that cannot cancel), does nothing.
         self._arming = 0
-        # A sweep that ran out of its time carries on (``CARRY_PACE`` later).
-        self._continuing = False
+        # A sweep that ran out of its time carries on (``CARRY_PACE`` later):
+        # while this is set, the timer is not armed.
         self._carry: asyncio.TimerHandle | None = None
 
     @abstractmethod
@@ -120,7 +120,7 @@ class Timer(ABC):
 
     def watch(self) -> None:
         """Arm the timer if none is armed; call after ``connect``, ``message_begin`` and ``stall``."""
-        if self._timer is None and not self._continuing:
+        if self._timer is None and self._carry is None:
             self._arm()
 
     def cancel(self) -> None:
@@ -132,11 +132,10 @@ class Timer(ABC):
         if self._carry is not None:
             self._carry.cancel()
             self._carry = None
-            self._continuing = False
 
     def bring_forward(self, when: float) -> None:
         """Make sure the timer fires by ``when`` (a clock value): for clocks started outside a sweep."""
-        if self._continuing or (self._timer is not None and self.timer_at <= when):
+        if self._carry is not None or (self._timer is not None and self.timer_at <= when):
             return
         self.cancel()
         self._arm()
@@ -152,7 +151,7 @@ class Timer(ABC):
         ``Settings.shortest``, as no timer may be: then the sweep at that
         time arms the next, for ``when`` if nothing comes before.
         """
-        if self._continuing or when >= self.timer_at:
+        if self._carry is not None or when >= self.timer_at:
             return
         self.cancel()
         now = self.clock()
@@ -202,16 +201,14 @@ class Timer(ABC):
             return  # a timer replaced since, which its loop still ran
         # The loop ran the timer: at least the time it was armed for has come.
         floor = self.timer_at if arming else 0.0
-        carrying = self._continuing
+        carrying = self._carry is not None
         self._timer = None
         self.timer_at = math.inf
         self._carry = None
-        self._continuing = False
         if self._work(floor, carrying):
             self._arm()
         else:
             # Out of time: carry on once the closes' losses and the requests
             # of other clients have been served (module docstring).
-            self._continuing = True
             loop = self.loop or self.attached_loop or asyncio.get_running_loop()
             self._carry = loop.call_later(CARRY_PACE, self._sweep)
