@@ -11,13 +11,13 @@
    default) is kept, with when it ended on CLOCK_MONOTONIC (Python's
    time.monotonic), in the file LOOP_BUSY_OUT, mapped shared, so that it
    holds them however the process ends (uvicorn ends by its signal once it
-   has shut down): a 64-bit count of the stretches recorded, then an (end,
-   length) pair of 64-bit nanoseconds for each of the first CAPACITY (a
-   count above CAPACITY: the others had no room), and a third, how many
-   times the kernel gave the CPU to another task within it (involuntary
-   context switches, from getrusage at each poll's return and at the end of
-   a stretch kept): a stretch with any is the machine's as much as the
-   loop's.  The file is written whole at load, so the
+   has shut down): a 64-bit count of the stretches recorded, then for each
+   of the first CAPACITY (a count above CAPACITY: the others had no room)
+   three 64-bit numbers: when it ended and its length, in nanoseconds, and
+   how many times the kernel gave the CPU to another task within it
+   (involuntary context switches, from getrusage at each poll's return and
+   at the end of a stretch kept): a stretch with any is the machine's as
+   much as the loop's.  The file is written whole at load, so the
    process's memory does not grow with what it records.  Nothing is done
    without LOOP_BUSY_OUT. */
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import shutil
 import struct
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +20,10 @@ HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "loop_busy.c"
 # Stretches shorter than this are not recorded (the library's default).
 MIN_NS = 20_000
-# The file's layout (loop_busy.c): the count recorded, then (end, length, preempted) triples.
+# The file's layout (loop_busy.c): the count recorded, then a record per stretch.
 CAPACITY = 1 << 18
 HEADER = struct.Struct("=Q")
-PAIR = struct.Struct("=qqq")
+RECORD = struct.Struct("=qqq")  # end, length (ns), preempted
 
 
 class Unavailable(Exception):
@@ -37,15 +36,15 @@ class Stretch:
     end: float
     length: float
     # How many times the kernel gave the CPU to another task within it.
-    preempted: int = 0
+    preempted: int
 
 
-def build(directory: Path | None = None) -> Path:
-    """Compile ``loop_busy.c`` into a shared library in ``directory`` (a new temporary one by default)."""
+def build(directory: Path) -> Path:
+    """Compile ``loop_busy.c`` into a shared library in ``directory``."""
     compiler = shutil.which("cc")
     if compiler is None:
         raise Unavailable("no C compiler (cc): apt-get install gcc")
-    target = Path(directory or tempfile.mkdtemp(prefix="loop-busy-")) / "loop_busy.so"
+    target = directory / "loop_busy.so"
     done = subprocess.run(
         [compiler, "-O2", "-shared", "-fPIC", "-o", str(target), str(SOURCE), "-ldl"],
         capture_output=True,
@@ -57,7 +56,7 @@ def build(directory: Path | None = None) -> Path:
 
 
 def wrapper(library: Path, out: Path, min_ns: int = MIN_NS) -> tuple[str, ...]:
-    """The program that runs the server with the library loaded, writing to ``out`` at its exit."""
+    """The program that runs the server with the library loaded, recording into ``out`` as it runs."""
     return ("env", f"LD_PRELOAD={library}", f"LOOP_BUSY_OUT={out}", f"LOOP_BUSY_MIN_NS={min_ns}")
 
 
@@ -71,13 +70,13 @@ def read(out: Path) -> tuple[list[Stretch], int]:
         data = out.read_bytes()
     except FileNotFoundError:
         raise ValueError(f"{out} was not written: did the server run with the library?") from None
-    if len(data) != HEADER.size + CAPACITY * PAIR.size:
+    if len(data) != HEADER.size + CAPACITY * RECORD.size:
         raise ValueError(f"{out} holds {len(data)} bytes, not the library's record")
     (recorded,) = HEADER.unpack_from(data)
     kept = min(recorded, CAPACITY)
     stretches = [
         Stretch(end / 1e9, length / 1e9, preempted)
-        for end, length, preempted in PAIR.iter_unpack(data[HEADER.size : HEADER.size + kept * PAIR.size])
+        for end, length, preempted in RECORD.iter_unpack(data[HEADER.size : HEADER.size + kept * RECORD.size])
         if end  # a slot taken but not written: the process ended between the two
     ]
     return stretches, recorded - kept

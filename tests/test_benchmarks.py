@@ -951,11 +951,11 @@ def test_loop_busy_reads_the_librarys_file_and_refuses_another(tmp_path: Path) -
     with pytest.raises(ValueError, match="not the library's record"):
         loop_busy.read(out)
     # Three recorded, the second taken but not written (the process ended between the two).
-    record = bytearray(loop_busy.HEADER.size + loop_busy.CAPACITY * loop_busy.PAIR.size)
+    record = bytearray(loop_busy.HEADER.size + loop_busy.CAPACITY * loop_busy.RECORD.size)
     loop_busy.HEADER.pack_into(record, 0, 3)
-    loop_busy.PAIR.pack_into(record, loop_busy.HEADER.size, 1_000_000_000, 50_000, 0)
-    loop_busy.PAIR.pack_into(
-        record, loop_busy.HEADER.size + 2 * loop_busy.PAIR.size, 2_000_000_000, 70_000, 2
+    loop_busy.RECORD.pack_into(record, loop_busy.HEADER.size, 1_000_000_000, 50_000, 0)
+    loop_busy.RECORD.pack_into(
+        record, loop_busy.HEADER.size + 2 * loop_busy.RECORD.size, 2_000_000_000, 70_000, 2
     )
     out.write_bytes(record)
     stretches, dropped = loop_busy.read(out)
