@@ -16,6 +16,7 @@ import inspect
 import linecache
 import logging
 import textwrap
+import types
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from connlist.servers.uvicorn import classes as uvicorn_classes
 from connlist.servers.uvicorn import joined, keepalive
 from connlist.servers.uvicorn import protocols as uvicorn_protocols
 from connlist.servers.uvicorn import selfcheck as uvicorn_selfcheck
+from connlist.servers.uvicorn.cycle import UvicornCycle
 from connlist.servers.uvicorn.h11_impl import H11Tracking
 from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
 
@@ -105,6 +107,45 @@ def test_the_keepalive_form_has_uvicorns_call_in_place(parser: str, name: str) -
     function = getattr(cls, name)
     assert function is not form and function.__code__.co_filename.startswith("<connlist ")
     assert _joined_statements(function) == _unset_written(_statements(form), base)
+
+
+def test_the_lists_keepalive_close_has_uvicorns_handler_in_place_on_httptools() -> None:
+    """A mass close makes thousands: on httptools no call between the list's close and uvicorn's handler."""
+    base = BASES["httptools"]
+    cls = uvicorn_classes.PARSERS["httptools"].build(base)
+    assert cls.connlist_keepalive
+    function = cls.connlist_close_keepalive
+    ours = UvicornCycle.connlist_close_keepalive
+    assert function is not ours and function.__code__.co_filename.startswith("<connlist ")
+    assert function.__qualname__ == ours.__qualname__
+    assert _joined_statements(function) == _in_place(
+        _statements(ours), "self.timeout_keep_alive_handler", _statements(base.timeout_keep_alive_handler)
+    )
+    # h11's handler has a variable of its own: the call stays.
+    assert uvicorn_classes.PARSERS["h11"].build(BASES["h11"]).connlist_close_keepalive is ours
+
+    class Transport:
+        closed = 0
+
+        def is_closing(self) -> bool:
+            return self.closed > 0
+
+        def close(self) -> None:
+            self.closed += 1
+
+    protocol = types.SimpleNamespace(timeout_keep_alive_task=keepalive.TIMED_BY_LIST, transport=Transport())
+    function(protocol)
+    function(protocol)  # closing already: uvicorn's handler closes once
+    assert protocol.timeout_keep_alive_task is None and protocol.transport.closed == 1
+
+    # A subclass with a handler of its own: the close calls it.
+    class Sub(cls):  # type: ignore[misc, valid-type]
+        __slots__ = ()
+
+        def timeout_keep_alive_handler(self) -> None:
+            pass
+
+    assert Sub.connlist_close_keepalive is ours
 
 
 class _Counting:

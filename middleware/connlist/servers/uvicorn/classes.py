@@ -75,12 +75,13 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
     # (connlist.servers.uvicorn.construct), its pipeline queue connlist's.
     HttpToolsProtocol.__init__ = init  # type: ignore[method-assign]
     # The mixin's methods that call uvicorn's, joined with them where that is the same.
-    # The keep-alive form's call of uvicorn's _unset_keepalive_if_required too (not uvicorn's own method).
+    # The keep-alive form's call of uvicorn's _unset_keepalive_if_required too (not uvicorn's own
+    # method), and the list's keep-alive close's of its handler (a mass close makes thousands).
     HttpToolsProtocol.connlist_not_joined = joined.install(
         HttpToolsProtocol,
         HttpToolsTracking.connlist_joins,
         HttpToolsTracking.connlist_inlines,
-        ("on_response_complete",) if HttpToolsProtocol.connlist_keepalive else (),
+        ("on_response_complete", "connlist_close_keepalive") if HttpToolsProtocol.connlist_keepalive else (),
     )
     return HttpToolsProtocol
 

@@ -48,7 +48,11 @@ class UvicornCycle(Tracking):
         joined.keep_overrides(cls)
 
     def connlist_close_keepalive(self) -> None:
-        """The keep-alive timeout the list times: uvicorn's own handler, as its timer would have called it."""
+        """The keep-alive timeout the list times: uvicorn's own handler, as its timer would have called it.
+
+        On httptools the class statement writes the handler's statements in
+        place of its call (``connlist_inlines``): a mass close makes thousands.
+        """
         # The idle time ends here, as at a read (``data_received`` drops the
         # task too): uvicorn's connection_lost then has nothing to cancel,
         # rather than a call of TIMED_BY_LIST's no-op per connection closed.

@@ -62,7 +62,8 @@ class H11Tracking(UvicornCycle, _H11Base):
         "connection_made": "self._connlist_base_made",
         "connection_lost": "self._connlist_base_lost",
     }
-    # As HttpToolsTracking's.
+    # As HttpToolsTracking's, less uvicorn's keep-alive handler: h11's has a
+    # variable of its own, which no method written in place may have.
     connlist_inlines: ClassVar[tuple[str, ...]] = ("_unset_keepalive_if_required",)
 
     # uvicorn's ``on_response_complete``, or connlist's form of it less its

@@ -256,8 +256,13 @@ if httptools_impl is not None:
             "connection_lost": "self._connlist_base_lost",
             "data_received": "_HttpTools.data_received",
         }
-        # uvicorn's methods whose calls, in uvicorn's statements of those, are written in place.
-        connlist_inlines: ClassVar[tuple[str, ...]] = ("_unset_keepalive_if_required",)
+        # uvicorn's methods whose calls are written in place: in uvicorn's
+        # statements of those, and in the mixin's methods the class statement
+        # names (the keep-alive form's, the list's keep-alive close).
+        connlist_inlines: ClassVar[tuple[str, ...]] = (
+            "_unset_keepalive_if_required",
+            "timeout_keep_alive_handler",
+        )
 
         def connection_made(self, transport: Any) -> None:
             # uvicorn's (the base's, named on the class statement of connlist.servers.uvicorn.classes).

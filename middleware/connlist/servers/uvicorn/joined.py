@@ -33,7 +33,9 @@ uvicorn's statements call some of uvicorn's own methods, of no argument,
 as statements of their own (``self._unset_keepalive_if_required()``, at
 every read and every close): the mixin names them (``connlist_inlines``),
 and the joined function has their statements in place of the call too, as
-has connlist's keep-alive form of ``on_response_complete`` (``inline``).
+have connlist's keep-alive form of ``on_response_complete`` and, on
+httptools, the list's keep-alive close, uvicorn's handler in place
+(``inline``).
 A method is written in place only where that is the same as the call: a
 Python function of the class's, of ``self`` alone, with no ``return``, no
 variable of its own and none of the constructs above.  A subclass that
