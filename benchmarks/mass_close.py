@@ -35,7 +35,7 @@ together as on a real server (the report gives how close, on the child's
 clock: ``scale.py`` reads about 0.1 ms apart), and the mass close batches as
 it would there.  Bare uvicorn closes each connection with its own timer,
 whatever the spacing; connlist's sweep closes the connections due within 20
-ms together, at most 8 per loop iteration.
+ms together, at most 16 a sweep, a sweep a millisecond.
 
 What it leaves out: the kernel (the sockets' close, the same for both), the
 probe's requests of ``scale.py``, and where the memory lands (``--layouts``
