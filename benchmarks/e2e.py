@@ -50,7 +50,10 @@ request than bare uvicorn (it times uvicorn's keep-alive in its list, so
 no request arms a timer), ASGI-only mode (C) at most 5% more, and both are
 cheaper than each of the two alternatives (D, E): the median across rounds
 of the per-round ratio of their ratios to bare, B/D (C/D, B/E, C/E), is
-below 1.
+below 1.  From 6 rounds on, each target's median comes with an interval
+that holds it with 95% confidence, whatever the rounds' noise
+(``intervals.median_interval``, as ``scale.py``'s): where it holds the
+target's bound, the rounds cannot tell, whichever side the median fell on.
 
 Usage::
 
@@ -98,6 +101,7 @@ from pathlib import Path
 from typing import Any
 
 import gunicorn_asgi
+from intervals import median_interval, tells
 from ports import free_port
 from setups import BASELINE, SETUPS, Setup
 
@@ -601,13 +605,15 @@ def summarize(
         for key, ceiling in (CEILINGS_CLOSE if close else CEILINGS).items():
             if key not in measured:
                 continue
-            value = statistics.median(ratios[conns, key])
+            value, interval = statistics.median(ratios[conns, key]), median_interval(ratios[conns, key])
             targets.append(
                 {
                     "conns": conns,
                     "target": f"{key} CPU/request vs bare <= {ceiling:.2f}",
                     "value": value,
                     "met": value <= ceiling,
+                    "interval": interval,
+                    "told": tells(interval, ceiling),
                 }
             )
         for key in CEILINGS:
@@ -616,13 +622,15 @@ def summarize(
                     continue
                 # Each ratio is to the bare uvicorn measured beside it, in the same round.
                 paired = [a / b for a, b in zip(ratios[conns, key], ratios[conns, alternative], strict=True)]
-                value = statistics.median(paired)
+                value, interval = statistics.median(paired), median_interval(paired)
                 targets.append(
                     {
                         "conns": conns,
                         "target": f"{key} CPU/request vs {alternative} < 1",
                         "value": value,
                         "met": value < 1.0,
+                        "interval": interval,
+                        "told": tells(interval, 1.0),
                     }
                 )
     return {"table": table, "targets": targets}
@@ -656,11 +664,17 @@ def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
     print("Targets (median across rounds):")
     for target in summary["targets"]:
         verdict = "met" if target["met"] else "MISSED"
+        interval = target["interval"]
+        if interval is not None:
+            verdict += f"  (95% interval of the median {interval[0]:.4f}..{interval[1]:.4f}"
+            verdict += ")" if target["told"] else ": the rounds cannot tell)"
         print(f"  c={target['conns']:<4d} {target['target']:<48s} {target['value']:.4f}  {verdict}")
     if args.quick:
         print("  (--quick is a smoke test: 1 s runs without warm-up are too noisy to judge the targets)")
     elif args.rounds < 5:
         print(f"  (only {args.rounds} rounds: indicative; the issue asks for at least 5)")
+    elif args.rounds < 6:
+        print(f"  (an interval of the median ratio needs 6 rounds or more; {args.rounds} ran)")
 
 
 # -- the machine ---------------------------------------------------------------------

@@ -58,7 +58,7 @@ ratio to bare for CPU, for the worst latency, for the worst in the close
 and for the loop's longest stall in the close (the median of the ratios
 within each round), and from 6 rounds on an interval that holds the
 median ratio with 95% confidence, whatever the
-rounds' noise (``median_interval``): where it holds 1, the rounds cannot
+rounds' noise (``intervals.median_interval``): where it holds 1, the rounds cannot
 tell the setups apart.  Targets (issue #34): at 5,000 idle connections and
 more, connlist's CPU, its worst latency (over the whole time, and in the
 close) and its loop's longest stall in the close are no more than bare's,
@@ -120,6 +120,7 @@ from typing import Any
 
 import loop_busy
 from e2e import CLK_TCK, BenchError, Server, cpu_ns, cpu_ticks, cpus_problem, exit_on_sigterm, version
+from intervals import median_interval, tells
 from mass_timeout import _raise_fd_limit as raise_fd_limit
 from mass_timeout import _request as request_on
 from setups import BASELINE, SETUP_BY_KEY, Setup
@@ -686,7 +687,7 @@ def summarize(results: list[Result]) -> dict[str, Any]:
                         "value": value,
                         "met": value <= ceiling,
                         "interval": interval,
-                        "told": interval is None or not interval[0] <= ceiling < interval[1],
+                        "told": tells(interval, ceiling),
                     }
                 )
     return {
@@ -694,34 +695,6 @@ def summarize(results: list[Result]) -> dict[str, Any]:
         "targets": targets,
         "probe_prioritized": all(r.probe_nice == PROBE_NICE for r in results),
     }
-
-
-# How sure the interval of a median ratio is (``median_interval``).
-CONFIDENCE = 0.95
-
-
-def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
-    """An interval that holds the median of the ratios' distribution, with ``confidence``; None: too few.
-
-    Whatever that distribution is, the k-th smallest and the k-th largest of
-    n values drawn from it enclose its median unless k or fewer fall on one
-    side, which happens with probability 2 P(B < k), B binomial (n, 1/2).  k
-    is the largest whose interval keeps ``confidence``: at 95%, 6 values are
-    the fewest (the smallest and the largest), 21 give the 6th of each end.
-    A round's noise moves the rounds' ratios far more than the difference
-    between the setups; the interval says whether the rounds can tell them apart.
-    """
-    ordered = sorted(values)
-    n = len(ordered)
-    k = 0
-    below = 0  # 2**n P(B < k)
-    while k < n // 2:
-        below_next = below + math.comb(n, k)
-        if 2 * below_next > (1 - confidence) * 2**n:
-            break
-        below = below_next
-        k += 1
-    return None if k == 0 else (ordered[k - 1], ordered[n - k])
 
 
 def print_summary(summary: dict[str, Any], rounds: int, keep_alive: int) -> None:

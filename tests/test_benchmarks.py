@@ -32,6 +32,7 @@ import attacks  # noqa: E402
 import e2e  # noqa: E402
 import e2e_apps  # noqa: E402
 import flood  # noqa: E402
+import intervals  # noqa: E402
 import list_micro  # noqa: E402
 import loop_busy  # noqa: E402
 import mass_close  # noqa: E402
@@ -311,9 +312,46 @@ def test_e2e_summarizes_gunicorn_pairs_against_bare_gunicorn() -> None:
         ("bare gunicorn -k asgi", 1.0),
         ("connlist on gunicorn -k asgi (no flag)", pytest.approx(1.03)),
     ]
-    assert [(t["target"], t["met"]) for t in summary["targets"]] == [
-        ("connlist CPU/request vs bare <= 1.05", True)
+    assert [(t["target"], t["met"], t["interval"]) for t in summary["targets"]] == [
+        ("connlist CPU/request vs bare <= 1.05", True, None)
     ]
+
+
+def test_e2e_gives_each_target_the_interval_of_its_median_from_6_rounds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def one(round: int, setup: str, partner: str, cpu_us: float) -> e2e.Measurement:
+        return e2e.Measurement(
+            round=round, conns=50, setup=setup, partner=partner, position=0, requests=1000, seconds=1.0,
+            req_per_s=1000.0, cpu_s=cpu_us / 1000, user_share=0.9, cpu_us_per_req=cpu_us,
+            server_cpu_util=0.5, other_load=0.0,
+        )  # fmt: skip
+
+    def rounds(connlist: list[float], asyncio_timeout: list[float]) -> list[e2e.Measurement]:
+        measured = []
+        for r, (a, b) in enumerate(zip(connlist, asyncio_timeout, strict=True), start=1):
+            measured += [one(r, "bare", "connlist", 100.0), one(r, "connlist", "bare", a)]
+            measured += [one(r, "bare", "asyncio.timeout", 100.0), one(r, "asyncio.timeout", "bare", b)]
+        return measured
+
+    # connlist 1.00 to 1.10 of bare: a median of 1.04, over the keep-alive bound (1.00),
+    # that 6 rounds cannot tell; against asyncio.timeout, 1.2 to 1.3 of bare, decided below 1.
+    measured = rounds([100.0, 102.0, 104.0, 104.0, 108.0, 110.0], [120.0, 122.0, 124.0, 126.0, 128.0, 130.0])
+    summary = e2e.summarize(measured, 6, [50], setups=e2e.SETUPS)
+    by_target = {t["target"]: t for t in summary["targets"]}
+    within = by_target["connlist CPU/request vs bare <= 1.00"]
+    assert within["value"] == pytest.approx(1.04) and not within["met"]
+    assert within["interval"] == pytest.approx((1.00, 1.10)) and not within["told"]
+    against = by_target["connlist CPU/request vs asyncio.timeout < 1"]
+    assert against["met"] and against["told"] and against["interval"][1] < 1
+    args = e2e.parse_args(["--rounds", "6"])
+    e2e.print_summary(summary, args)
+    out = capsys.readouterr().out
+    assert (
+        "vs bare <= 1.00" in out
+        and "(95% interval of the median 1.0000..1.1000: the rounds cannot tell)" in out
+    )
+    assert "vs asyncio.timeout < 1" in out
 
 
 def test_a_port_is_given_once_per_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -971,29 +1009,38 @@ def test_loop_busy_reads_the_librarys_file_and_refuses_another(tmp_path: Path) -
     assert loop_busy.read(out)[1] == 5
 
 
-def test_scale_gives_an_interval_of_the_median_ratio_that_holds_whatever_the_noise() -> None:
+def test_the_interval_of_the_median_ratio_holds_whatever_the_noise() -> None:
     # Fewer than 6 rounds cannot give 95%: even the smallest and the largest of 5 miss
     # the median with probability 2 / 32.
-    assert scale.median_interval([1.0, 0.9, 1.1, 1.2, 0.8]) is None
-    assert scale.median_interval([]) is None
+    assert intervals.median_interval([1.0, 0.9, 1.1, 1.2, 0.8]) is None
+    assert intervals.median_interval([]) is None
     # 6: the smallest and the largest (they miss it with probability 2 / 64).
-    assert scale.median_interval([1.3, 0.7, 1.0, 1.1, 0.9, 1.2]) == (0.7, 1.3)
+    assert intervals.median_interval([1.3, 0.7, 1.0, 1.1, 0.9, 1.2]) == (0.7, 1.3)
     # 21: the 6th of each end (2 P(B < 6) = 2.7%; the 7th would be 7.8%), in any order.
     values = [i / 100 for i in range(80, 101)]
     random.Random(34).shuffle(values)
-    assert scale.median_interval(values) == (0.85, 0.95)
+    assert intervals.median_interval(values) == (0.85, 0.95)
     # A lower confidence, a narrower interval.
-    assert scale.median_interval(values, confidence=0.5) == (0.88, 0.92)
+    assert intervals.median_interval(values, confidence=0.5) == (0.88, 0.92)
     # The coverage it claims, checked by drawing: rounds of a skewed noise around a median of 1.
     rng = random.Random(7)
     draws = 2000
     held = 0
     for _ in range(draws):
-        interval = scale.median_interval([math.exp(rng.gauss(0, 0.2)) ** 3 for _ in range(9)])
+        interval = intervals.median_interval([math.exp(rng.gauss(0, 0.2)) ** 3 for _ in range(9)])
         assert interval is not None
         held += interval[0] <= 1.0 <= interval[1]
     # 9 rounds: the 2nd of each end, 96.1%; 2,000 draws put it within 1.5 points of that.
     assert 0.945 < held / draws < 0.977
+
+
+def test_the_rounds_tell_a_bound_only_where_the_interval_leaves_it_out() -> None:
+    assert intervals.tells((0.90, 0.99), 1.0)  # decided under
+    assert intervals.tells((0.90, 1.0), 1.0)  # at most the bound, the top included
+    assert intervals.tells((1.01, 1.20), 1.0)  # decided over
+    assert not intervals.tells((0.95, 1.05), 1.0)
+    assert not intervals.tells((1.0, 1.05), 1.0)
+    assert intervals.tells(None, 1.0)  # too few rounds: the median alone
 
 
 def test_scale_takes_the_worst_in_the_close_from_the_probes_sent_during_it() -> None:
