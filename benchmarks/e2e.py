@@ -101,7 +101,7 @@ from pathlib import Path
 from typing import Any
 
 import gunicorn_asgi
-from intervals import median_interval, tells
+from intervals import FEWEST_ROUNDS, median_interval, tells, worded
 from ports import free_port
 from setups import BASELINE, SETUPS, Setup
 
@@ -666,15 +666,14 @@ def print_summary(summary: dict[str, Any], args: argparse.Namespace) -> None:
         verdict = "met" if target["met"] else "MISSED"
         interval = target["interval"]
         if interval is not None:
-            verdict += f"  (95% interval of the median {interval[0]:.4f}..{interval[1]:.4f}"
-            verdict += ")" if target["told"] else ": the rounds cannot tell)"
+            verdict += "  " + worded(interval, 4, target["told"])
         print(f"  c={target['conns']:<4d} {target['target']:<48s} {target['value']:.4f}  {verdict}")
     if args.quick:
         print("  (--quick is a smoke test: 1 s runs without warm-up are too noisy to judge the targets)")
     elif args.rounds < 5:
         print(f"  (only {args.rounds} rounds: indicative; the issue asks for at least 5)")
-    elif args.rounds < 6:
-        print(f"  (an interval of the median ratio needs 6 rounds or more; {args.rounds} ran)")
+    elif args.rounds < FEWEST_ROUNDS:
+        print(f"  (an interval of the median ratio needs {FEWEST_ROUNDS} rounds or more; {args.rounds} ran)")
 
 
 # -- the machine ---------------------------------------------------------------------

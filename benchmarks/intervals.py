@@ -10,9 +10,10 @@ that distribution is: where it holds the target, the rounds cannot tell.
 
 from __future__ import annotations
 
+import itertools
 import math
 
-__all__ = ["CONFIDENCE", "median_interval", "tells"]
+__all__ = ["CONFIDENCE", "FEWEST_ROUNDS", "median_interval", "tells", "worded"]
 
 # How sure the interval of a median ratio is.
 CONFIDENCE = 0.95
@@ -46,3 +47,14 @@ def tells(interval: tuple[float, float] | None, ceiling: float) -> bool:
     No interval (too few rounds): the median alone decides.
     """
     return interval is None or not interval[0] <= ceiling < interval[1]
+
+
+# The fewest rounds that give an interval at ``CONFIDENCE`` (6 at 95%).
+FEWEST_ROUNDS = next(n for n in itertools.count(1) if median_interval([0.0] * n) is not None)
+
+
+def worded(interval: tuple[float, float], digits: int, told: bool = True) -> str:
+    """The interval as the reports put it, in parentheses; ``told`` False: the rounds cannot tell."""
+    low, high = interval
+    end = ")" if told else ": the rounds cannot tell)"
+    return f"({CONFIDENCE:.0%} interval of the median {low:.{digits}f}..{high:.{digits}f}{end}"

@@ -120,7 +120,7 @@ from typing import Any
 
 import loop_busy
 from e2e import CLK_TCK, BenchError, Server, cpu_ns, cpu_ticks, cpus_problem, exit_on_sigterm, version
-from intervals import median_interval, tells
+from intervals import FEWEST_ROUNDS, median_interval, tells, worded
 from mass_timeout import _raise_fd_limit as raise_fd_limit
 from mass_timeout import _request as request_on
 from setups import BASELINE, SETUP_BY_KEY, Setup
@@ -735,10 +735,9 @@ def print_summary(summary: dict[str, Any], rounds: int, keep_alive: int) -> None
         for _, key, target in RATIOS:
             interval = row.get(f"{key}_interval")
             if target is None and interval is not None:
-                low, high = interval
                 print(
                     f"  {row['loop']:<7s} N={row['n']:<6d} {key} vs bare (reported, not a target): "
-                    f"{row[f'{key}_ratio']:.3f} (95% interval of the median {low:.3f}..{high:.3f})"
+                    f"{row[f'{key}_ratio']:.3f} {worded(interval, 3)}"
                 )
     if summary["targets"]:
         print()
@@ -747,13 +746,12 @@ def print_summary(summary: dict[str, Any], rounds: int, keep_alive: int) -> None
             verdict = "met" if t["met"] else "MISSED"
             interval = t["interval"]
             if interval is not None:
-                verdict += f"  (95% interval of the median {interval[0]:.3f}..{interval[1]:.3f}"
-                verdict += ")" if t["told"] else ": the rounds cannot tell)"
+                verdict += "  " + worded(interval, 3, t["told"])
             print(f"  {t['loop']:<7s} N={t['n']:<6d} {t['target']:<34s} {t['value']:7.3f}  {verdict}")
         if rounds < 3:
             print(f"  (only {rounds} round(s): indicative)")
-        elif rounds < 6:
-            print(f"  (an interval of the median ratio needs 6 rounds or more; {rounds} ran)")
+        elif rounds < FEWEST_ROUNDS:
+            print(f"  (an interval of the median ratio needs {FEWEST_ROUNDS} rounds or more; {rounds} ran)")
 
 
 # -- main ----------------------------------------------------------------------------

@@ -1016,6 +1016,7 @@ def test_the_interval_of_the_median_ratio_holds_whatever_the_noise() -> None:
     assert intervals.median_interval([]) is None
     # 6: the smallest and the largest (they miss it with probability 2 / 64).
     assert intervals.median_interval([1.3, 0.7, 1.0, 1.1, 0.9, 1.2]) == (0.7, 1.3)
+    assert intervals.FEWEST_ROUNDS == 6  # what the reports say an interval needs
     # 21: the 6th of each end (2 P(B < 6) = 2.7%; the 7th would be 7.8%), in any order.
     values = [i / 100 for i in range(80, 101)]
     random.Random(34).shuffle(values)
