@@ -176,9 +176,12 @@ class Timer(ABC):
             due = min(due, now + shortest)
         self._set_timer(now, due)
 
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        # The given loop, else the protocols' (``attach``), else the running one.
+        return self.loop or self.attached_loop or asyncio.get_running_loop()
+
     def _set_timer(self, now: float, due: float) -> None:
-        # On the given loop, else the protocols' (``attach``), else the running one.
-        loop = self.loop or self.attached_loop or asyncio.get_running_loop()
+        loop = self._loop()
         delay = max(due - now, 0.0)
         self._arming += 1
         try:
@@ -210,5 +213,4 @@ class Timer(ABC):
         else:
             # Out of time: carry on once the closes' losses and the requests
             # of other clients have been served (module docstring).
-            loop = self.loop or self.attached_loop or asyncio.get_running_loop()
-            self._carry = loop.call_later(CARRY_PACE, self._sweep)
+            self._carry = self._loop().call_later(CARRY_PACE, self._sweep)
