@@ -209,3 +209,34 @@ class MemoryHandle:
 
     def connlist_request(self) -> tuple[str | None, str | None]:
         return self.request
+
+
+class LingeringHandle(MemoryHandle):
+    """A ``MemoryHandle`` whose closes linger as the server layer's do (``connlist.servers.seam``).
+
+    A close decided outside the sweep's own linger (the budget's, an
+    expired connection's) puts the record in ``closing`` and brings the
+    enforcer's timer forward to the linger's end: the closes that arm the
+    timer from within a sweep.
+    """
+
+    def __init__(self, enforcer: Any, clock: FakeClock) -> None:
+        super().__init__()
+        self.enforcer = enforcer
+        self.clock = clock
+        self.record: Any = None
+
+    def _linger(self) -> None:
+        enforcer = self.enforcer
+        enforcer.connections.linger(self.record)
+        enforcer.bring_forward(self.clock.now + enforcer.linger)
+
+    def connlist_close_idle(self) -> bool:
+        if not super().connlist_close_idle():
+            return False
+        self._linger()
+        return True
+
+    def connlist_close(self) -> None:
+        super().connlist_close()
+        self._linger()

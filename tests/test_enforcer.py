@@ -314,6 +314,57 @@ def test_a_mass_timeout_is_spread_over_loop_iterations(clock: FakeClock, loop: M
     assert loop.queued == 0 and len(loop.armed) == 1 and enforcer.timer_at == loop.armed[0]
 
 
+class ArmingHandle(MemoryHandle):
+    """Its close arms the timer every way the server layer's can from within a sweep."""
+
+    def __init__(self, enforcer: Enforcer, clock: FakeClock) -> None:
+        super().__init__()
+        self.enforcer = enforcer
+        self.clock = clock
+
+    def connlist_close_expired(self) -> None:
+        super().connlist_close_expired()
+        # A close that lingers (seam's _connlist_linger), a 408 that fills
+        # the buffer (pause_writing: a stall, watch), a response that ends
+        # and leaves a connection idle (wake_by).
+        self.enforcer.bring_forward(self.clock.now + LINGER)
+        self.enforcer.watch()
+        self.enforcer.wake_by(self.clock.now)
+
+
+def test_a_timer_armed_from_within_a_sweep_waits_for_its_end(clock: FakeClock, loop: MockLoop) -> None:
+    # A handle's close can arm the timer (a linger brought forward, a stall,
+    # a keep-alive close under pressure): in the sweep, that arming is the
+    # sweep's to make at its end, else a timer and a carry would both be
+    # armed, and the timer, firing once a carry had cleared its time, would
+    # sweep with an infinite now.
+    enforcer = make(clock, loop, headers_timeout=1, request_timeout=2)
+    handles = [ArmingHandle(enforcer, clock) for _ in range(3 * _BATCH + 4)]
+    for handle in handles:
+        enforcer.join(("127.0.0.1", 5000), handle=handle)
+    loop.run_until(T0 + 1)
+    costly(enforcer, clock)
+    sweeps = []
+    work = enforcer._work
+
+    def recorded(floor: float = 0.0, carrying: bool = False) -> bool:
+        sweeps.append(floor)
+        return work(floor, carrying)
+
+    enforcer._work = recorded  # type: ignore[method-assign]
+    loop.run_until(T0 + 1 + SLACK)
+    # The sweep did not finish: its carry is all that is armed.
+    assert 0 < enforcer.totals.headers_timeouts < len(handles)
+    assert (len(loop.armed), enforcer.timer_at) == (1, math.inf)
+    assert carry_on(enforcer, loop) >= 1
+    assert all(h.transport.buffer == RESPONSE_408 for h in handles)
+    # Finished: one timer, for the lingers, and every sweep had a finite now.
+    assert len(loop.armed) == 1 and enforcer.timer_at == loop.armed[0]
+    loop.run_until(clock.now + LINGER + 1)
+    assert all(h.transport.aborted for h in handles)
+    assert all(math.isfinite(floor) for floor in sweeps) and len(sweeps) >= 3
+
+
 def test_cancel_forgets_the_sweep_that_carries_on(clock: FakeClock, loop: MockLoop) -> None:
     enforcer, _ = mass_timeout(clock, loop, 3 * _BATCH + 4)
     loop.run_until(T0 + 1 + SLACK)

@@ -23,7 +23,7 @@ from connlist.core.enforcer import PRESSURE_FLOOR, Enforcer
 from connlist.core.kinds import resolve
 from connlist.core.sweep import KEEPALIVE_BATCH, KEEPALIVE_PER_SWEEP, SLACK, idle_expired
 from connlist.core.timer import CARRY_ON_WHOLE, CARRY_PACE
-from tests.fakes import T0, FakeClock, MockLoop
+from tests.fakes import T0, FakeClock, LingeringHandle, MockLoop
 from tests.test_budget_policy import arrive
 
 KEEP_ALIVE = 5.0
@@ -330,6 +330,45 @@ def test_under_pressure_the_same_rule_closes_sooner_and_says_so(
     assert enforcer.totals.keepalive_timeouts == n and enforcer.connections.occupied == len(conns) - n
     assert not any(handle.closed_keepalive for _, handle in conns)  # closed as the budget closes
     assert f"{n} connections timed out ({n} keepalive)" in caplog.text
+
+
+def test_a_mass_close_that_begins_under_pressure_keeps_one_timer_and_a_finite_now(
+    clock: FakeClock, loop: MockLoop
+) -> None:
+    # The budget's closes linger, as the server's do, and bring the timer
+    # forward from within the sweep; the pressure ends after one sweep, and
+    # the rest are past their whole keep-alive: the sweep carries on.  Each
+    # connection is closed once, no sooner than its rule allows, with one
+    # timer or one carry armed at a time, and the sweep's now always finite.
+    total = 3 * KEEPALIVE_PER_SWEEP
+    enforcer = Enforcer(resolve(max_connections=total), clock=clock, loop=loop)  # type: ignore[arg-type]
+    enforcer.keep_alive = 30.0
+    enforcer.keep_alive_timed = True
+    handles = []
+    for _ in range(total):
+        handle = LingeringHandle(enforcer, clock)
+        conn = handle.record = enforcer.join(("127.0.0.1", 5000), handle=handle)
+        first_request(enforcer, conn)
+        responded(enforcer, conn)
+        handles.append(handle)
+    assert enforcer.pressed
+    floors: list[float] = []
+    work = enforcer._work
+
+    def recorded(floor: float = 0.0, carrying: bool = False) -> bool:
+        floors.append(floor)
+        return work(floor, carrying)
+
+    enforcer._work = recorded  # type: ignore[method-assign]
+    clock.advance(enforcer.keep_alive + 1)  # the loop was held up: every one is past its keep-alive
+    while loop.armed and len(floors) < 100:
+        assert len(loop.armed) == 1
+        loop.run_until(loop.armed[0])
+        loop.run_soon()
+    assert all(handle.transport.closed for handle in handles)
+    assert enforcer.totals.keepalive_timeouts == total
+    assert floors and all(math.isfinite(floor) for floor in floors)
+    assert enforcer.totals.idle_evictions == 0 and not enforcer.pressed
 
 
 def test_the_budget_lets_go_of_the_connection_idle_longest_by_its_responses_end(

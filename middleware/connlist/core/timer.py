@@ -28,6 +28,13 @@ every iteration while any timer is scheduled: docs/benchmarks.md,
 sweep that can be due sooner (a close's linger) brings the timer forward
 (``bring_forward``).
 
+At most one of the timer and the sweep carrying on is armed, and none
+while a sweep runs: what a sweep's closes would arm (a linger brought
+forward, a stall, a keep-alive close under pressure) is the sweep's to
+arm at its end, which looks at everything due.  Else a timer armed
+beside a carry would fire after the carry had forgotten its time, and
+sweep with no floor to take as now.
+
 Cutting a connection off costs tens of microseconds (the ``408``, the
 transport, the callback), so a mass timeout is spread over loop iterations:
 one sweep spends at most ``SWEEP_TIME`` seconds closing, and closes at most
@@ -63,6 +70,7 @@ import asyncio
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Protocol
 
 from connlist.core.kinds import Settings
 
@@ -77,6 +85,20 @@ CARRY_ON_WHOLE = 0.02
 # A sweep that did not finish carries on this much later: a millisecond,
 # libuv's timers' resolution, at which uvicorn's own timers close what falls due.
 CARRY_PACE = 0.001
+
+
+class _Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class _Sweeping:
+    """What stands for the sweep carrying on while a sweep runs: arming waits for its end."""
+
+    def cancel(self) -> None:
+        pass
+
+
+_SWEEPING = _Sweeping()
 
 
 class Timer(ABC):
@@ -100,8 +122,9 @@ class Timer(ABC):
         # still fires (a loop that cannot cancel), does nothing.
         self._arming = 0
         # A sweep that ran out of its time carries on (``CARRY_PACE`` later):
-        # while this is set, the timer is not armed.
-        self._carry: asyncio.TimerHandle | None = None
+        # while this is set, the timer is not armed; ``_SWEEPING`` while a
+        # sweep runs.
+        self._carry: _Cancellable | None = None
 
     @abstractmethod
     def _next_due(self, now: float) -> float | None:
@@ -129,6 +152,7 @@ class Timer(ABC):
             self._timer.cancel()
             self._timer = None
             self.timer_at = math.inf
+            self._arming += 1  # and were it to fire all the same, it does nothing
         if self._carry is not None:
             self._carry.cancel()
             self._carry = None
@@ -207,8 +231,14 @@ class Timer(ABC):
         carrying = self._carry is not None
         self._timer = None
         self.timer_at = math.inf
-        self._carry = None
-        if self._work(floor, carrying):
+        self._carry = _SWEEPING
+        try:
+            finished = self._work(floor, carrying)
+        finally:
+            # Whatever was armed all the same (a cancel, then a watch): the
+            # sweep arms what is due next, once.
+            self.cancel()
+        if finished:
             self._arm()
         else:
             # Out of time: carry on once the closes' losses and the requests
