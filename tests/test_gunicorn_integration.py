@@ -671,16 +671,24 @@ def test_more_of_what_is_not_http1(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(GUNICORNS, "_handle_h2c_upgrade", h2c)
 
     async def main() -> None:
-        # Sniffing for h2c's preface, gunicorn finds HTTP/1 after all: served by gunicorn, untimed
-        # (but for the keep-alive, which gunicorn's loop arms, and the list times).
+        # Sniffing for h2c's preface, gunicorn finds HTTP/1 after all: served by gunicorn, untimed,
+        # its keep-alive too: no list event would tell the next request, so the list's
+        # keep-alive would close it mid-request.
         cfg = Config()
         cfg.set("http_protocols", "h1,h2")
         cfg.set("http2_cleartext", "both")
         protocol, transport, enforcer = _connected(cls, cfg)
+        record = protocol._connlist_record
         protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         await _turns()
         assert bytes(transport.written).startswith(b"HTTP/1.1 200 ")
-        assert protocol._connlist_phase == gunicorn_asgi.UPGRADED and not protocol._connlist_record.is_active
+        assert protocol._connlist_phase == gunicorn_asgi.UPGRADED and not record.is_active
+        assert protocol._keepalive_handle is not None  # gunicorn's own timer
+        assert record.responding and record._idle_entry is None
+        protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await _turns()
+        assert bytes(transport.written).count(b"HTTP/1.1 200 ") == 2 and not transport.closing
+        assert record.responding and record._idle_entry is None
         _close(protocol, enforcer)
         # An h2c upgrade request whose body comes in two reads: untimed from its headers on.
         cfg.set("http2_cleartext", "upgrade")
@@ -709,6 +717,54 @@ def test_more_of_what_is_not_http1(monkeypatch: pytest.MonkeyPatch) -> None:
         protocol.connlist_abort()
         assert protocol._closed and transport.closing
         protocol.connlist_close()
+        _close(protocol, enforcer)
+
+    asyncio.run(main())
+
+
+def test_a_request_in_as_a_background_call_ends_is_not_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An app's call left running after its response (a background task):
+    # gunicorn arms the keep-alive when it ends, if its loop still waits for
+    # a request.  When the next request arrived in the same turn, before the
+    # loop took it, that arming is not the connection going idle: gunicorn's
+    # loop cancels its timer at once, and the list must not time the request
+    # it is serving as an idle connection's keep-alive.
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        background = loop.create_future()
+        slow = loop.create_future()
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            if scope["path"] == "/slow":
+                await slow  # a long-poll
+            await send({"type": "http.response.body", "body": b"ok"})
+            if scope["path"] == "/background":
+                await background
+
+        protocol, transport, enforcer = _connected(cls, Config(), app)
+        record = protocol._connlist_record
+        protocol.data_received(b"GET /background HTTP/1.1\r\nHost: x\r\n\r\n")
+        await _turns()
+        assert protocol._finishing_calls and record.responding
+        # The background call's end, then the next request, in one turn.
+        background.set_result(None)
+        loop.call_soon(protocol.data_received, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        await _turns()
+        assert not protocol._finishing_calls and protocol._keepalive_handle is None  # gunicorn's, cancelled
+        assert record.responding and record._idle_entry is None
+        assert record.requests == 2
+        slow.set_result(None)
+        await _turns()
+        # Its end leaves it idle, timed by the list.
+        assert not record.responding and record._idle_entry is not None
+        assert protocol._keepalive_handle is None
+        assert bytes(transport.written).count(b"HTTP/1.1 200 ") == 2 and not transport.closing
         _close(protocol, enforcer)
 
     asyncio.run(main())

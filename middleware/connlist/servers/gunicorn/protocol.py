@@ -42,12 +42,18 @@ between-messages path in its place, without the hook's call.  A request
 held in the parser's buffer while a response is written is timed from the
 moment gunicorn feeds it (as uvicorn's h11 protocol does).
 
-gunicorn arms its keep-alive timer (``_arm_keepalive_timer``) exactly when
-a connection becomes idle: after the response, once the application's call
+gunicorn arms its keep-alive timer (``_arm_keepalive_timer``) when a
+connection becomes idle: after the response, once the application's call
 has returned.  connlist's class writes the response's end there instead
 (``response_complete``: the record is no longer responding, and idle from
 now) and lets the list time the keep-alive (``--keep-alive``), closing the
-connection with gunicorn's own handler (``_keepalive_timeout``).
+connection with gunicorn's own handler (``_keepalive_timeout``).  Two
+armings are not a connection going idle, and get gunicorn's own timer, as
+they would on gunicorn: one made while the next request is in already
+(``_request_ready`` set: an application call left running after its
+response ended just as that request arrived; gunicorn's loop cancels the
+timer at once), and one on a connection served untimed (HTTP/1 found by
+h2c's sniffing), which no list event marks busy again.
 
 Whether a response began is read only when a request is cut while its body
 arrives (rare): from the request's task, which gunicorn's connection loop
@@ -409,6 +415,11 @@ class ASGIProtocol(Tracking, _Gunicorn):
         # (Set by connection_made: a connection is idle only after a request.)
         record: Connection = self._connlist_record  # type: ignore[assignment]
         enforcer = self._connlist
+        ready = self._request_ready
+        if (ready is not None and ready.is_set()) or self._connlist_phase >= UPGRADED:
+            # Not a connection going idle (module docstring): gunicorn's timer, as on gunicorn.
+            _Gunicorn._arm_keepalive_timer(self)
+            return
         if not enforcer.keep_alive_timed:
             enforcer.connections.response_complete(record)
             _Gunicorn._arm_keepalive_timer(self)
