@@ -415,8 +415,9 @@ class ASGIProtocol(Tracking, _Gunicorn):
         # (Set by connection_made: a connection is idle only after a request.)
         record: Connection = self._connlist_record  # type: ignore[assignment]
         enforcer = self._connlist
-        ready = self._request_ready
-        if (ready is not None and ready.is_set()) or self._connlist_phase >= UPGRADED:
+        # (Only gunicorn's _finishing_call_done arms while its loop awaits a
+        # request, the next one maybe in already: its own loop never does.)
+        if (self._awaiting_request and self._request_ready.is_set()) or self._connlist_phase >= UPGRADED:
             # Not a connection going idle (module docstring): gunicorn's timer, as on gunicorn.
             _Gunicorn._arm_keepalive_timer(self)
             return

@@ -5,7 +5,7 @@ not public API: its methods ``_feed_callback_parser``,
 ``_arm_keepalive_timer``, ``_keepalive_timeout``, ``_handle_websocket``; the
 locals of ``_serve_http_request`` and ``_handle_http_request``; and its state
 (``_callback_parser`` and its ``is_complete``, ``_current_request``,
-``_body_receiver``, ``_closed``, ``_request_ready``, ``_keepalive_handle``,
+``_body_receiver``, ``_closed``, ``_request_ready``, ``_awaiting_request``, ``_keepalive_handle``,
 ``_keepalive``).  A gunicorn
 release may change any of them without failing loudly, so before connlist's
 class is put in gunicorn's worker, this module checks it, once per process:
