@@ -86,9 +86,15 @@ class Running:
 
 
 @contextlib.contextmanager
-def serve(app: Any, http: str, **config: Any) -> Iterator[Running]:
+def serve(app: Any, http: str, sndbuf: int = 0, **config: Any) -> Iterator[Running]:
+    """uvicorn serving ``app`` on 127.0.0.1 in a thread; ``sndbuf``: its connections' kernel send buffer.
+
+    (Linux gives an accepted socket the listening socket's ``SO_SNDBUF``.)
+    """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if sndbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     options: dict[str, Any] = {"log_level": "warning", "lifespan": "on", "ws": "websockets-sansio"}
@@ -245,6 +251,17 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         for _ in range(LARGE // len(chunk)):
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+        return
+    if path == "/tail":
+        # ``?bytes=N`` in one send (64,000 by default): under the transport's
+        # high-water mark (64 KiB), so it never pauses writing, whatever the
+        # client takes.
+        query = scope.get("query_string", b"")
+        size = int(query[6:]) if query.startswith(b"bytes=") else 64_000
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % size)]}
+        )
+        await send({"type": "http.response.body", "body": b"t" * size})
         return
     if path == "/busy":
         # Slow work before the body is read: the server, not the client, holds

@@ -770,6 +770,58 @@ def test_a_request_in_as_a_background_call_ends_is_not_idle(monkeypatch: pytest.
     asyncio.run(main())
 
 
+def test_a_close_that_leaves_response_bytes_unsent_is_the_send_timeouts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # gunicorn's close waits for its transport's buffer to drain: bytes a
+    # client never reads would hold the connection for good.  Every close of
+    # gunicorn's (_close_transport: a response's end that closes, its
+    # keep-alive handler) hands them to the send timeout, as a stall.
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    class Holding(_Transport):
+        held = 0
+
+        def get_write_buffer_size(self) -> int:
+            return self.held
+
+    async def main() -> None:
+        for close in (True, False):
+            protocol, _, enforcer = _connected(cls, Config(), send_timeout=1)
+            transport = Holding()
+            transport.protocol = protocol
+            protocol.transport = transport
+            record = protocol._connlist_record
+            transport.held = 30_000  # what the response leaves in the transport
+            request = (
+                b"GET / HTTP/1.1\r\nHost: x\r\n" + (b"Connection: close\r\n" if close else b"") + b"\r\n"
+            )
+            protocol.data_received(request)
+            await _turns()
+            assert transport.closing == close and record.is_stalled == close
+            if close:
+                # Flow control resumes (under its low-water mark) while the close waits: still timed.
+                protocol.resume_writing()
+                assert record.is_stalled
+                transport.held = 0
+                protocol.resume_writing()
+                assert not record.is_stalled
+            else:
+                assert not record.responding and not record.is_stalled
+                protocol.connlist_close_keepalive()  # the list's keep-alive close
+                assert transport.closing and record.is_stalled
+            _close(protocol, enforcer)
+        # Nothing unsent, or a transport that cannot say: no stall.
+        protocol, transport, enforcer = _connected(cls, Config(), send_timeout=1)
+        protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await _turns()
+        assert transport.closing and not protocol._connlist_record.is_stalled
+        _close(protocol, enforcer)
+
+    asyncio.run(main())
+
+
 def test_addresses_as_asgi_has_them(monkeypatch: pytest.MonkeyPatch) -> None:
     cls = passing(monkeypatch)
     from gunicorn.config import Config

@@ -159,6 +159,74 @@ def test_slow_but_steady_reader_gets_every_byte(parser: str) -> None:
         assert mw.enforcer.totals.send_timeouts == 0
 
 
+# The kernel buffers of both ends, kept small: a /tail response stays mostly
+# in the server's transport, under its high-water mark (no pause_writing).
+TAIL_BUFFERS = 4096
+
+
+def held_tail(running: Running, mw: Any) -> Connection:
+    """The one connection, once its response ended with bytes left in the transport; it never paused."""
+    assert wait_for(lambda: (conn := only_record(running, mw)) is not None and not conn.responding, 5)
+    conn = only_record(running, mw)
+    assert conn is not None and conn.requests == 1
+    return conn
+
+
+@pytest.mark.parametrize("close", [False, True], ids=["keep-alive", "connection-close"])
+def test_a_response_tail_the_client_never_reads_is_aborted_after_the_close(parser: str, close: bool) -> None:
+    # The tail of a response under the transport's high-water mark never
+    # pauses writing, and a close waits for it to drain: a client that
+    # stopped reading held the connection, and its place in the budget, for
+    # good.  The close (uvicorn's at a Connection: close response's end, the
+    # list's at the keep-alive) hands it to the send timeout.
+    send_timeout = 1.0
+    keep_alive = 1
+    mw = middleware(headers_timeout=5, request_timeout=10, send_timeout=send_timeout)
+    with serve(mw, INTEGRATED[parser], sndbuf=TAIL_BUFFERS, timeout_keep_alive=keep_alive) as running:
+        sock = small_receiver(running.port, TAIL_BUFFERS)
+        sock.sendall(
+            b"GET /tail HTTP/1.1\r\nHost: x\r\n" + (b"Connection: close\r\n" if close else b"") + b"\r\n"
+        )
+        conn = held_tail(running, mw)
+        ended = time.monotonic()
+        assert conn.is_stalled == close  # closed with bytes unsent: a stall from the close
+        assert wait_for(lambda: running.call(lambda: len(mw.connections)) == 0, 10)
+        gone = time.monotonic()
+        allowance = send_allowance(send_timeout, conn.out_step)
+        # After the close (at once, or at the keep-alive), the send timeout's allowance.
+        closed = 0 if close else keep_alive
+        assert closed + allowance - EARLY <= gone - ended <= closed + allowance + send_timeout / 4 + 0.5, (
+            gone - ended,
+            allowance,
+        )
+        totals = mw.enforcer.totals
+        assert (totals.send_timeouts, totals.keepalive_timeouts) == (1, 0 if close else 1)
+        data, _ = read_until_closed(sock)
+        assert len(data) < 64_000
+
+
+def test_a_slow_reader_of_a_response_tail_gets_every_byte_after_the_close(parser: str) -> None:
+    # The same tail, read slowly but steadily after uvicorn closed: the
+    # send timeout sees progress, and the client gets the whole response.
+    mw = middleware(headers_timeout=5, request_timeout=10, send_timeout=0.5)
+    with serve(mw, INTEGRATED[parser], sndbuf=TAIL_BUFFERS) as running:
+        sock = small_receiver(running.port, TAIL_BUFFERS)
+        sock.sendall(b"GET /tail HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        conn = held_tail(running, mw)
+        assert conn.is_stalled
+        received = b""
+        while True:
+            # 2 KiB every 50 ms: about 40 KB/s, the tail over 1.5 s, three send timeouts.
+            data = sock.recv(2048)
+            if not data:
+                break
+            received += data
+            time.sleep(0.05)
+        assert received.endswith(b"t" * 64_000)
+        assert mw.enforcer.totals.send_timeouts == 0
+        assert wait_for(lambda: running.call(lambda: len(mw.connections)) == 0, 3)
+
+
 def test_steady_reader_acknowledged_in_steps_is_never_cut(parser: str) -> None:
     # A default receive buffer read at 64 KiB/s: Linux reopens its window in
     # steps of about 100 KB on loopback, and the server sees no progress for

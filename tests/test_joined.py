@@ -126,6 +126,7 @@ def test_the_lists_keepalive_close_has_uvicorns_handler_in_place_on_httptools() 
 
     class Transport:
         closed = 0
+        unsent = 0
 
         def is_closing(self) -> bool:
             return self.closed > 0
@@ -133,10 +134,23 @@ def test_the_lists_keepalive_close_has_uvicorns_handler_in_place_on_httptools() 
         def close(self) -> None:
             self.closed += 1
 
-    protocol = types.SimpleNamespace(timeout_keep_alive_task=keepalive.TIMED_BY_LIST, transport=Transport())
+        def get_write_buffer_size(self) -> int:
+            return self.unsent
+
+    unsent: list[object] = []
+    protocol = types.SimpleNamespace(
+        timeout_keep_alive_task=keepalive.TIMED_BY_LIST,
+        transport=Transport(),
+        _connlist_closed_unsent=lambda: unsent.append(protocol.transport.unsent),
+    )
     function(protocol)
     function(protocol)  # closing already: uvicorn's handler closes once
     assert protocol.timeout_keep_alive_task is None and protocol.transport.closed == 1
+    # Bytes the client has not taken hold the close: handed to the send timeout.
+    assert unsent == []
+    protocol.transport.unsent = 100
+    function(protocol)
+    assert unsent == [100]
 
     # A subclass with a handler of its own: the close calls it.
     class Sub(cls):  # type: ignore[misc, valid-type]

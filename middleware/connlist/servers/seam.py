@@ -70,6 +70,7 @@ __all__ = [
     "enforcer_in",
     "fallback_enforcer",
     "headers_received",
+    "unsent",
 ]
 
 RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
@@ -89,6 +90,15 @@ _SND_WND_AT = 228
 # SO_LINGER on with a zero timeout: close() then resets the connection and
 # the kernel drops what is queued for it (nginx's reset_timedout_connection).
 _LINGER_ZERO = struct.pack("ii", 1, 0)
+
+
+def unsent(transport: Any) -> int:
+    """The bytes a transport holds unsent; 0 where it cannot say (a test's transport, as uvicorn's)."""
+    try:
+        size: int = transport.get_write_buffer_size()
+    except (AttributeError, NotImplementedError):
+        return 0
+    return size
 
 
 def enforcer_in(state: MutableMapping[str, Any]) -> Enforcer | None:
@@ -556,7 +566,8 @@ class Tracking(TransportHandle):
         if phase != BETWEEN:
             self._connlist.watch()  # the connection is active: it can expire
 
-    # -- the send timeout: fed by flow control, which runs only under back-pressure
+    # -- the send timeout: fed by flow control, which runs only under back-pressure,
+    # and by a close that waits for unsent bytes
 
     def pause_writing(self) -> None:
         super().pause_writing()  # type: ignore[misc]
@@ -570,4 +581,27 @@ class Tracking(TransportHandle):
         super().resume_writing()  # type: ignore[misc]
         record = self._connlist_record
         if record is not None:
+            transport = self.transport
+            if transport is not None and transport.is_closing() and unsent(transport):
+                return  # a close waits for the rest: still timed (_connlist_closed_unsent)
             self._connlist.connections.unstall(record)
+
+    def _connlist_closed_unsent(self) -> None:
+        """The transport was closed with response bytes it has not sent: a stall, for the send timeout.
+
+        A transport's close waits for its buffer to drain.  A client that
+        stopped reading before it did would hold the connection, and its
+        place in the budget, for good, in no list a sweep walks: a tail
+        under the transport's high-water mark never paused writing.  As a
+        stall it is sampled, and aborted once it makes no progress for the
+        send timeout; a slow reader that keeps reading gets every byte.
+        The server layer calls it after a close (a response's end that
+        closes, the keep-alive's close).
+        """
+        record = self._connlist_record
+        enforcer = self._connlist
+        transport = self.transport
+        if record is None or not enforcer.settings.send_timeout or transport is None or not unsent(transport):
+            return
+        enforcer.connections.stall(record, self.connlist_pending(), self.connlist_acked())
+        enforcer.watch()

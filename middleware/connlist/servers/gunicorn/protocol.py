@@ -169,6 +169,8 @@ if TYPE_CHECKING:
 
         def _arm_keepalive_timer(self) -> None: ...
 
+        def _close_transport(self) -> None: ...
+
         async def _handle_websocket(self, request: Any, sockname: Any, peername: Any) -> None: ...
 
         async def _handle_h2c_upgrade(self, request: Any) -> None: ...
@@ -436,6 +438,13 @@ class ASGIProtocol(Tracking, _Gunicorn):
 
     def connlist_close_keepalive(self) -> None:
         self._keepalive_timeout()
+
+    def _close_transport(self) -> None:
+        # Every close of gunicorn's (a response's end that closes, its
+        # keep-alive handler): bytes the client has not taken hold it, the
+        # send timeout's (seam's _connlist_closed_unsent).
+        _Gunicorn._close_transport(self)
+        self._connlist_closed_unsent()
 
     # The closes connlist decides outside a timeout wake gunicorn's connection
     # loop, as its own close does: else it waits for the next request until

@@ -2,7 +2,8 @@
 
 ``connlist.servers.gunicorn.protocol`` leans on parts of gunicorn's protocol that are
 not public API: its methods ``_feed_callback_parser``,
-``_arm_keepalive_timer``, ``_keepalive_timeout``, ``_handle_websocket``; the
+``_arm_keepalive_timer``, ``_keepalive_timeout``, ``_close_transport``,
+``_handle_websocket``; the
 locals of ``_serve_http_request`` and ``_handle_http_request``; and its state
 (``_callback_parser`` and its ``is_complete``, ``_current_request``,
 ``_body_receiver``, ``_closed``, ``_request_ready``, ``_awaiting_request``, ``_keepalive_handle``,
@@ -59,6 +60,7 @@ HOOKS = (
     "_handle_http_request",
     "_arm_keepalive_timer",
     "_keepalive_timeout",
+    "_close_transport",
     "_handle_websocket",
     "_handle_h2c_upgrade",
     "_handle_connection",

@@ -59,6 +59,15 @@ class UvicornCycle(Tracking):
         if self.timeout_keep_alive_task is TIMED_BY_LIST:
             self.timeout_keep_alive_task = None
         self.timeout_keep_alive_handler()
+        # Bytes of the last response the client has not taken hold the close:
+        # the send timeout's (seam's _connlist_closed_unsent, its test written
+        # out: a mass close makes thousands).
+        try:
+            held = self.transport.get_write_buffer_size()
+        except (AttributeError, NotImplementedError):  # a transport that cannot say (seam's unsent)
+            held = 0
+        if held:
+            self._connlist_closed_unsent()
 
     def _connlist_without_middleware(self) -> tuple[object, object]:
         """No enforcer in the lifespan state: uvicorn's lifespan setting and loaded app, once per worker."""

@@ -26,8 +26,11 @@ The replacements below are uvicorn's methods as uvicorn writes them, one per
 form its releases have had, with that statement in an ``if``.  The httptools
 ones also write what connlist's protocol wrote after uvicorn's method (the
 record no longer ``responding``), so that a response's end is one call, not
-two (docs/benchmarks.md, "The keep-alive timer in the list"); those
-statements name ``_connlist`` attributes.  Each replacement is taken only
+two (docs/benchmarks.md, "The keep-alive timer in the list"); and where the
+response's end finds the transport closed with bytes unsent (uvicorn closes
+it after a ``Connection: close`` response), all of them hand it to the send
+timeout (``_connlist_closed_unsent``).  Those statements name ``_connlist``
+attributes.  Each replacement is taken only
 for a uvicorn whose method is the same but for these statements
 (``replacement`` compares the two syntax trees); any other uvicorn keeps its
 own method and its timer, and connlist says so in one WARNING line
@@ -76,6 +79,7 @@ def _httptools(self: Any) -> None:  # uvicorn 0.45 and later
 
     if self.transport.is_closing():
         self._connlist_record.responding = False
+        self._connlist_closed_unsent()
         return
 
     self._unset_keepalive_if_required()
@@ -117,6 +121,7 @@ def _httptools_create_task(self: Any) -> None:  # uvicorn 0.36 to 0.44
 
     if self.transport.is_closing():
         self._connlist_record.responding = False
+        self._connlist_closed_unsent()
         return
 
     self._unset_keepalive_if_required()
@@ -158,6 +163,7 @@ def _h11(self: Any) -> None:
     self.server_state.total_requests += 1
 
     if self.transport.is_closing():
+        self._connlist_closed_unsent()
         return
 
     # Set a short Keep-Alive timeout.
@@ -214,6 +220,9 @@ def _as_uvicorn(node: ast.FunctionDef) -> ast.FunctionDef:
 
     class Back(ast.NodeTransformer):
         def visit_Assign(self, statement: ast.Assign) -> Any:
+            return None if _ours(statement) else statement
+
+        def visit_Expr(self, statement: ast.Expr) -> Any:
             return None if _ours(statement) else statement
 
         def visit_If(self, branch: ast.If) -> Any:
