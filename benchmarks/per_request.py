@@ -119,6 +119,11 @@ class MemoryTransport(asyncio.Transport):
     def close(self) -> None:
         self.closing = True
 
+    def get_write_buffer_size(self) -> int:
+        # As a socket's transport says (asyncio's, a Python method: len of its
+        # buffer), for a client that takes every byte at once.
+        return 0
+
     def pause_reading(self) -> None:
         pass
 
