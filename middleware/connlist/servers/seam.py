@@ -598,10 +598,14 @@ class Tracking(TransportHandle):
         The server layer calls it after a close (a response's end that
         closes, the keep-alive's close).
         """
+        # ``unsent``, written out: every response that closes asks, and holds nothing.
+        try:
+            if not self.transport.get_write_buffer_size():
+                return
+        except (AttributeError, NotImplementedError):
+            return
         record = self._connlist_record
         enforcer = self._connlist
-        transport = self.transport
-        if record is None or not enforcer.settings.send_timeout or transport is None or not unsent(transport):
-            return
-        enforcer.connections.stall(record, self.connlist_pending(), self.connlist_acked())
-        enforcer.watch()
+        if record is not None and enforcer.settings.send_timeout:
+            enforcer.connections.stall(record, self.connlist_pending(), self.connlist_acked())
+            enforcer.watch()
