@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import socket
@@ -15,6 +16,7 @@ from connlist.core.connections import Connection, ConnectionHandle
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.sweep import lingered
 from connlist.servers import seam as server
+from connlist.servers import sending
 from connlist.servers.uvicorn import protocols as connlist_uvicorn
 from connlist.servers.uvicorn.cycle import UvicornCycle
 from tests.fakes import FakeClock, MockLoop
@@ -254,7 +256,7 @@ def test_an_abort_resets_the_socket_and_survives_a_transport_without_one(
     assert lost.cuts == 0
 
 
-@pytest.mark.skipif(server._TCP_INFO is None, reason="TCP_INFO is Linux's")
+@pytest.mark.skipif(sending._TCP_INFO is None, reason="TCP_INFO is Linux's")
 def test_acked_reads_what_the_peer_acknowledged_or_says_it_cannot(
     enforcer: Enforcer, tcp_pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -279,11 +281,11 @@ def test_acked_reads_what_the_peer_acknowledged_or_says_it_cannot(
             return bytes(104)
 
     assert Protocol(enforcer, SocketTransport(OldKernel())).connlist_acked() is None
-    monkeypatch.setattr(server, "_TCP_INFO", None)  # not Linux
+    monkeypatch.setattr(sending, "_TCP_INFO", None)  # not Linux
     assert protocol.connlist_acked() is None
 
 
-@pytest.mark.skipif(server._OUTQ is None, reason="SIOCOUTQ is Linux's")
+@pytest.mark.skipif(sending._OUTQ is None, reason="SIOCOUTQ is Linux's")
 def test_pending_counts_the_buffer_and_the_kernels_queue_when_it_can(
     enforcer: Enforcer, tcp_pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -308,8 +310,10 @@ def test_pending_counts_the_buffer_and_the_kernels_queue_when_it_can(
     gone = SocketTransport(closed)
     gone.buffered = 3
     assert Protocol(enforcer, gone).connlist_pending() == 3  # closed meanwhile: the buffer only
-    monkeypatch.setattr(server, "_OUTQ", None)  # not Linux
+    monkeypatch.setattr(sending, "_OUTQ", None)  # not Linux
     assert protocol.connlist_pending() == 10
+    # A transport that cannot say what it holds (a test's, as uvicorn's): nothing.
+    assert sending.unsent(object()) == 0 and sending.unsent(asyncio.Transport()) == 0
 
 
 def test_the_handle_requires_the_servers_three_methods(enforcer: Enforcer) -> None:

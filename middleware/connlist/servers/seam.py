@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
-import sys
 from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
@@ -42,14 +41,7 @@ from starlette.requests import ClientDisconnect
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.logs import log
 from connlist.core.records import Address, Connection, ConnectionHandle
-
-try:  # Linux: the bytes in a socket's send queue that the peer has not acknowledged
-    import fcntl
-    import termios
-
-    _OUTQ: int | None = termios.TIOCOUTQ  # SIOCOUTQ
-except (ImportError, AttributeError):  # pragma: no cover - not Linux
-    _OUTQ = None
+from connlist.servers import sending
 
 __all__ = [
     "BETWEEN",
@@ -70,35 +62,15 @@ __all__ = [
     "enforcer_in",
     "fallback_enforcer",
     "headers_received",
-    "unsent",
 ]
 
 RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 # A new connection refused at max_connections, every connection being a request being served.
 RESPONSE_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
-# Linux's TCP_INFO (include/uapi/linux/tcp.h, struct tcp_info): the bytes the
-# peer acknowledged (tcpi_bytes_acked, a __u64 at offset 120, since Linux
-# 4.1) and the window it advertises now (tcpi_snd_wnd, a __u32 at offset
-# 228, in newer kernels; 0 where the kernel's struct is shorter).
-_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
-_TCP_INFO_LEN = 232
-_BYTES_ACKED = struct.Struct("=Q")
-_BYTES_ACKED_AT = 120
-_SND_WND = struct.Struct("=I")
-_SND_WND_AT = 228
 # SO_LINGER on with a zero timeout: close() then resets the connection and
 # the kernel drops what is queued for it (nginx's reset_timedout_connection).
 _LINGER_ZERO = struct.pack("ii", 1, 0)
-
-
-def unsent(transport: Any) -> int:
-    """The bytes a transport holds unsent; 0 where it cannot say (a test's transport, as uvicorn's)."""
-    try:
-        size: int = transport.get_write_buffer_size()
-    except (AttributeError, NotImplementedError):
-        return 0
-    return size
 
 
 def enforcer_in(state: MutableMapping[str, Any]) -> Enforcer | None:
@@ -359,36 +331,10 @@ class TransportHandle:
             self._connlist_linger()
 
     def connlist_acked(self) -> tuple[int, int] | None:
-        if _TCP_INFO is None:
-            return None
-        transport = self.transport
-        sock = None if transport is None else transport.get_extra_info("socket")
-        if sock is None:
-            return None
-        try:
-            info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_LEN)
-        except (OSError, AttributeError, TypeError):  # closed meanwhile, or a socket without TCP_INFO
-            return None
-        if len(info) < _BYTES_ACKED_AT + 8:
-            return None  # a kernel before 4.1
-        window = _SND_WND.unpack_from(info, _SND_WND_AT)[0] if len(info) >= _SND_WND_AT + 4 else 0
-        return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_AT)[0], window
+        return sending.acked(self.transport)
 
     def connlist_pending(self) -> int:
-        transport = self.transport
-        if transport is None:
-            return 0
-        pending: int = transport.get_write_buffer_size()
-        if _OUTQ is not None:
-            sock = transport.get_extra_info("socket")
-            if sock is not None:
-                try:
-                    queued = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
-                except (OSError, ValueError):  # closed meanwhile (fileno() is -1), or no send queue
-                    pass
-                else:
-                    pending += struct.unpack("i", queued)[0]
-        return pending
+        return sending.pending(self.transport)
 
 
 class AfterCut:
@@ -582,7 +528,7 @@ class Tracking(TransportHandle):
         record = self._connlist_record
         if record is not None:
             transport = self.transport
-            if transport is not None and transport.is_closing() and unsent(transport):
+            if transport is not None and transport.is_closing() and sending.unsent(transport):
                 return  # a close waits for the rest: still timed (_connlist_closed_unsent)
             self._connlist.connections.unstall(record)
 
@@ -598,7 +544,7 @@ class Tracking(TransportHandle):
         The server layer calls it after a close (a response's end that
         closes, the keep-alive's close).
         """
-        # ``unsent``, written out: every response that closes asks, and holds nothing.
+        # ``sending.unsent``, written out: every response that closes asks, and holds nothing.
         try:
             if not self.transport.get_write_buffer_size():
                 return
