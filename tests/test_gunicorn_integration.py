@@ -812,6 +812,12 @@ def test_a_close_that_leaves_response_bytes_unsent_is_the_send_timeouts(
                 protocol.connlist_close_keepalive()  # the list's keep-alive close
                 assert transport.closing and record.is_stalled
             _close(protocol, enforcer)
+        # A protocol closed before it was made (as gunicorn's own tests close one): nothing to time.
+        unmade = cls(gunicorn_asgi_check._Worker(Config(), _body_app, {}, asyncio.get_running_loop()))
+        unmade.transport = Holding()
+        unmade.transport.held = 10
+        unmade._close_transport()
+        assert unmade._closed and unmade.transport.closing
         # Nothing unsent, or a transport that cannot say: no stall.
         protocol, transport, enforcer = _connected(cls, Config(), send_timeout=1)
         protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")

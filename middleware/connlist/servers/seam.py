@@ -550,8 +550,9 @@ class Tracking(TransportHandle):
                 return
         except (AttributeError, NotImplementedError):
             return
-        record = self._connlist_record
-        enforcer = self._connlist
-        if record is not None and enforcer.settings.send_timeout:
+        # (None too where the server closes a protocol never made, as gunicorn's own tests do.)
+        record = getattr(self, "_connlist_record", None)
+        if record is not None and self._connlist.settings.send_timeout:
+            enforcer = self._connlist
             enforcer.connections.stall(record, self.connlist_pending(), self.connlist_acked())
             enforcer.watch()
