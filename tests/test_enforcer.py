@@ -22,6 +22,7 @@ import pytest
 from connlist.core.connections import Connection
 from connlist.core.enforcer import SLOW_CALLBACK, Enforcer
 from connlist.core.kinds import (
+    HEADER_OVERFLOW,
     ROOM_KINDS,
     TIMEOUT_KINDS,
     UPGRADE_REFUSED,
@@ -678,9 +679,11 @@ def test_every_timeout_kind_has_its_total() -> None:
     assert [kind.name for kind in TIMEOUT_KINDS] == list(typing.get_args(TimeoutKind))
     assert {kind.name for kind in TIMEOUT_KINDS} == {"headers", "request", "rate", "send", "keepalive"}
     assert set(typing.get_args(RoomKind)) == {kind.name for kind in ROOM_KINDS}
-    for kind in (*TIMEOUT_KINDS, *ROOM_KINDS, UPGRADE_REFUSED):
+    for kind in (*TIMEOUT_KINDS, *ROOM_KINDS, UPGRADE_REFUSED, HEADER_OVERFLOW):
         assert kind.counter in names, kind
-    assert {kind.counter for kind in (*TIMEOUT_KINDS, *ROOM_KINDS, UPGRADE_REFUSED)} == names - {
+    assert {
+        kind.counter for kind in (*TIMEOUT_KINDS, *ROOM_KINDS, UPGRADE_REFUSED, HEADER_OVERFLOW)
+    } == names - {
         "connections",
         "requests",
         "accept_failures",

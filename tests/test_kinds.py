@@ -32,6 +32,7 @@ def test_every_option_is_a_settings_field_an_options_key_and_a_keyword_of_the_mi
         "body_grace": 10.0,
         "max_connections": None,
         "max_upgraded": None,
+        "max_header_size": 16384,
     }
     derived = resolve()
     for name, default in defaults.items():

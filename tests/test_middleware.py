@@ -67,9 +67,11 @@ def test_defaults_beyond_node_follow_nginx_and_apache() -> None:
     mw = ConnectionsMiddleware(echo_app, send_timeout=5, body_min_rate=0, body_grace=0)
     assert (mw.settings.send_timeout, mw.settings.body_min_rate, mw.settings.body_grace) == (5.0, 0.0, 0.0)
     values = dataclasses.asdict(mw.settings)
-    # The timeouts and the rate are floats; the budget and the websockets' share (half of it) are counts.
+    # The timeouts and the rate are floats; the budget, the websockets' share (half of it) and the
+    # head's bound (Node's maxHeaderSize) are counts.
     assert type(values.pop("max_connections")) is int
     assert values.pop("max_upgraded") == mw.settings.max_connections // 2
+    assert values.pop("max_header_size") == 16384
     assert all(type(value) is float for value in values.values())
 
 

@@ -25,11 +25,13 @@ __all__ = [
     "DEFAULT_BODY_GRACE",
     "DEFAULT_BODY_MIN_RATE",
     "DEFAULT_HEADERS_TIMEOUT",
+    "DEFAULT_MAX_HEADER_SIZE",
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_SEND_TIMEOUT",
     "RESERVED_DESCRIPTORS",
     "UPGRADED_SHARE",
     "check_max_connections",
+    "check_max_header_size",
     "check_max_upgraded",
     "check_number",
     "check_timeout",
@@ -84,6 +86,8 @@ def nearest(name: str, options: Sequence[str]) -> str:
 # Node.js's requestTimeout and headersTimeout.
 DEFAULT_REQUEST_TIMEOUT = 300.0
 DEFAULT_HEADERS_TIMEOUT = 60.0
+# Node.js's maxHeaderSize (--max-http-header-size): a request line and its headers, in bytes.
+DEFAULT_MAX_HEADER_SIZE = 16384
 # nginx's send_timeout.
 DEFAULT_SEND_TIMEOUT = 60.0
 # Apache mod_reqtimeout's default in Debian: body=10,MinRate=500.
@@ -150,6 +154,17 @@ def check_max_connections(value: object) -> int:
     if value < 0:
         raise ValueError(
             f"max_connections must be >= 0 (0 disables the budget, None derives it), got {value!r}"
+        )
+    return value
+
+
+def check_max_header_size(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_header_size must be an int (bytes), got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(
+            f"max_header_size must be a number of bytes >= 0 (0 leaves the head to the server's own "
+            f"limits), got {value!r}"
         )
     return value
 

@@ -57,12 +57,14 @@ import errno
 import math
 import os
 import resource
+import sys
 import time
 from collections.abc import Callable
 
 from connlist.core.budget import PRESSURE_TICK, Budget
 from connlist.core.connections import ConnectionsList
 from connlist.core.kinds import (
+    HEADER_OVERFLOW,
     TIMEOUT_BY_NAME,
     Kind,
     Settings,
@@ -103,6 +105,9 @@ PRESSURE_WATERMARK = 0.8
 PRESSURE_FLOOR = 2.0
 # uvicorn's --timeout-keep-alive default, until a protocol tells its own.
 KEEP_ALIVE = 5.0
+# The most of one read a server's parser is fed at a time while requests may follow in it: the
+# requests parsed ahead of their responses, and what a parser keeps after a message, stay under it.
+FEED_SLICE = 16384
 # What asyncio (and uvloop) tell the loop's exception handler when accept fails for want of descriptors.
 _ACCEPT_ERRORS = ("socket.accept() out of system resource", "error status in uv_stream_t.listen callback")
 # ``join`` makes its record as ``ConnectionsList.connect`` does (without the class's call).
@@ -231,6 +236,11 @@ class Enforcer(Budget, Timer):
         self._quiet_below = budget * PRESSURE_WATERMARK if budget else math.inf
         # The keep-alive idle time the last sweep applied (shortened under pressure).
         self.idle_time_now = math.inf
+        # The bytes a request's head may take (max_header_size; without it, no bound of connlist's),
+        # and the longest read at rest a protocol feeds its parser as it is (longer ones are
+        # checked for their head's end, and fed FEED_SLICE at a time): what it compares reads with.
+        self.head_limit = settings.max_header_size or sys.maxsize
+        self.whole_read = min(self.head_limit, FEED_SLICE)
 
     @property
     def headers_timeout(self) -> float:
@@ -468,6 +478,21 @@ class Enforcer(Budget, Timer):
         if handle is not None:
             self.call(handle.connlist_close_expired)
             self.connections.linger(conn)
+
+    def overflow(self, conn: Connection, close: Callable[[], object]) -> None:
+        """A request head past ``max_header_size``: count and log it, ``close`` (431 if it can), linger.
+
+        Not a timeout: ``on_timeout`` is not called.  The protocol that saw
+        the head pass the limit calls it from its read, before its parser has
+        seen the bytes past it, with its own close (``connlist_close_overflow``:
+        only a server integration sees a head).
+        """
+        self.count(HEADER_OVERFLOW, conn)
+        connections = self.connections
+        connections.time_out(conn)
+        self.call(close)
+        connections.linger(conn)
+        self.bring_forward(self.clock() + self.linger)
 
     def close_keepalive(self, batch: list[Connection], now: float) -> None:
         """Idle connections at their keep-alive time (shortened under pressure, see ``shrink``): closed.

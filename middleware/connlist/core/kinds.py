@@ -42,9 +42,11 @@ from connlist.core.checks import (
     DEFAULT_BODY_GRACE,
     DEFAULT_BODY_MIN_RATE,
     DEFAULT_HEADERS_TIMEOUT,
+    DEFAULT_MAX_HEADER_SIZE,
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SEND_TIMEOUT,
     check_max_connections,
+    check_max_header_size,
     check_max_upgraded,
     check_number,
     check_timeout,
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "HEADER_OVERFLOW",
     "ROOM_KINDS",
     "SEND_STEP",
     "SEND_STEP_LIMIT",
@@ -100,6 +103,8 @@ class Settings:
     # Upgraded connections (websockets) per worker, counted in max_connections
     # too (0: no share of their own); None derives it (default_max_upgraded).
     max_upgraded: int = None  # type: ignore[assignment]  # set by __post_init__
+    # A request's line and headers, in bytes, as they stream in (0: the server's own limits only).
+    max_header_size: int = DEFAULT_MAX_HEADER_SIZE
 
     def __post_init__(self) -> None:
         if self.max_upgraded is None:
@@ -132,6 +137,7 @@ class Options(TypedDict, total=False):
     body_grace: float
     max_connections: int | None
     max_upgraded: int | None
+    max_header_size: int
 
 
 OPTIONS = tuple(item.name for item in fields(Settings))
@@ -179,6 +185,7 @@ def resolve(**options: Unpack[Options]) -> Settings:
         values[item.name] = check_number(item.name, given.get(item.name, item.default), item.metadata["unit"])
     values["max_connections"] = max_connections = check_max_connections(options.get("max_connections"))
     values["max_upgraded"] = check_max_upgraded(options.get("max_upgraded"), max_connections)
+    values["max_header_size"] = check_max_header_size(options.get("max_header_size", DEFAULT_MAX_HEADER_SIZE))
     if values["body_min_rate"] and not values["body_grace"]:
         # With no grace a body would be behind the moment its headers are in.
         raise ValueError("body_grace must be greater than 0 while body_min_rate is enabled (0 disables it)")
@@ -227,6 +234,8 @@ class Totals:
     # upgrade requests refused with 503 at max_upgraded.
     upgrades: int = 0
     upgrades_refused: int = 0
+    # Requests whose head (request line and headers) passed max_header_size: answered 431 and closed.
+    header_overflows: int = 0
 
 
 # -- the rules of the timeouts -----------------------------------------------------
@@ -480,6 +489,18 @@ UPGRADE_REFUSED = Kind(
     room=True,
 )
 
+# A request head past max_header_size, answered 431 and closed as it streams in: a row of its
+# own, neither timed nor a way of making room.
+HEADER_OVERFLOW = Kind(
+    name="header_overflow",
+    counter="header_overflows",
+    setting="max_header_size",
+    label="max_header_size",
+    unit="bytes",
+    message="request head over {s.max_header_size} bytes, answered 431 and closed",
+    help="431",
+)
+
 TIMEOUT_BY_NAME = {kind.name: kind for kind in TIMEOUT_KINDS}
 ROOM_BY_NAME = {kind.name: kind for kind in ROOM_KINDS}
 
@@ -487,7 +508,7 @@ ROOM_BY_NAME = {kind.name: kind for kind in ROOM_KINDS}
 def _rows_agree() -> None:
     # The rows, their names for on_timeout, their counters and their options agree.
     counters = {item.name for item in fields(Totals)}
-    for kind in (*TIMEOUT_KINDS, *ROOM_KINDS, UPGRADE_REFUSED):
+    for kind in (*TIMEOUT_KINDS, *ROOM_KINDS, UPGRADE_REFUSED, HEADER_OVERFLOW):
         if kind.counter not in counters:  # pragma: no cover - a row without its Totals field
             raise AssertionError(f"Totals has no field {kind.counter!r} for the kind {kind.name!r}")
         if kind.setting is not None and kind.setting not in OPTIONS:  # pragma: no cover
