@@ -156,14 +156,18 @@ class MemoryTransport:
 
 
 RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+RESPONSE_431 = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+)
 RESPONSE_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
 class MemoryHandle:
     """A connection's handle (``connlist.core.connections.ConnectionHandle``) over a ``MemoryTransport``.
 
-    Closes as the server layer does: a ``408`` only if no response byte was
-    written for the request, then close; an abort drops what is unsent.
+    Closes as the server layer does: a ``408`` (or ``431``) only if no
+    response byte was written for the request, then close; an abort drops
+    what is unsent.
     """
 
     def __init__(self, method: str | None = None, path: str | None = None) -> None:
@@ -176,6 +180,11 @@ class MemoryHandle:
     def connlist_close_expired(self) -> None:
         if not self.responding and not self.transport.closed:
             self.transport.write(RESPONSE_408)
+        self.transport.close()
+
+    def connlist_close_overflow(self) -> None:
+        if not self.responding and not self.transport.closed:
+            self.transport.write(RESPONSE_431)
         self.transport.close()
 
     def connlist_close_idle(self) -> bool:

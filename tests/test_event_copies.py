@@ -128,8 +128,15 @@ def test_gunicorns_data_received_writes_the_hooks_path_between_messages_as_it_is
     ]
     between = hook.body[hook.body.index(open_branch) + 1 :]
     assert ast.unparse(between[-1]) == "return fed"
-    assert _dump(phase_test.orelse) == _dump(between[:-1])
-    assert "self._connlist_base_feed(data)" in ast.unparse(phase_test.orelse[2])
+    # Each begins with the same guard (a read held, sliced or cut: ``_connlist_stop``), which
+    # returns as each returns: the hook what it says, data_received nothing.
+    [guard, written_guard] = between[0], phase_test.orelse[0]
+    assert isinstance(guard, ast.If) and isinstance(written_guard, ast.If)
+    assert ast.unparse(guard.test.values[0]) == ast.unparse(written_guard.test.values[0])  # type: ignore[attr-defined]
+    assert [ast.unparse(s) for s in guard.body] == ["return stopped"]
+    assert [ast.unparse(s) for s in written_guard.body] == ["return"]
+    assert _dump(phase_test.orelse[1:]) == _dump(between[1:-1])
+    assert "self._connlist_base_feed(data)" in ast.unparse(phase_test.orelse[3])
 
 
 def test_gunicorns_data_received_ends_as_the_form_it_was_copied_from() -> None:

@@ -128,7 +128,14 @@ class _ReferenceBody(_Counting, UvicornCycle):
 
 
 class ReferenceHttpTools(_ReferenceBody, httptools_impl.HttpToolsProtocol):
-    """uvicorn's httptools protocol with the list events called from the parser callbacks."""
+    """uvicorn's httptools protocol with the list events called from the parser callbacks.
+
+    Pipelining read no faster than it is answered, the plain way: while a
+    response is under way, a read that would begin a request is held, a head
+    is parsed a byte at a time to its end and what follows held, and the body
+    of a request queued behind the response is held; each response's end
+    offers what is held again.
+    """
 
     connlist_mode = "uvicorn-httptools"
 
@@ -137,8 +144,24 @@ class ReferenceHttpTools(_ReferenceBody, httptools_impl.HttpToolsProtocol):
         self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
         self._ref_phase = _BETWEEN
         self._ref_entered_body = False
+        self._ref_unread = b""
 
     def data_received(self, data: bytes) -> None:
+        responding = self._connlist_responding()
+        if (
+            self._ref_unread
+            or (self._ref_phase == _BETWEEN and responding)
+            or (self._ref_phase == _BODY and self.pipeline)
+        ):
+            self._ref_unread += data
+            return
+        if self._ref_phase == _HEADERS and responding:
+            for at in range(len(data)):
+                self._ref_read(data[at : at + 1], super().data_received)
+                if self._ref_phase != _HEADERS:
+                    self._ref_unread = data[at + 1 :]
+                    return
+            return
         self._ref_read(data, super().data_received)
 
     def on_message_begin(self) -> None:
@@ -167,6 +190,9 @@ class ReferenceHttpTools(_ReferenceBody, httptools_impl.HttpToolsProtocol):
         if not self.pipeline and self.cycle.response_complete:
             assert self._connlist_record is not None
             self._connlist.connections.response_complete(self._connlist_record)
+        unread, self._ref_unread = self._ref_unread, b""
+        if unread and not self.transport.is_closing():
+            self.data_received(unread)
 
     def handle_websocket_upgrade(self) -> None:
         assert self._connlist_record is not None

@@ -12,6 +12,7 @@ be on, which refuses to start.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import re
@@ -110,6 +111,17 @@ def _silent_client_cut(port: int) -> float:
     return closed - sent
 
 
+def _endless_head_cut(port: int) -> bytes:
+    """Header lines without end: what the server answers before the client has sent 1 MiB."""
+    sock = connect(port)
+    line = b"X-Endless: " + b"e" * 1000 + b"\r\n"
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        sock.sendall(HALF)
+        for _ in range(1024 * 1024 // len(line)):
+            sock.sendall(line)
+    return read_until_closed(sock)[0]
+
+
 @pytest.mark.parametrize("served", list(SERVED))
 def test_the_integration_turns_itself_on(served: str, tmp_path: Path) -> None:
     command, parser, workers = SERVED[served]
@@ -121,6 +133,8 @@ def test_the_integration_turns_itself_on(served: str, tmp_path: Path) -> None:
         assert {view["server_integration"] for view in views} == {"auto"}
         took = _silent_client_cut(server.port)
         assert HEADERS_TIMEOUT - EARLY <= took <= HEADERS_TIMEOUT + LATE, took
+        # A head that never ends: 431 at max_header_size (16 KiB), long before the client is done.
+        assert _endless_head_cut(server.port).startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
         log = server.log()
     lines = ON_LINE.findall(log)
     # One line per worker; the explicit flag says so too.

@@ -47,7 +47,9 @@ __all__ = [
     "BETWEEN",
     "BODY",
     "HEADERS",
+    "OVERFLOWED",
     "RESPONSE_408",
+    "RESPONSE_431",
     "RESPONSE_503",
     "SLOTS",
     "STATE_KEY",
@@ -61,10 +63,16 @@ __all__ = [
     "declares_middleware",
     "enforcer_in",
     "fallback_enforcer",
+    "head_end",
+    "head_ends",
     "headers_received",
 ]
 
 RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+# A request head past max_header_size (Node's answer to HPE_HEADER_OVERFLOW).
+RESPONSE_431 = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+)
 # A new connection refused at max_connections, every connection being a request being served.
 RESPONSE_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
@@ -274,12 +282,19 @@ class TransportHandle:
             enforcer.bring_forward(enforcer.clock() + enforcer.linger)
 
     def connlist_close_expired(self) -> None:
+        self._connlist_answer_and_close(RESPONSE_408)
+
+    def connlist_close_overflow(self) -> None:
+        self._connlist_answer_and_close(RESPONSE_431)
+
+    def _connlist_answer_and_close(self, answer: bytes) -> None:
+        """A cut: ``answer`` unless a response to the current request was written, then close."""
         transport = self.transport
         if transport is None or transport.is_closing():
             return
         record = self._connlist_record
         if record is not None and not self._connlist_response_written(record):
-            transport.write(RESPONSE_408)
+            transport.write(answer)
         self._connlist_mark_cut()
         # A close waits for the write buffer to drain, which a client that
         # reads nothing never lets happen: the enforcer aborts it after the linger.
@@ -365,9 +380,42 @@ HEADERS = 1  # message begun, headers incomplete
 BODY = 2  # headers complete, message incomplete
 UPGRADED = 3  # handed over to another protocol (a websocket): no HTTP event follows
 UPGRADE_REFUSED = 4  # an upgrade refused with 503 at max_upgraded: closing, no HTTP event follows
+OVERFLOWED = 5  # a head past max_header_size, answered 431: closing, no HTTP event follows
 
 # The attributes ``Tracking`` adds to the server's protocol.
-SLOTS = ("_connlist", "_connlist_phase", "_connlist_record")
+SLOTS = ("_connlist", "_connlist_phase", "_connlist_record", "_connlist_room", "_connlist_unread")
+
+
+def head_end(data: bytes, room: int, continuing: bool) -> int:
+    """Where the head at ``data``'s start can end within its first ``room`` bytes: the index after; or -1.
+
+    The head is the request line and the header lines, through the blank
+    line that ends them (CRLF or a bare LF, as the parsers accept).  A read
+    at rest begins a head (``continuing`` False): the blank lines a client
+    may send before a request (RFC 9112, 2.2) are not its.  A read of a head
+    already open (``continuing``) may begin with the rest of its end: then
+    that is where it may end, and the parser tells (the count after the
+    read, ``room``, decides).
+    """
+    start = 0
+    if continuing:
+        if data[:1] == b"\n":
+            return 1
+        if data[:2] == b"\r\n":
+            return 2
+    elif data[:1] in (b"\r", b"\n"):
+        start = len(data) - len(data.lstrip(b"\r\n"))
+    end = start + room
+    crlf = data.find(b"\n\r\n", start, end)
+    lf = data.find(b"\n\n", start, end if crlf < 0 else crlf + 2)
+    if lf >= 0:
+        return lf + 2
+    return -1 if crlf < 0 else crlf + 3
+
+
+def head_ends(data: bytes, room: int, continuing: bool) -> bool:
+    """Whether the request head at ``data``'s start can end within its first ``room`` bytes (``head_end``)."""
+    return head_end(data, room, continuing) >= 0
 
 
 def headers_received(record: Connection, enforcer: Enforcer) -> None:
@@ -423,9 +471,14 @@ class Tracking(TransportHandle):
     # Per worker: the enforcer and its list (shared by every connection).
     _connlist: Enforcer
     # Per connection: this connection's record (None until connection_made),
-    # and where the message being received on it stands (BETWEEN, ...).
+    # and where the message being received on it stands (BETWEEN, ...); the
+    # bytes the head being received may still take (``head_ends``), or at
+    # rest the enforcer's ``whole_read``; and a read held unparsed behind a
+    # response still under way (None: none).
     _connlist_record: Connection | None
     _connlist_phase: int
+    _connlist_room: int
+    _connlist_unread: bytes | None
 
     def _connlist_setup(
         self, state: MutableMapping[str, Any], loop: Any, keep_alive: float | None
@@ -442,6 +495,8 @@ class Tracking(TransportHandle):
         self._connlist = enforcer
         self._connlist_record = None
         self._connlist_phase = BETWEEN
+        self._connlist_room = enforcer.whole_read
+        self._connlist_unread = None
         return enforcer
 
     def _connlist_tell(
@@ -511,6 +566,35 @@ class Tracking(TransportHandle):
         self._connlist_phase = phase
         if phase != BETWEEN:
             self._connlist.watch()  # the connection is active: it can expire
+
+    # -- the head's bound, and a read held behind a response (docs/how-it-works.md, "The request head")
+
+    def _connlist_overflow(self) -> None:
+        """The head being received passed ``max_header_size`` (``head_ends``): 431 and close.
+
+        Called from the read, before the parser has seen the bytes past the
+        limit.  A read at rest began the message whose head it is.
+        """
+        record = self._connlist_record
+        phase = self._connlist_phase
+        self._connlist_phase = OVERFLOWED
+        if record is not None:
+            enforcer = self._connlist
+            if phase == BETWEEN:
+                enforcer.connections.message_begin(record)
+            enforcer.overflow(record, self.connlist_close_overflow)
+
+    def _connlist_hold(self, data: bytes) -> None:
+        """A read that came behind a response still under way: held unparsed, reading paused, until it ends.
+
+        So pipelined requests are read no faster than they are answered.
+        Reading resumes only when the server says the response is over
+        (its ``_connlist_release``); a read that comes meanwhile (the server
+        resumed reading for its own reasons) joins the held one.
+        """
+        unread = self._connlist_unread
+        self._connlist_unread = data if unread is None else unread + data
+        self.transport.pause_reading()
 
     # -- the send timeout: fed by flow control, which runs only under back-pressure,
     # and by a close that waits for unsent bytes

@@ -89,6 +89,7 @@ from gunicorn.asgi import protocol as gunicorn_protocol  # type: ignore[import-u
 from gunicorn.asgi.parser import PythonProtocol  # type: ignore[import-untyped, import-not-found, unused-ignore]
 from starlette.requests import ClientDisconnect
 
+from connlist.core.enforcer import FEED_SLICE
 from connlist.core.logs import route_to_server
 from connlist.core.records import FROM_HANDLE, Connection
 from connlist.servers.gunicorn import reads
@@ -102,6 +103,7 @@ from connlist.servers.seam import (
     Tracking,
     TransportHandle,
     enforcer_in,
+    head_ends,
     headers_received,
 )
 
@@ -268,13 +270,26 @@ class ASGIProtocol(Tracking, _Gunicorn):
         if phase or record is None:
             if record is None or phase >= UPGRADED:
                 return self._connlist_base_feed(data)
+            if (
+                phase == HEADERS
+                and len(data) > self._connlist_room
+                and not head_ends(data, self._connlist_room, True)
+            ):
+                self._connlist_overflow()
+                return False
+            if len(data) > FEED_SLICE:
+                return self._connlist_feed_slices(data)
             if phase == BODY:
                 self._connlist_body_bytes(record, len(data))
             request = self._current_request
             fed = self._connlist_base_feed(data)
-            self._connlist_events(record, phase, request, fed)
+            self._connlist_events(record, phase, request, fed, len(data))
             return fed
         # Between messages (also written into _connlist_data_received).
+        if (len(data) > self._connlist_room or self._callback_parser.is_complete) and (
+            stopped := self._connlist_stop(data)
+        ) is not None:
+            return stopped
         request = self._current_request
         held = self._callback_parser.is_complete
         fed = self._connlist_base_feed(data)
@@ -310,8 +325,70 @@ class ASGIProtocol(Tracking, _Gunicorn):
         """
         if held or not data or (data[0] in _BLANK and not data.strip(_CRLF)):
             return
-        self._connlist.connections.message_begin(record)
-        self._connlist_events(record, HEADERS, request, fed)
+        enforcer = self._connlist
+        enforcer.connections.message_begin(record)
+        # The head begins at the read's first byte: all of the limit is its.
+        self._connlist_room = enforcer.head_limit
+        self._connlist_events(record, HEADERS, request, fed, len(data))
+
+    def _connlist_stop(self, data: Any) -> bool | None:
+        """A read between messages not fed as it is: held or sliced (True), or a head too long (False).
+
+        Called only where the read is longer than the enforcer's
+        ``whole_read`` (a head may be, or ``FEED_SLICE``), or comes while the parser holds a complete message
+        whose response is under way: then it is held
+        (``Tracking._connlist_hold``), where gunicorn would buffer it in its
+        parser and feed its whole buffer again after each response, until
+        gunicorn's loop waits for the next request (``_arm_keepalive_timer``:
+        ``_connlist_release``).  None: fed as it is.
+        """
+        if self._callback_parser.is_complete:
+            self._connlist_hold(data)
+            return True
+        limit = self._connlist.head_limit
+        if len(data) > limit and not head_ends(data, limit, False):
+            self._connlist_overflow()
+            return False
+        if len(data) > FEED_SLICE:
+            return self._connlist_feed_slices(data)
+        return None
+
+    def _connlist_feed_slices(self, data: Any) -> bool:
+        """A long read fed ``FEED_SLICE`` bytes at a time; the rest held once a message in it is complete.
+
+        gunicorn's parser stops at a message's end and keeps what follows
+        (the fast one, 64 KiB of it: past that gunicorn closes the
+        connection after the response, a pipelined burst unanswered).  Fed
+        in slices, it keeps at most one slice; the rest waits, unparsed, for
+        the response (``_connlist_hold``).  What ``_feed_callback_parser`` returns.
+        """
+        parser = self._callback_parser
+        for start in range(0, len(data), FEED_SLICE):
+            end = start + FEED_SLICE
+            if not self._feed_callback_parser(data[start:end]):
+                return False
+            if end < len(data) and (parser.is_complete or self._connlist_phase >= UPGRADED):
+                if self._connlist_phase < UPGRADED:
+                    self._connlist_hold(data[end:])
+                else:
+                    # Handed over (an upgrade): the rest is the new protocol's.
+                    return self._feed_callback_parser(data[end:])
+                return True
+        return True
+
+    def _connlist_release(self) -> None:
+        """The parser wants more (gunicorn's loop waits for a request, or a tail it fed again is cut short).
+
+        The read held behind the last response is fed, and reading resumes
+        unless gunicorn paused it.
+        """
+        data = self._connlist_unread
+        self._connlist_unread = None
+        if self._closed:
+            return
+        self.data_received(data)
+        if self._connlist_unread is None and not self._reading_paused and not self._closed:
+            self.transport.resume_reading()
 
     def _connlist_data_received(self, data: Any) -> None:
         """gunicorn's ``data_received`` with the hook's between-messages path written in (``reads``)."""
@@ -324,6 +401,10 @@ class ASGIProtocol(Tracking, _Gunicorn):
             fed = self._feed_callback_parser(data)
         else:
             # Between messages: _feed_callback_parser's.
+            if (len(data) > self._connlist_room or self._callback_parser.is_complete) and self._connlist_stop(
+                data
+            ) is not None:
+                return
             request = self._current_request
             held = self._callback_parser.is_complete
             fed = self._connlist_base_feed(data)
@@ -361,8 +442,13 @@ class ASGIProtocol(Tracking, _Gunicorn):
     connlist_reads_written_in = reads.known(getattr(_Gunicorn, "data_received", None))
     data_received = _connlist_data_received if connlist_reads_written_in else _Gunicorn.data_received
 
-    def _connlist_events(self, record: Connection, phase: int, request: Any, fed: object) -> None:
-        """The events of the feed that just ended: the open message (at ``phase``) got its headers, ended."""
+    def _connlist_events(self, record: Connection, phase: int, request: Any, fed: object, n: int) -> None:
+        """The events of a feed of ``n`` bytes: the open message (at ``phase``) got its headers, ended.
+
+        gunicorn's parser stops at a message's end (what follows is fed
+        again later, as a read between messages), so a head open after a
+        feed began at its first byte, or before it: ``n`` counts against it.
+        """
         if not fed or self._closed:
             return  # a malformed request: gunicorn answered it and is closing the connection
         enforcer = self._connlist
@@ -378,6 +464,14 @@ class ASGIProtocol(Tracking, _Gunicorn):
             # An upgrade to HTTP/2 (h2c): served on, untimed.
             self._connlist_untimed(record)
             return
+        if got_headers:
+            self._connlist_room = enforcer.whole_read
+        elif phase == HEADERS:
+            # (Its first read set the room to the whole limit: _connlist_begun.)
+            self._connlist_room -= n
+            if self._connlist_room < 0:
+                self._connlist_overflow()
+                return
         if phase == BODY:
             if parser.is_complete:
                 connections.message_complete(record)
@@ -391,6 +485,10 @@ class ASGIProtocol(Tracking, _Gunicorn):
                 # The body after 100 Continue: its clock starts with its first bytes.
                 connections.body_begin(record, record.body_received)
         self._connlist_settle(record, phase, got_headers and phase == BODY)
+        if self._connlist_unread is not None and not parser.is_complete:
+            # What gunicorn's loop fed again after a response left a message
+            # open: the rest of it is in the read held behind that response.
+            self._connlist_release()
 
     def _connlist_body_begin(self, record: Connection) -> None:
         """A read ended with the request's headers complete and its body not: the minimum rate times it.
@@ -426,6 +524,8 @@ class ASGIProtocol(Tracking, _Gunicorn):
         if not enforcer.keep_alive_timed:
             enforcer.connections.response_complete(record)
             _Gunicorn._arm_keepalive_timer(self)
+            if self._connlist_unread is not None:
+                self._connlist_release()
             return
         # ConnectionsList.response_complete, written out (a call here costs
         # more than the event); tests/test_event_copies.py holds it to it.
@@ -435,6 +535,9 @@ class ASGIProtocol(Tracking, _Gunicorn):
             enforcer.connections.idle_queue.push(record, idle_at)
         if idle_at + self._keepalive < enforcer.timer_at:
             enforcer.wake_by(idle_at + self._keepalive)
+        # The read held behind this response, if any, is fed now.
+        if self._connlist_unread is not None:
+            self._connlist_release()
 
     def connlist_close_keepalive(self) -> None:
         self._keepalive_timeout()

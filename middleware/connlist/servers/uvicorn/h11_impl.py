@@ -16,6 +16,7 @@ mixin; ``connlist.servers.uvicorn.protocols`` checks it before uvicorn gets it.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -26,6 +27,7 @@ from connlist.servers.seam import BODY as _BODY
 from connlist.servers.seam import HEADERS as _HEADERS
 from connlist.servers.seam import STATE_KEY as _STATE_KEY
 from connlist.servers.seam import UPGRADED as _UPGRADED
+from connlist.servers.seam import head_ends as _head_ends
 from connlist.servers.seam import headers_received as _headers_received
 from connlist.servers.uvicorn import websocket as _websocket
 from connlist.servers.uvicorn.cycle import UvicornCycle
@@ -44,6 +46,9 @@ if TYPE_CHECKING:
     _H11Base = h11_impl.H11Protocol
 else:
     _H11Base = object
+
+# h11's own bound on an incomplete event (a head), where uvicorn's config sets none.
+_H11_DEFAULT_LIMIT: int = inspect.signature(h11.Connection).parameters["max_incomplete_event_size"].default
 
 # uvicorn's class as a module global: its methods are called as ``_H11.method(self)``, not through
 # ``super()`` (docs/benchmarks.md, "The request path's tricks, each measured").
@@ -81,6 +86,8 @@ class H11Tracking(UvicornCycle, _H11Base):
         self._connlist = enforcer
         self._connlist_record = None
         self._connlist_phase = _BETWEEN
+        self._connlist_room = enforcer.whole_read
+        self._connlist_unread = None
         self._connlist_record = enforcer.join(self.client, self.server, self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -96,11 +103,22 @@ class H11Tracking(UvicornCycle, _H11Base):
         phase = self._connlist_phase
         cycle = self.cycle
         if phase:
+            if (
+                phase == _HEADERS
+                and len(data) > self._connlist_room
+                and not _head_ends(data, self._connlist_room, True)
+            ):
+                self._connlist_overflow()
+                return
             record = self._connlist_record
             if phase == _BODY and record is not None:
                 self._connlist_body_bytes(record, len(data))
             _H11.data_received(self, data)
-            self._connlist_events(phase, cycle)
+            self._connlist_events(phase, cycle, len(data))
+            return
+        if (len(data) > self._connlist_room or (cycle is not None and not cycle.response_complete)) and (
+            self._connlist_stopped(data)
+        ):
             return
         _H11.data_received(self, data)
         # The common case: a whole request in this read, nothing after it.
@@ -121,10 +139,56 @@ class H11Tracking(UvicornCycle, _H11Base):
                     enforcer.connections.message(record)
                     enforcer.totals.requests += 1
                     return
-        self._connlist_events(_BETWEEN, cycle)
+        self._connlist_events(_BETWEEN, cycle, len(data))
 
-    def _connlist_events(self, phase0: int, cycle0: Any) -> None:
-        """The list events of what h11 just processed (a read, or what a finished response let in)."""
+    def _connlist_stopped(self, data: bytes) -> bool:
+        """Whether a read at rest goes no further: held behind a response, or a head too long.
+
+        h11 parses one request at a time, and holds what follows it; but
+        uvicorn resumes reading at each response's end, and each read joins
+        h11's buffer while one request leaves it.  So a read that comes
+        while a response is under way waits, unparsed, until it ends
+        (``_connlist_release``); h11 holds at most the read it had.
+        """
+        if self._connlist_unread is not None or self._connlist_responding():
+            self._connlist_hold(data)
+            return True
+        limit = self._connlist.head_limit
+        if len(data) > limit and not _head_ends(data, limit, False):
+            self._connlist_overflow()
+            return True
+        return False
+
+    def _connlist_release(self) -> None:
+        """A response is complete: the read held behind it is offered again (held again behind the next)."""
+        data: bytes = self._connlist_unread  # type: ignore[assignment]  # called only with one held
+        self._connlist_unread = None
+        self.data_received(data)
+        if self._connlist_unread is None and not self.flow.read_paused and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def _connlist_tell(self, state: Any, loop: Any, keep_alive: float | None) -> Any:
+        """Once per server and loop (``Tracking._connlist_tell``): also h11's own bound raised to connlist's.
+
+        h11 stops an incomplete head at ``max_incomplete_event_size``
+        (uvicorn's ``--h11-max-incomplete-event-size``, h11's 16 KiB by
+        default) with a 400.  A ``max_header_size`` above it raises it to
+        match, in uvicorn's config (the connections made from now on) and
+        for this connection's h11, so that the raise takes effect.  A
+        lower one leaves h11's as it is: connlist's count comes first.
+        """
+        enforcer = UvicornCycle._connlist_tell(self, state, loop, keep_alive)
+        limit = enforcer.settings.max_header_size
+        config = self.config
+        if limit > (config.h11_max_incomplete_event_size or _H11_DEFAULT_LIMIT):
+            config.h11_max_incomplete_event_size = limit
+            # (This connection's h11 was made before: given the same, where it keeps it.)
+            if isinstance(getattr(self.conn, "_max_incomplete_event_size", None), int):
+                self.conn._max_incomplete_event_size = limit
+        return enforcer
+
+    def _connlist_events(self, phase0: int, cycle0: Any, n: int = 0) -> None:
+        """The list events of what h11 just processed (a read of ``n`` bytes, or what a response let in)."""
         record = self._connlist_record
         phase = self._connlist_phase
         if record is None or phase >= _UPGRADED:
@@ -154,6 +218,17 @@ class H11Tracking(UvicornCycle, _H11Base):
             # The next request's first bytes are buffered: it has begun.
             connections.message_begin(record)
             phase = _HEADERS
+        if new_request or phase0 == _BODY:
+            # A head ended here: the next one is counted from the next read
+            # (one h11 held, or begun after a body in one read, from there).
+            self._connlist_room = enforcer.whole_read
+        elif phase == _HEADERS:
+            # The head open from the read's first byte to its last.
+            room = enforcer.head_limit if phase0 == _BETWEEN else self._connlist_room
+            self._connlist_room = room - n
+            if room < n:
+                self._connlist_overflow()
+                return
         self._connlist_settle(record, phase, phase == _BODY and (new_request or phase0 != _BODY))
 
     def on_response_complete(self) -> None:
@@ -171,6 +246,12 @@ class H11Tracking(UvicornCycle, _H11Base):
                     self._connlist.connections.response_complete(record)
                 else:
                     record.responding = False
+            if self._connlist_unread is not None and not self.transport.is_closing():
+                self._connlist_release()
+
+    def connlist_reading_paused(self) -> bool:
+        # A read held behind a response (_connlist_hold) pauses reading too.
+        return self._connlist_unread is not None or UvicornCycle.connlist_reading_paused(self)
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         # Held as upgraded until the websocket closes, or refused with 503 (uvicorn.websocket).

@@ -46,6 +46,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from connlist.core.enforcer import FEED_SLICE as _FEED_SLICE
 from connlist.core.enforcer import Enforcer
 from connlist.core.records import Connection
 from connlist.servers.seam import BETWEEN as _BETWEEN
@@ -54,6 +55,7 @@ from connlist.servers.seam import HEADERS as _HEADERS
 from connlist.servers.seam import STATE_KEY as _STATE_KEY
 from connlist.servers.seam import UPGRADE_REFUSED as _UPGRADE_REFUSED
 from connlist.servers.seam import UPGRADED as _UPGRADED
+from connlist.servers.seam import head_end as _head_end
 from connlist.servers.seam import headers_received as _headers_received
 from connlist.servers.uvicorn import construct
 from connlist.servers.uvicorn import keepalive as _keepalive
@@ -280,6 +282,8 @@ if httptools_impl is not None:
             self._connlist = enforcer
             self._connlist_record = None
             self._connlist_phase = _BETWEEN
+            self._connlist_room = enforcer.whole_read
+            self._connlist_unread = None
             self._connlist_record = enforcer.join(self.client, self.server, self)
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -305,6 +309,10 @@ if httptools_impl is not None:
             cycle = self.cycle
             if self._connlist_phase:
                 self._connlist_read(data, self.scope, cycle)
+                return
+            if (
+                len(data) > self._connlist_room or (cycle is not None and not cycle.response_complete)
+            ) and self._connlist_stopped(data, False):
                 return
             if self.timeout_keep_alive_task is _TIMED:
                 # What uvicorn's data_received cancels first: nothing to
@@ -335,11 +343,94 @@ if httptools_impl is not None:
                     enforcer.totals.requests += 1
                     return
             # Between messages, the last scope is the last cycle's.
-            self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle)
+            self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle, len(data))
+
+        def _connlist_stopped(self, data: bytes, continuing: bool) -> bool:
+            """Whether a read at rest or of a head goes no further: held behind a response, or too long.
+
+            Called only where the read is longer than the head may still be,
+            or comes while a response is under way.  At rest it would begin a
+            message: it is held until a response ends (``_connlist_release``).
+            A read of a head already begun is parsed (its request is timed
+            from its first byte) to the head's end, and what follows waits.
+            """
+            if not continuing and (self._connlist_unread is not None or self._connlist_responding()):
+                self._connlist_hold(data)
+                return True
+            allowance = self._connlist_room if continuing else self._connlist.head_limit
+            end = -2
+            if len(data) > allowance:
+                end = _head_end(data, allowance, continuing)
+                if end < 0:
+                    self._connlist_overflow()
+                    return True
+            if not continuing:
+                if len(data) > _FEED_SLICE:
+                    self._connlist_feed_slices(data)
+                    return True
+            elif self._connlist_responding():
+                # A head behind a response: parsed to its end; what follows it waits.
+                end = _head_end(data, len(data), True) if end == -2 else end
+                if 0 <= end < len(data):
+                    self._connlist_read(data[:end], self.scope, self.cycle)
+                    phase = self._connlist_phase
+                    if phase == _HEADERS:  # (its end was not there after all)
+                        self._connlist_read(data[end:], self.scope, self.cycle)
+                    elif phase < _UPGRADED and not self.transport.is_closing():
+                        self._connlist_hold(data[end:])
+                    return True
+            return False
+
+        def _connlist_feed_slices(self, data: bytes) -> None:
+            """A long read at rest, fed ``FEED_SLICE`` bytes at a time; the rest held once a response is on.
+
+            httptools parses all it is given: a read of small pipelined
+            requests would queue each of them at once.  A body, once begun,
+            is fed whole; what follows an upgrade, or a close, is dropped, as
+            uvicorn drops what follows them in a read.
+            """
+            start = 0
+            while start < len(data):
+                self.data_received(data[start : start + _FEED_SLICE])
+                start += _FEED_SLICE
+                phase = self._connlist_phase
+                if start >= len(data) or phase >= _UPGRADED or self.transport.is_closing():
+                    return
+                if phase == _BODY:
+                    self.data_received(data[start:])
+                    return
+                if phase == _BETWEEN and self._connlist_responding():
+                    self._connlist_hold(data[start:])
+                    return
+
+        def _connlist_release(self) -> None:
+            """A response is complete: the read held behind it is offered again; reading resumes if taken.
+
+            Behind a response still under way (the next request, started
+            from the queue) it is held again; else parsed.
+            """
+            data: bytes = self._connlist_unread  # type: ignore[assignment]  # called only with one held
+            self._connlist_unread = None
+            self.data_received(data)
+            if (
+                self._connlist_unread is None
+                and not self.flow.read_paused
+                and not self.transport.is_closing()
+            ):
+                self.transport.resume_reading()
 
         def _connlist_read(self, data: bytes, scope: Any, cycle: Any) -> None:
             """A read while a message is open (or after an upgrade)."""
             phase = self._connlist_phase
+            if phase == _HEADERS:
+                if (
+                    len(data) > self._connlist_room or self._connlist_responding()
+                ) and self._connlist_stopped(data, True):
+                    return
+            elif phase == _BODY and self.pipeline:
+                # A body of a request queued behind a response waits, unparsed, until the request starts.
+                self._connlist_hold(data)
+                return
             if phase == _BODY:
                 record = self._connlist_record
                 if record is not None:
@@ -355,20 +446,22 @@ if httptools_impl is not None:
                             self.cycle = cycle
                     if not tail.more_body:
                         cycle.more_body = False
-                    self._connlist_events(phase, scope, cycle)
+                    self._connlist_events(phase, scope, cycle, len(data))
                     return
             _HttpTools.data_received(self, data)
             if phase < _UPGRADED:
-                self._connlist_events(phase, scope, cycle)
+                self._connlist_events(phase, scope, cycle, len(data))
 
-        def _connlist_events(self, phase0: int, scope0: Any, cycle0: Any) -> None:
+        def _connlist_events(self, phase0: int, scope0: Any, cycle0: Any, n: int) -> None:
             """Replay the list events of the read that just ended, from uvicorn's state before and after.
 
             In order: the message open at the read's start (``phase0``) gets
             its headers and ends; then the messages begun in the read, each
             begun, given its headers and ended, but the last, which may still
             be reading its headers or body; then where the read left the
-            connection (or, after an upgrade, its removal).
+            connection (or, after an upgrade, its removal).  ``n``: the
+            read's length, which a head open from its first byte to its end
+            takes from the room the head has left (``_connlist_room``).
             """
             record = self._connlist_record
             if record is None or self._connlist_phase == _UPGRADE_REFUSED:
@@ -393,6 +486,17 @@ if httptools_impl is not None:
                 # its websocket, which holds the record, closes.
                 enforcer.hold_upgraded(record, self.scope.get("method"), _websocket.request_path(self.url))
                 return
+            if new_cycles or phase0 == _BODY:
+                # A head ended here: the next one is counted from the next read
+                # (a head begun after another message in one read, from there).
+                self._connlist_room = enforcer.whole_read
+            elif last == _HEADERS:
+                # The head open from the read's first byte to its last.
+                room = enforcer.head_limit if phase0 == _BETWEEN else self._connlist_room
+                self._connlist_room = room - n
+                if room < n:
+                    self._connlist_overflow()
+                    return
             # A body began in this read: a message begun here, or the open
             # one's, if its headers came in (it was not in its body before).
             body_begins = last == _BODY and bool(begun or phase0 != _BODY or open_got_headers)
@@ -425,6 +529,8 @@ if httptools_impl is not None:
             if self.cycle.response_complete:
                 record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
                 self._connlist.connections.response_complete(record)
+            if self._connlist_unread is not None and not self.transport.is_closing():
+                self._connlist_release()
 
         def handle_websocket_upgrade(self) -> None:
             # Handed over, or refused with 503 (connlist.servers.uvicorn.websocket); held
@@ -439,6 +545,10 @@ if httptools_impl is not None:
 
         def _connlist_responding(self) -> bool:
             return bool(self.pipeline) or UvicornCycle._connlist_responding(self)
+
+        def connlist_reading_paused(self) -> bool:
+            # A read held behind a response (_connlist_hold) pauses reading too.
+            return self._connlist_unread is not None or UvicornCycle.connlist_reading_paused(self)
 
 else:  # pragma: no cover - httptools missing
     HttpToolsTracking = None  # type: ignore[misc]

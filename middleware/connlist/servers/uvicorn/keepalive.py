@@ -92,6 +92,8 @@ def _httptools(self: Any) -> None:  # uvicorn 0.45 and later
     if self.pipeline:
         cycle, app = self.pipeline.pop()
         self._start_asgi_task(cycle, app)
+        # The read held behind this response, if any, is offered again (a test, not a call, per response).
+        self._connlist_unread is None or self._connlist_release()
     else:
         self._connlist_record.responding = False
         if self.timeout_keep_alive > 0:
@@ -113,6 +115,7 @@ def _httptools(self: Any) -> None:  # uvicorn 0.45 and later
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
+        self._connlist_unread is None or self._connlist_release()
 
 
 def _httptools_create_task(self: Any) -> None:  # uvicorn 0.36 to 0.44
@@ -136,6 +139,7 @@ def _httptools_create_task(self: Any) -> None:  # uvicorn 0.36 to 0.44
         task = self.loop.create_task(cycle.run_asgi(app))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
+        self._connlist_unread is None or self._connlist_release()
     else:
         self._connlist_record.responding = False
         if self.timeout_keep_alive > 0:
@@ -157,6 +161,7 @@ def _httptools_create_task(self: Any) -> None:  # uvicorn 0.36 to 0.44
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
+        self._connlist_unread is None or self._connlist_release()
 
 
 def _h11(self: Any) -> None:
