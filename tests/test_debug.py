@@ -28,7 +28,7 @@ from connlist.observe.debug import (
     snapshot_steps,
 )
 from connlist.observe.slices import STEP
-from tests.fakes import T0, FakeClock
+from tests.fakes import T0, FakeClock, MemoryHandle
 
 PATH = "/_connections"
 REMOTE = ("203.0.113.7", 40000)  # TEST-NET-3: never loopback
@@ -120,6 +120,7 @@ def test_each_state_in_the_right_lists_with_the_right_fields() -> None:
         "time_left": 2.5,
         "headers_completed": False,
         "requests": 0,
+        "unread": 0,
         "method": None,
         "path": None,
     }
@@ -134,6 +135,7 @@ def test_each_state_in_the_right_lists_with_the_right_fields() -> None:
         "time_left": 18.5,
         "headers_completed": True,
         "requests": 0,
+        "unread": 0,
         "method": "POST",
         "path": "/reading_body",
     }
@@ -223,13 +225,15 @@ def test_snapshot_work_is_bounded_by_the_limit(monkeypatch: pytest.MonkeyPatch) 
     for conn in conns[-10:]:
         lst.message_begin(conn)
         lst.message_complete(conn)
-    visited = {"all": 0, "active": 0}
+    # The connections each walk visits, walk by walk.
+    walks: dict[str, list[int]] = {"all": [], "active": []}
     iter_all, iter_active = ConnectionsList.iter_all, ConnectionsList.iter_active
 
     def counting(name: str, inner: Any) -> Any:
         def wrapper(self: ConnectionsList) -> Iterator[Connection]:
+            walks[name].append(0)
             for conn in inner(self):
-                visited[name] += 1
+                walks[name][-1] += 1
                 yield conn
 
         return wrapper
@@ -238,21 +242,48 @@ def test_snapshot_work_is_bounded_by_the_limit(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(ConnectionsList, "iter_active", counting("active", iter_active))
 
     data = snapshot(enforcer, limit=3)
-    # all and active: 3 each; idle: looked for among the first IDLE_SCAN * 3 only.
-    assert visited == {"all": IDLE_SCAN * 3 + 1, "active": 3}
+    # all and active: 3 each; idle: looked for among the first IDLE_SCAN * 3 only.  Then the
+    # one walk of every connection, unread_bytes (as the counts' split takes one), and no other.
+    assert walks == {"all": [IDLE_SCAN * 3 + 1, 5000], "active": [3]}
     assert (len(data["all"]), len(data["active"]), data["idle"]) == (3, 3, [])
     assert data["truncated"] is True
     assert data["counts"]["all"] == 5000 and data["counts"]["waiting"] == 10
 
-    visited.update(all=0, active=0)
+    walks.update(all=[], active=[])
     data = snapshot(enforcer, limit=500)  # scans 5,000: finds the idle ones
     assert [e["id"] for e in data["idle"]] == [c.id for c in conns[-10:]]
-    assert visited == {"all": 5000, "active": 500}
+    assert walks == {"all": [5000, 5000], "active": [500]}
 
-    visited.update(all=0, active=0)
+    walks.update(all=[], active=[])
     data = snapshot(enforcer, limit=0)
-    assert visited == {"all": 1, "active": 0}
+    assert walks == {"all": [1, 5000], "active": []}
     assert data["counts"]["reading"] == 4990
+
+
+class Holding(MemoryHandle):
+    """A handle as connlist's server protocols are one: what it holds unparsed, in ``_connlist_unread``."""
+
+    def __init__(self, unread: bytes | None) -> None:
+        super().__init__()
+        self._connlist_unread = unread
+
+
+def test_unread_is_what_each_protocol_holds_and_the_worker_sums_every_connection() -> None:
+    enforcer = make_enforcer(FakeClock())
+    lst = enforcer.connections
+    pipelined = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 2
+    # Held, none held, a handle that is not connlist's protocol, no handle at all.
+    for handle in (Holding(pipelined), Holding(None), MemoryHandle(), None):
+        lst.connect(handle=handle)
+    beyond = [lst.connect(handle=Holding(b"x" * 100)) for _ in range(3)]
+    data = snapshot(enforcer, limit=4)
+    assert [entry["unread"] for entry in data["all"]] == [len(pipelined), 0, 0, 0]
+    # The worker's sum is every connection's, those past the limit too.
+    assert data["truncated"] and data["unread_bytes"] == len(pipelined) + 300
+    # Read when asked: what the protocols hold now.
+    beyond[0].handle._connlist_unread = None  # type: ignore[union-attr]
+    assert snapshot(enforcer, limit=0)["unread_bytes"] == len(pipelined) + 200
+    json.dumps(data)  # JSON-ready
 
 
 def test_long_paths_are_cut() -> None:
@@ -297,6 +328,7 @@ def test_requests_received_whole_are_listed_and_counted_as_handling() -> None:
             "time_left": None,
             "headers_completed": True,
             "requests": 1,
+            "unread": 0,
             "method": "GET",
             "path": "/" + "a" * (PATH_MAX - 4) + "...",
         }
@@ -396,7 +428,8 @@ def test_a_connection_removed_between_steps_is_left_out() -> None:
     lst = enforcer.connections
     conns = [lst.connect(client=("127.0.0.1", i)) for i in range(2 * STEP)]
     # The walk pauses at every STEP-th connection of ``all`` (twice), then of
-    # ``active``; the server closes one while the caller has the loop.
+    # ``active``, then of ``all`` again (unread_bytes); the server closes one
+    # while the caller has the loop.
     removals = {0: conns[STEP - 1], 2: conns[STEP]}
     steps = snapshot_steps(enforcer, limit=len(conns))
     pauses = 0
@@ -406,7 +439,7 @@ def test_a_connection_removed_between_steps_is_left_out() -> None:
             if pauses in removals:
                 lst.remove(removals[pauses])
             pauses += 1
-    assert pauses == 3
+    assert pauses == 4
     data = done.value.value
     ids = [conn.id for conn in conns]
     # Removed at the pause in ``all``: in neither list.  Removed at the pause

@@ -33,7 +33,8 @@ from tests.servers import (
 
 PATH = "/_connections"
 
-# Nothing here reaches the connection budget (max_connections), nor upgrades: their totals stay 0.
+# Nothing here reaches the connection budget (max_connections), nor upgrades, nor max_header_size:
+# their totals stay 0.
 NO_BUDGET_TOTALS = {
     "idle_evictions": 0,
     "headers_evictions": 0,
@@ -42,6 +43,7 @@ NO_BUDGET_TOTALS = {
     "accept_failures": 0,
     "upgrades": 0,
     "upgrades_refused": 0,
+    "header_overflows": 0,
 }
 
 
@@ -279,6 +281,31 @@ def test_real_server_counts_and_totals_move(parser: str) -> None:
         data = server.wait_counts(all=0)
         assert data["counts"] == zero
         assert data["totals"]["connections"] == 3
+
+
+def test_real_server_shows_what_it_holds_unparsed_and_counts_heads_too_long(parser: str) -> None:
+    with Server(INTEGRATED[parser]) as server:
+        client = connect(server.port)
+        client.sendall(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+        server.wait_state(client, "handling")
+        pipelined = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 3
+        client.sendall(pipelined)
+        # Behind the response under way: read, and held unparsed until it ends.
+        assert wait_for(lambda: server.snapshot()["unread_bytes"] == len(pipelined)), server.snapshot()
+        entries = {entry["client"]: entry for entry in server.snapshot()["all"]}
+        assert (entries[port_of(client)]["unread"], entries[port_of(client)]["path"]) == (
+            len(pipelined),
+            "/hold",
+        )
+        server.running.release()
+        assert [read_response(client).endswith(b"ok 0") for _ in range(4)] == [True] * 4
+        assert wait_for(lambda: server.snapshot()["unread_bytes"] == 0)
+        # A head past max_header_size (16 KiB): 431, closed, counted as its own kind.
+        big = connect(server.port)
+        big.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
+        assert read_until_closed(big)[0].startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+        totals = server.snapshot()["totals"]
+        assert (totals["header_overflows"], totals["headers_timeouts"], totals["requests"]) == (1, 0, 4)
 
 
 def test_real_server_limit_head_and_400(parser: str) -> None:

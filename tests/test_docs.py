@@ -4,10 +4,11 @@ mkdocs runs in a subprocess (imported in-process it may emit warnings, which
 pytest turns into errors here).  The quickstart's Python examples that define
 an ``app`` must compile and build that app, and every option of
 ``ConnectionsMiddleware`` must be documented in docs/settings.md with its
-default.  The README's links lead to files of the repository; no page links
-to a host the project does not have (no site is published yet); and every
-page explains the glossary's terms, or links to them, where it first uses
-them.
+default, every metric in docs/metrics.md, and every field of the debug view
+in docs/debug-endpoint.md.  The README's links lead to files of the
+repository; no page links to a host the project does not have (no site is
+published yet); and every page explains the glossary's terms, or links to
+them, where it first uses them.
 """
 
 from __future__ import annotations
@@ -343,3 +344,71 @@ def test_settings_document_every_option() -> None:
         if parameter.default is not inspect.Parameter.empty:
             expected = _documented_default(parameter.default)
             assert expected in rows[name], f"docs/settings.md: {name}'s default should read {expected}"
+
+
+def _named_rows(text: str, heading: str) -> dict[str, str]:
+    """The table under ``heading``: each name in backquotes in a row's first cell, to its row."""
+    section = text.split(f"\n{heading}\n", 1)[1].split("\n#", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            for name in re.findall(r"`([\w.]+)`", line.split(" | ", 1)[0]):
+                rows[name] = line
+    return rows
+
+
+class _RecordingMeter:
+    """A meter provider and its meter in one: the names of the instruments created on it."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def get_meter(self, *args: Any, **kwargs: Any) -> _RecordingMeter:
+        return self
+
+    def _create(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self.names.append(name)
+
+    create_observable_counter = create_observable_up_down_counter = create_observable_gauge = _create
+
+
+def test_every_metric_is_documented() -> None:
+    # docs/metrics.md's tables: every series connlist.prometheus exports, every instrument of connlist.otel.
+    pytest.importorskip("prometheus_client")
+    pytest.importorskip("opentelemetry.metrics")
+    from prometheus_client import CollectorRegistry
+
+    from connlist.otel import Instruments
+    from connlist.prometheus import ConnlistMetrics
+
+    text = (DOCS / "metrics.md").read_text("utf-8")
+    rows = _named_rows(text, "## Metrics")
+    registry = CollectorRegistry()
+    ConnlistMetrics(registry)
+    series = {f"{f.name}_total" if f.type == "counter" else f.name for f in registry.collect()}
+    assert "connlist_header_overflows_total" in series
+    assert series - set(rows) == set(), "docs/metrics.md: series not in its table"
+    meter = _RecordingMeter()
+    Instruments(meter)  # type: ignore[arg-type]
+    assert "connlist.header_overflows" in meter.names
+    otel_rows = _named_rows(text, "## OpenTelemetry")
+    assert set(meter.names) - set(otel_rows) == set(), "docs/metrics.md: instruments not in its table"
+
+
+def test_every_field_of_the_view_is_documented() -> None:
+    # docs/debug-endpoint.md's tables: the view's fields, its totals, a connection's fields.
+    from connlist.core.enforcer import Enforcer
+    from connlist.observe.debug import snapshot
+
+    text = (DOCS / "debug-endpoint.md").read_text("utf-8")
+    top, connection = _named_rows(text, "### Top level"), _named_rows(text, "### Connection objects")
+    enforcer = Enforcer()
+    enforcer.connections.connect()
+    view = snapshot(enforcer)
+    assert {"max_header_size", "unread_bytes"} <= set(view) and "header_overflows" in view["totals"]
+    assert set(view) - set(top) == set(), "docs/debug-endpoint.md: fields not in the top level's table"
+    totals = set(re.findall(r"`(\w+)`", top["totals"]))
+    assert set(view["totals"]) - totals == set(), "docs/debug-endpoint.md: totals not in the totals row"
+    (entry,) = view["all"]
+    assert "unread" in entry
+    assert set(entry) - set(connection) == set(), "docs/debug-endpoint.md: connection fields not in its table"

@@ -52,6 +52,29 @@ def test_the_summary_counts_by_kind_names_a_few_clients_and_the_failures(
     assert not summary.pending
 
 
+def test_heads_over_max_header_size_are_a_part_of_their_own_not_timeouts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="connlist")
+    summary = Summary()
+    for port in range(2):
+        summary.add("header_overflow", ("127.0.0.1", port), lambda: "request head over 16384 bytes")
+    summary.flush(100.0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "127.0.0.1:0 - header_overflow limit: request head over 16384 bytes",
+        "127.0.0.1:1 - header_overflow limit: request head over 16384 bytes",
+        "connlist: 2 request heads over max_header_size answered 431; e.g. 127.0.0.1:0, 127.0.0.1:1",
+    ]
+    # Beside timeouts: each its own count, the examples once.
+    summary.add("headers", ("127.0.0.1", 2), str)
+    summary.add("header_overflow", ("127.0.0.1", 3), str)
+    summary.flush(100.0 + SUMMARY_INTERVAL)
+    assert caplog.records[-1].getMessage() == (
+        "connlist: 1 connection timed out (1 headers); e.g. 127.0.0.1:2, 127.0.0.1:3; "
+        "1 request head over max_header_size answered 431"
+    )
+
+
 @pytest.fixture
 def plain_logging() -> Iterator[logging.Logger]:
     """No logging configured, and uvicorn's error logger with a handler, as uvicorn sets it up.

@@ -73,6 +73,7 @@ def expected_from_view(view: dict[str, Any]) -> Values:
         ("connlist.rejected_connections", ()): totals["refused"],
         ("connlist.accept_failures", ()): totals["accept_failures"],
         ("connlist.rejected_upgrades", ()): totals["upgrades_refused"],
+        ("connlist.header_overflows", ()): totals["header_overflows"],
         ("connlist.upgraded_connections", ()): counts["upgraded"],
         ("connlist.max_connections", ()): view["max_connections"],
         ("connlist.server_integration", ()): int(view["mode"] != "asgi"),
@@ -239,7 +240,7 @@ def test_counters_survive_a_lifespan_restart_and_sources_add_up() -> None:
     assert first.instruments is second.instruments  # no instrument registered twice
     one, two, three = Enforcer(), Enforcer(), Enforcer()
     one.totals.requests, one.totals.refused, one.totals.idle_evictions = 5, 2, 1
-    two.totals.requests, two.totals.accept_failures = 7, 3
+    two.totals.requests, two.totals.accept_failures, two.totals.header_overflows = 7, 3, 2
     three.totals.requests, three.totals.send_timeouts = 1, 4
     one.connections.connect()
 
@@ -260,6 +261,8 @@ def test_counters_survive_a_lifespan_restart_and_sources_add_up() -> None:
     assert values[("connlist.requests", ())] == 5 + 7 + 1
     assert values[("connlist.rejected_connections", ())] == 2
     assert values[("connlist.accept_failures", ())] == 3
+    one.totals.header_overflows = 6  # after its lifespan: not read again
+    assert values[("connlist.header_overflows", ())] == 2
     assert values[("connlist.evicted_connections", (("connlist.eviction.kind", "idle"),))] == 1
     assert values[("connlist.timed_out_connections", (("connlist.timeout.kind", "send"),))] == 4
     assert values[("connlist.active_connections", (("connlist.connection.state", "reading"),))] == 0

@@ -237,12 +237,18 @@ def test_the_totals_are_grouped_so_that_no_table_is_wider_than_a_screen() -> Non
         "body_evictions": 0,
         "refused": 0,
         "accept_failures": 0,
+        "upgrades": 0,
+        "upgrades_refused": 0,
+        "header_overflows": 6,
         "some_new_total": 4,
     }
     markup = page.render({"pid": 1, "counts": {}, "totals": totals, "all": []}).decode()
     dom = Dom(markup)
     rows = [cells for _, cells in dom.rows]
-    assert ["connections", "requests", "accept_failures", "some_new_total"] in rows
+    # The kinds that neither time out nor make room (503 past max_upgraded, 431 past max_header_size).
+    names = ["connections", "requests", "accept_failures", "upgrades", "upgrades_refused", "header_overflows"]
+    assert [*names, "some_new_total"] in rows
+    assert ["5", "7", "0", "0", "0", "6", "4"] in rows
     assert [
         "headers_timeouts",
         "request_timeouts",
@@ -514,6 +520,40 @@ def test_asgi_only_mode_marks_the_budget_and_says_the_list_sees_requests() -> No
     assert "not enforced" not in on and ">no connections<" in on
 
 
+def test_each_worker_shows_its_head_limit_and_what_it_holds_unparsed() -> None:
+    on = paragraphs(page.render(settings_view(max_header_size=16384, unread_bytes=1234)).decode())
+    assert "max_header_size 16384 bytes, 1234 bytes held unparsed" in on
+    assert not any("not enforced" in line for line in on)
+    off = paragraphs(page.render(settings_view(max_header_size=0, unread_bytes=0)).decode())
+    assert "max_header_size off, 0 bytes held unparsed" in off
+    # ASGI-only mode sees a head once the server has parsed it: marked, and named in the mode line.
+    asgi = paragraphs(
+        page.render(
+            settings_view(
+                mode="asgi", integration_off="why", enforced=["request", "rate"], max_header_size=16384
+            )
+        ).decode()
+    )
+    assert "max_header_size 16384 bytes (not enforced), \u2013 bytes held unparsed" in asgi
+    assert (
+        "[off] mode asgi (server_integration auto): the server integration is off: why. "
+        "Not enforced: headers timeout, send timeout, max_header_size"
+    ) in asgi
+    # A view without either (another version's) claims nothing.
+    assert not any("max_header_size" in line for line in paragraphs(page.render(settings_view()).decode()))
+    # With workers=all, each worker's own.
+    workers = [settings_view(pid=pid, max_header_size=65536, unread_bytes=pid * 100) for pid in (1, 2)]
+    every = paragraphs(page.render({"pid": 1, "counts": {}, "totals": {}, "workers": workers}).decode())
+    assert [line for line in every if "held unparsed" in line] == [
+        "max_header_size 65536 bytes, 100 bytes held unparsed",
+        "max_header_size 65536 bytes, 200 bytes held unparsed",
+    ]
+    # The middleware's view: its default, nothing held.
+    markup = get(ConnectionsMiddleware(echo_app), "/_connections?format=html").text
+    assert any(line.startswith("max_header_size 16384 bytes") for line in paragraphs(markup))
+    assert any(line.endswith(", 0 bytes held unparsed") for line in paragraphs(markup))
+
+
 def test_chromium_shows_the_integration_off(tmp_path: Path) -> None:
     # uvicorn's own protocol: ASGI-only mode, and the view says why.
     chromium()
@@ -529,7 +569,7 @@ def test_chromium_shows_the_integration_off(tmp_path: Path) -> None:
     lines = paragraphs(markup)
     assert (
         "[off] mode asgi (server_integration off): the server integration is off: server_integration is "
-        '"off". Not enforced: headers timeout, send timeout, connection budget'
+        '"off". Not enforced: headers timeout, send timeout, connection budget, max_header_size'
     ) in lines, lines
     assert view["budget"]["enforced"] is False
     assert any(line.endswith("(max_upgraded) (not enforced)") for line in lines), lines
@@ -537,8 +577,9 @@ def test_chromium_shows_the_integration_off(tmp_path: Path) -> None:
     assert any(
         line.startswith(marked) and line.endswith(", send timeout 90 s (not enforced)") for line in lines
     ), lines
+    assert "max_header_size 16384 bytes (not enforced), 0 bytes held unparsed" in lines, lines
     # The mark is styled (the CSP allows the page's one style element).
-    assert markup.count('<span class="off">(not enforced)</span>') == 3, markup
+    assert markup.count('<span class="off">(not enforced)</span>') == 4, markup
     assert "in ASGI-only mode the list sees requests, not connections" in markup
 
 

@@ -42,6 +42,7 @@ from connlist.prometheus import (
     mark_dead_processes,
     metrics_for,
 )
+from tests.fakes import FakeClock, MockLoop
 from tests.servers import (
     INTEGRATED,
     PLAIN,
@@ -181,6 +182,34 @@ def test_accept_failures_are_counted_as_they_grow() -> None:
     enforcer.totals.accept_failures += 1
     exporter.close(enforcer)
     assert failures() == 4
+
+
+def test_header_overflows_are_counted_as_the_enforcer_cuts_them() -> None:
+    # A head past max_header_size: not a timeout kind, a counter of its own, from 0.
+    registry = CollectorRegistry()
+    exporter = Exporter(ConnlistMetrics(registry))
+    clock = FakeClock()
+    enforcer = Enforcer(clock=clock, loop=MockLoop(clock))
+
+    def overflows() -> float | None:
+        return registry.get_sample_value("connlist_header_overflows_total")
+
+    exporter.refresh(enforcer)
+    assert overflows() == 0
+    for _ in range(2):
+        enforcer.overflow(enforcer.join(), lambda: None)
+    exporter.refresh(enforcer)
+    exporter.refresh(enforcer)  # nothing new: nothing added
+    assert overflows() == 2
+    assert registry.get_sample_value("connlist_timeouts_total", {"kind": "headers"}) == 0
+    enforcer.overflow(enforcer.join(), lambda: None)
+    exporter.close(enforcer)
+    assert overflows() == 3
+    text = generate_latest(registry).decode()
+    assert (
+        "# HELP connlist_header_overflows_total Request heads past max_header_size, answered 431 and closed."
+        in text
+    )
 
 
 def test_a_websocket_at_the_metrics_path_reaches_the_app() -> None:

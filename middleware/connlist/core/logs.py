@@ -1,11 +1,12 @@
 """What connlist writes to the log, kept readable under attack.
 
-A timeout is one DEBUG line per connection.  At WARNING there is at most one
-summary line per ``SUMMARY_INTERVAL`` seconds while timeouts happen: counts by
-kind and a few example clients.  A flood of ten thousand slow clients is
-therefore one line every ten seconds, not ten thousand lines, and writing
-the log is no longer most of the cost of cutting them off.  The enforcer
-calls ``Summary.flush`` from its one timer, so nothing else is scheduled.
+A timeout (or any other cut) is one DEBUG line per connection.  At WARNING
+there is at most one summary line per ``SUMMARY_INTERVAL`` seconds while cuts
+happen: counts by kind and a few example clients.  A flood of ten thousand
+slow clients is therefore one line every ten seconds, not ten thousand
+lines, and writing the log is no longer most of the cost of cutting them
+off.  The enforcer calls ``Summary.flush`` from its one timer, so nothing
+else is scheduled.
 
 The ``connlist`` logger is the public name.  Nothing configures it in a
 plain ``uvicorn app:app``, where its records would reach Python's last-resort
@@ -91,6 +92,9 @@ def follow_uvicorn_logger(name: str) -> None:
 SUMMARY_INTERVAL = 10.0
 # Example clients named in one summary line.
 EXAMPLES = 3
+# The kind of a request head past max_header_size (``kinds.HEADER_OVERFLOW``): added without
+# ``room``, yet no timeout, so it has a part of the summary and a word in the DEBUG line of its own.
+OVERFLOW = "header_overflow"
 
 
 def format_address(address: object) -> str | None:
@@ -176,7 +180,8 @@ class Summary:
         formatted, and ``detail()`` called, only if they are written (a mass
         timeout adds thousands).  The kinds of ``room`` are ``idle``,
         ``headers`` and ``body`` (closed to make room), ``refused`` and ``upgrade_refused``; a
-        keep-alive close under pressure is a timeout kind (``keepalive``).
+        keep-alive close under pressure is a timeout kind (``keepalive``).  A
+        head past max_header_size (``OVERFLOW``) is neither: a limit.
         """
         counts = self._room if room else self._counts
         counts[kind] = counts.get(kind, 0) + 1
@@ -186,7 +191,8 @@ class Summary:
             if len(self._examples) < EXAMPLES and name not in self._examples:
                 self._examples.append(name)
             if debug:
-                logger.debug("%s - %s %s: %s", name, kind, "budget" if room else "timeout", detail())
+                what = "budget" if room else "limit" if kind == OVERFLOW else "timeout"
+                logger.debug("%s - %s %s: %s", name, kind, what, detail())
 
     def flush(self, now: float, *, force: bool = False) -> None:
         """Write the summary if one is pending and the interval since the last one passed (or ``force``)."""
@@ -207,7 +213,8 @@ def _plural(n: int, word: str) -> str:
 def _summary_parts(
     counts: dict[str, int], room: dict[str, int], examples: list[str], failures: int
 ) -> list[str]:
-    """The parts of one summary line: timeouts, room made, refusals, failed callbacks."""
+    """The parts of one summary line: timeouts, room made, refusals, heads too long, failed callbacks."""
+    overflows = counts.pop(OVERFLOW, 0)
     total = sum(counts.values())
     parts = []
     if total:
@@ -223,8 +230,10 @@ def _summary_parts(
         parts.append(f"{_plural(refused, 'new connection')} refused with 503 (every connection busy serving)")
     if upgrades_refused:
         parts.append(f"{_plural(upgrades_refused, 'websocket upgrade')} refused with 503 (max_upgraded)")
+    if overflows:
+        parts.append(f"{_plural(overflows, 'request head')} over max_header_size answered 431")
     if failures:
         parts.append(f"on_timeout raised {_plural(failures, 'time')}")
-    if not total and examples and (made or refused or upgrades_refused):
+    if not total and examples and (made or refused or upgrades_refused or overflows):
         parts[0] += f"; e.g. {', '.join(examples)}"
     return parts

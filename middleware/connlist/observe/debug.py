@@ -23,8 +23,11 @@ after ``N``.  ``idle`` connections are looked for among the first
 active connections, the idle list may then hold fewer than
 ``min(N, counts.idle)`` entries, and ``truncated`` is true.  So the cost is
 O(N), whatever the number of connections (``benchmarks/snapshot.py``
-measures it), and the endpoint builds and encodes it in slices, yielding to
-the event loop between them (``connlist.observe.slices``).
+measures it), but for two walks of every connection that read a field or
+two of each: the counts' split of ``writing`` and ``waiting``, and the
+bytes held unparsed (``unread_bytes``), which no request pays to keep.  The
+endpoint builds and encodes the view in slices, yielding to the event loop
+between them (``connlist.observe.slices``).
 
 Every worker, and the page
 --------------------------
@@ -87,6 +90,7 @@ __all__ = [
     "parse_query",
     "snapshot",
     "snapshot_steps",
+    "unread",
     "wants_html",
 ]
 
@@ -152,9 +156,20 @@ def describe(
         "time_left": None if due is None else round((due[1] - now) * 1000) / 1000,
         "headers_completed": conn.headers_completed,
         "requests": conn.requests,
+        "unread": unread(conn),
         "method": conn.method,
         "path": _short_path(conn.path),
     }
+
+
+def unread(conn: Connection) -> int:
+    """The bytes connlist's protocol holds unparsed for ``conn`` (a read behind a response under way).
+
+    Read from the protocol itself: only connlist's server classes have
+    ``_connlist_unread``; any other handle, or none, holds nothing.
+    """
+    held = getattr(conn.handle, "_connlist_unread", None)
+    return 0 if held is None else len(held)
 
 
 def _keep_alive_by_list(enforcer: Enforcer) -> bool:
@@ -217,6 +232,7 @@ def snapshot_steps(
     describe_one = _Describer(now, deadline)
     all_list, idle_list = yield from _walk_all(connections, limit, describe_one)
     active_list = (yield from _walk_active(connections, limit, describe_one)) if limit else []
+    unread_bytes = yield from _unread_bytes(connections)
 
     return {
         "pid": os.getpid(),
@@ -229,6 +245,8 @@ def snapshot_steps(
         "keep_alive": enforcer.keep_alive,
         "keep_alive_by": "connlist" if _keep_alive_by_list(enforcer) else "server",
         "counts": counts,
+        # What the worker's protocols hold unparsed, every connection's ``unread`` summed.
+        "unread_bytes": unread_bytes,
         "totals": dataclasses.asdict(enforcer.totals),
         "budget": budget_view(enforcer),
         "limit": limit,
@@ -299,6 +317,16 @@ def _walk_active(
         if len(active_list) >= limit:
             break
     return active_list
+
+
+def _unread_bytes(connections: ConnectionsList) -> Generator[None, None, int]:
+    """Every connection's ``unread``, summed: a walk of the whole list, as the counts' split takes one."""
+    total = 0
+    for seen, conn in enumerate(connections.iter_all()):
+        if seen % STEP == STEP - 1:
+            yield
+        total += unread(conn)
+    return total
 
 
 def budget_view(enforcer: Enforcer) -> dict[str, Any]:

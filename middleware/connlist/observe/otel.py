@@ -228,6 +228,12 @@ class Instruments:
             description="Websocket upgrade requests refused with 503 at max_upgraded, before the handshake.",
         )
         counter(
+            "connlist.header_overflows",
+            [self._total("header_overflows")],
+            unit="{request}",
+            description="Request heads past max_header_size, answered 431 and closed.",
+        )
+        counter(
             "connlist.accept_failures",
             [self._total("accept_failures")],
             unit="{failure}",

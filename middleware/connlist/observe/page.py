@@ -5,15 +5,16 @@
 JSON, every worker, one worker), the counts and totals at the top, then per
 worker (with ``workers=all``) its own counts and totals, its mode line (with
 the integration off: why, and the timeouts it leaves unenforced, which its
-settings line marks too) and settings line, and one table of its
-connections (``COLUMNS``, from the worker's ``all`` list).  Counts, totals
-and their names are rendered from the data, key by key, so a new state or
-total shows up without a change here.  The page only presents: what a
+settings line marks too) and settings line, its budget, its head limit
+and the bytes it holds unparsed, and one table of its connections
+(``COLUMNS``, from the worker's ``all`` list).  Counts, totals and their
+names are rendered from the data, key by key, so a new state or total shows
+up without a change here.  The page only presents: what a
 connection's state is, which timeout runs for it and when, and which
 timeouts the worker enforces come with the data (``connlist.observe.debug``, from
 the list and the enforcer).  Each part of the page is one function
 returning its markup (``_links``, ``_numbers_table``, ``_settings`` with its
-``_mode`` line, ``_connections_table``), and ``_summary`` /
+``_mode`` line, ``_budget``, ``_heads``, ``_connections_table``), and ``_summary`` /
 ``_worker_section`` list the parts in order: a new line goes into one of
 those lists.
 
@@ -37,7 +38,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
 
-from connlist.core.kinds import ROOM_KINDS, TIMEOUT_KINDS
+from connlist.core.kinds import HEADER_OVERFLOW, ROOM_KINDS, TIMEOUT_KINDS
 
 __all__ = ["COLUMNS", "CSP", "HEADERS", "LABELS", "REFRESH", "STYLE", "render"]
 
@@ -159,7 +160,7 @@ def _settings(worker: dict[str, Any]) -> str:
 
 
 def _setting(unit: str, value: object) -> str:
-    return _seconds(value) if unit == "s" else _rate(value)
+    return _seconds(value) if unit == "s" else _amount(value, unit)
 
 
 def _unenforced(worker: dict[str, Any]) -> list[str]:
@@ -187,15 +188,17 @@ def _mode(worker: dict[str, Any], unenforced: list[str]) -> str:
     budget = worker.get("budget")
     if isinstance(budget, dict) and budget.get("max_connections") and budget.get("enforced") is False:
         lost.append("connection budget")
+    if _head_unenforced(worker):
+        lost.append(HEADER_OVERFLOW.label)
     return (
         f'<p class="off">mode {_text(mode)}{told}: the server integration is off: {_text(reason)}. '
         f"Not enforced: {', '.join(lost) if lost else 'none of the configured timeouts'}</p>"
     )
 
 
-def _rate(value: object) -> str:
+def _amount(value: object, unit: str) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value:g} bytes/s" if value else "off"
+        return f"{value:g} {unit}" if value else "off"
     return _text(value)
 
 
@@ -237,6 +240,25 @@ def _budget_line(budget: dict[str, Any]) -> str:
     return line
 
 
+# The view's field of the head limit: the option of the HEADER_OVERFLOW row.
+_HEAD_LIMIT = "max_header_size"
+
+
+def _heads(worker: dict[str, Any]) -> str:
+    """The limit on a request's head (max_header_size) and the bytes the worker holds unparsed."""
+    if _HEAD_LIMIT not in worker and "unread_bytes" not in worker:
+        return ""  # a view without them claims nothing
+    limit = f"{HEADER_OVERFLOW.label} {_setting(HEADER_OVERFLOW.unit, worker.get(_HEAD_LIMIT))}"
+    if _head_unenforced(worker):
+        limit += ' <span class="off">(not enforced)</span>'
+    return f"<p>{limit}, {_text(worker.get('unread_bytes'))} bytes held unparsed</p>"
+
+
+def _head_unenforced(worker: dict[str, Any]) -> bool:
+    """A head limit configured where the worker cannot apply it: ASGI-only mode sees a head once parsed."""
+    return bool(worker.get(_HEAD_LIMIT)) and not HEADER_OVERFLOW.asgi and worker.get("mode") == "asgi"
+
+
 def _worker_section(worker: dict[str, Any], *, heading: bool) -> str:
     pid = _text(worker.get("pid"))
     if worker.get("unreachable"):
@@ -251,6 +273,7 @@ def _worker_section(worker: dict[str, Any], *, heading: bool) -> str:
     parts += [
         _settings(worker),
         _budget(worker),
+        _heads(worker),
         _truncated(worker),
         _connections_table(worker.get("all", []), _empty(worker)),
     ]

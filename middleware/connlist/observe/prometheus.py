@@ -155,6 +155,11 @@ class ConnlistMetrics:
             "Websocket upgrade requests refused with 503 at max_upgraded, before their handshake.",
             registry=registry,
         )
+        self.header_overflows = Counter(
+            "connlist_header_overflows",
+            "Request heads past max_header_size, answered 431 and closed.",
+            registry=registry,
+        )
         self.accept_failures = Counter(
             "connlist_accept_failures",
             "accept() failures for want of file descriptors.",
@@ -180,6 +185,7 @@ class ConnlistMetrics:
             self.budget.labels(kind).inc(0)
         self.max_connections.set(0)
         self.upgrades_refused.inc(0)
+        self.header_overflows.inc(0)
         self.accept_failures.inc(0)
         for setting in POLICIES:
             self.integration_setting.labels(setting).set(0)
@@ -233,6 +239,8 @@ class ConnlistMetrics:
             self.accept_failures.inc(deltas["accept_failures"])
         if deltas.get("upgrades_refused", 0) > 0:
             self.upgrades_refused.inc(deltas["upgrades_refused"])
+        if deltas.get("header_overflows", 0) > 0:
+            self.header_overflows.inc(deltas["header_overflows"])
         if deltas.get("connections", 0) > 0:
             self.accepted.inc(deltas["connections"])
         if deltas.get("requests", 0) > 0:
