@@ -176,12 +176,19 @@ def asgi_only_lost() -> list[str]:
     return [kind.label for kind in TIMEOUT_KINDS if not kind.asgi and kind.setting is not None] + [BUDGET]
 
 
+# What bounds a request head in ASGI-only mode, which sees a request once the server parsed its head.
+SERVERS_HEAD = (
+    "a request head is bounded by the server's own limits alone, not max_header_size "
+    "(uvicorn's httptools: none; h11: 16 KiB, answered 400; gunicorn: its --limit-request-* options)"
+)
+
+
 def asgi_only() -> str:
     """ASGI-only mode in one clause, for every line that says the integration is off: what stays, what not."""
     lost = [f"the {label}" for label in asgi_only_lost()]
     return (
         f"ASGI-only mode: request bodies are still timed ({', '.join(asgi_only_kept())}), but "
-        f"{', '.join(lost[:-1])} and {lost[-1]} are not enforced"
+        f"{', '.join(lost[:-1])} and {lost[-1]} are not enforced, and {SERVERS_HEAD}"
     )
 
 
