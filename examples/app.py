@@ -47,7 +47,9 @@ def on_timeout(connection: Connection, kind: str) -> None:
 
 
 app = Starlette(
-    routes=[Route("/", hello), Route("/echo", echo, methods=["POST"])],
+    # Bodies are the app's to bound (connlist bounds the head, max_header_size): Starlette's own
+    # limit answers a body over 1 MiB with 413.
+    routes=[Route("/", hello), Route("/echo", echo, methods=["POST"], max_body_size=1024 * 1024)],
     middleware=[
         Middleware(
             ConnectionsMiddleware,

@@ -96,6 +96,14 @@ def test_slow_client_against_the_example_server(tmp_path: Path) -> None:
             timeout=30,
         )
         log = server.log()
+        # (After the log the assertions below read: a cut of its own would join its summary.)
+        # The example bounds bodies (Starlette's max_body_size: 413), connlist the head (431).
+        sock = connect(server.port)
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (2 << 20))
+        assert read_response(sock).startswith(b"HTTP/1.1 413 "), "the body limit"
+        sock = connect(server.port)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nCookie: " + b"c" * 20_000 + b"\r\n\r\n")
+        assert read_until_closed(sock)[0].startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
     output = result.stdout
     assert result.returncode == 0, (output, result.stderr, log)
     assert "connlist example: app at" in log
