@@ -35,12 +35,12 @@ def installed() -> bool:
         return False
 
 
-def command(app: str, port: int, *options: str) -> list[str]:
+def command(app: str, port: int, *options: str, parser: str = PARSER) -> list[str]:
     """``gunicorn -k asgi`` serving ``app`` on 127.0.0.1:``port``, one worker, warnings and errors logged."""
     import gunicorn.config
 
     line = [
-        sys.executable, "-m", "gunicorn", "-k", "asgi", "-w", "1", "--http-parser", PARSER,
+        sys.executable, "-m", "gunicorn", "-k", "asgi", "-w", "1", "--http-parser", parser,
         "--bind", f"127.0.0.1:{port}", "--log-level", "warning", *options,
     ]  # fmt: skip
     if "control_socket_disable" in gunicorn.config.make_settings():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -1156,3 +1157,29 @@ def test_gunicorns_setups_serve_in_process(setup: str, per_connection: bool) -> 
     else:
         assert enforcer is not None and enforcer.mode == "gunicorn-python"  # type: ignore[attr-defined]
         assert enforcer.totals.requests == 5  # type: ignore[attr-defined]
+
+
+def test_memory_cuts_a_head_flood_and_bounds_pipelining_on_each_server(tmp_path: Path) -> None:
+    # One second of each attack that connlist bounds, against connlist on each server: the head
+    # answered 431 long before the 32 MiB the attacker may send, the worker's RSS flat.
+    out = tmp_path / "memory.json"
+    servers = "httptools,h11,gunicorn" + (
+        ",gunicorn-fast" if importlib.util.find_spec("gunicorn_h1c") else ""
+    )
+    done = run_script(
+        "benchmarks/memory.py", "--servers", servers, "--setups", "connlist",
+        "--attacks", "head-lines,pipelining", "--seconds", "1", "--json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    results = json.loads(out.read_text())["results"]
+    assert len(results) == 2 * len(servers.split(","))
+    for result in results:
+        assert result["error"] is None, result
+        assert result["mode"] is not None and result["growth_mb"] < 40, result
+        if result["attack"] == "head-lines":
+            assert result["status"].startswith("HTTP/1.1 431"), result
+            assert result["sent_bytes"] < 32 * 1024 * 1024, result
+            assert result["totals"]["header_overflows"] == 1, result
+        else:
+            assert result["answered"] >= 5, result
+    assert "| uvicorn (httptools) | connlist |" in done.stdout
