@@ -1,6 +1,6 @@
 """The request head's bound, in process: where a head ends, the option, and the cut.
 
-``connlist.servers.seam.head_end`` against a simple model of a head (its
+``connlist.servers.heads.head_end`` against a simple model of a head (its
 lines, one at a time), with hypothesis; ``max_header_size``'s validation;
 ``Enforcer.overflow`` on the fake clock, through the public views.  The
 servers' reads are tested against real servers (``tests/test_head_limit.py``).
@@ -18,7 +18,7 @@ from connlist.core.connections import connection_state
 from connlist.core.enforcer import FEED_SLICE, Enforcer
 from connlist.core.kinds import resolve
 from connlist.observe.debug import snapshot
-from connlist.servers.seam import head_end
+from connlist.servers.heads import head_end
 from tests.fakes import RESPONSE_431, FakeClock, MemoryHandle, MockLoop
 
 LINGER = 1.0

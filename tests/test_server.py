@@ -17,6 +17,7 @@ from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.sweep import lingered
 from connlist.servers import seam as server
 from connlist.servers import sending
+from connlist.servers.heads import HeadBound
 from connlist.servers.uvicorn import protocols as connlist_uvicorn
 from connlist.servers.uvicorn.cycle import UvicornCycle
 from tests.fakes import FakeClock, MockLoop
@@ -68,12 +69,14 @@ def test_uvicorn_protocols_take_the_transport_handle_from_the_seam(parser: str) 
     # Its own connection_made and connection_lost: uvicorn's, then the seam's setup and join, or remove.
     for name in ("connection_made", "connection_lost"):
         assert getattr(cls, name) is not getattr(server.Tracking, name), name
-    # Five classes of connlist's over uvicorn's: the class statement's, the parser's mixin, what both
-    # read of uvicorn's cycle, Tracking, TransportHandle.
-    uvicorn_base = cls.__mro__[5]
-    assert cls.__mro__[2:5] == (UvicornCycle, server.Tracking, server.TransportHandle)
+    # Six classes of connlist's over uvicorn's: the class statement's, the parser's mixin, what both
+    # read of uvicorn's cycle, Tracking, the head's bound, TransportHandle.
+    uvicorn_base = cls.__mro__[6]
+    assert cls.__mro__[2:6] == (UvicornCycle, server.Tracking, HeadBound, server.TransportHandle)
     assert uvicorn_base.__module__.startswith("uvicorn.")
-    assert len(cls.__mro__) == len(uvicorn_base.__mro__) + 5
+    assert len(cls.__mro__) == len(uvicorn_base.__mro__) + 6
+    for name in ("_connlist_overflow", "_connlist_hold"):
+        assert getattr(cls, name) is getattr(HeadBound, name), name
 
 
 def test_after_cut_leaves_out_the_apps_client_disconnect_only() -> None:

@@ -42,6 +42,8 @@ from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.logs import log
 from connlist.core.records import Address, Connection, ConnectionHandle
 from connlist.servers import sending
+from connlist.servers.heads import HeadBound
+from connlist.servers.phases import BETWEEN, BODY, HEADERS, OVERFLOWED, UPGRADE_REFUSED, UPGRADED
 
 __all__ = [
     "BETWEEN",
@@ -63,8 +65,6 @@ __all__ = [
     "declares_middleware",
     "enforcer_in",
     "fallback_enforcer",
-    "head_end",
-    "head_ends",
     "headers_received",
 ]
 
@@ -374,48 +374,8 @@ class AfterCut:
         return getattr(self._logger, name)
 
 
-# Where the message being received on a connection stands (``Tracking._connlist_phase``).
-BETWEEN = 0  # no message open: a new or idle connection
-HEADERS = 1  # message begun, headers incomplete
-BODY = 2  # headers complete, message incomplete
-UPGRADED = 3  # handed over to another protocol (a websocket): no HTTP event follows
-UPGRADE_REFUSED = 4  # an upgrade refused with 503 at max_upgraded: closing, no HTTP event follows
-OVERFLOWED = 5  # a head past max_header_size, answered 431: closing, no HTTP event follows
-
 # The attributes ``Tracking`` adds to the server's protocol.
 SLOTS = ("_connlist", "_connlist_phase", "_connlist_record", "_connlist_room", "_connlist_unread")
-
-
-def head_end(data: bytes, room: int, continuing: bool) -> int:
-    """Where the head at ``data``'s start can end within its first ``room`` bytes: the index after; or -1.
-
-    The head is the request line and the header lines, through the blank
-    line that ends them (CRLF or a bare LF, as the parsers accept).  A read
-    at rest begins a head (``continuing`` False): the blank lines a client
-    may send before a request (RFC 9112, 2.2) are not its.  A read of a head
-    already open (``continuing``) may begin with the rest of its end: then
-    that is where it may end, and the parser tells (the count after the
-    read, ``room``, decides).
-    """
-    start = 0
-    if continuing:
-        if data[:1] == b"\n":
-            return 1
-        if data[:2] == b"\r\n":
-            return 2
-    elif data[:1] in (b"\r", b"\n"):
-        start = len(data) - len(data.lstrip(b"\r\n"))
-    end = start + room
-    crlf = data.find(b"\n\r\n", start, end)
-    lf = data.find(b"\n\n", start, end if crlf < 0 else crlf + 2)
-    if lf >= 0:
-        return lf + 2
-    return -1 if crlf < 0 else crlf + 3
-
-
-def head_ends(data: bytes, room: int, continuing: bool) -> bool:
-    """Whether the request head at ``data``'s start can end within its first ``room`` bytes (``head_end``)."""
-    return head_end(data, room, continuing) >= 0
 
 
 def headers_received(record: Connection, enforcer: Enforcer) -> None:
@@ -426,7 +386,7 @@ def headers_received(record: Connection, enforcer: Enforcer) -> None:
     enforcer.totals.requests += 1
 
 
-class Tracking(TransportHandle):
+class Tracking(HeadBound, TransportHandle):
     """The feeder's duties that read nothing of the server's, as a base of its asyncio protocol.
 
     The server's protocol provides ``transport``, ``client`` and ``server``
@@ -472,7 +432,7 @@ class Tracking(TransportHandle):
     _connlist: Enforcer
     # Per connection: this connection's record (None until connection_made),
     # and where the message being received on it stands (BETWEEN, ...); the
-    # bytes the head being received may still take (``head_ends``), or at
+    # bytes the head being received may still take (``heads.head_end``), or at
     # rest the enforcer's ``whole_read``; and a read held unparsed behind a
     # response still under way (None: none).
     _connlist_record: Connection | None
@@ -566,35 +526,6 @@ class Tracking(TransportHandle):
         self._connlist_phase = phase
         if phase != BETWEEN:
             self._connlist.watch()  # the connection is active: it can expire
-
-    # -- the head's bound, and a read held behind a response (docs/how-it-works.md, "The request head")
-
-    def _connlist_overflow(self) -> None:
-        """The head being received passed ``max_header_size`` (``head_ends``): 431 and close.
-
-        Called from the read, before the parser has seen the bytes past the
-        limit.  A read at rest began the message whose head it is.
-        """
-        record = self._connlist_record
-        phase = self._connlist_phase
-        self._connlist_phase = OVERFLOWED
-        if record is not None:
-            enforcer = self._connlist
-            if phase == BETWEEN:
-                enforcer.connections.message_begin(record)
-            enforcer.overflow(record, self.connlist_close_overflow)
-
-    def _connlist_hold(self, data: bytes) -> None:
-        """A read that came behind a response still under way: held unparsed, reading paused, until it ends.
-
-        So pipelined requests are read no faster than they are answered.
-        Reading resumes only when the server says the response is over
-        (its ``_connlist_release``); a read that comes meanwhile (the server
-        resumed reading for its own reasons) joins the held one.
-        """
-        unread = self._connlist_unread
-        self._connlist_unread = data if unread is None else unread + data
-        self.transport.pause_reading()
 
     # -- the send timeout: fed by flow control, which runs only under back-pressure,
     # and by a close that waits for unsent bytes

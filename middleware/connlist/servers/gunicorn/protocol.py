@@ -38,9 +38,9 @@ A whole request in one read on an idle connection is the list's
 ``message``: the feeder's own writes, as uvicorn's protocols do.  Where
 gunicorn's ``data_received`` is the one connlist's was copied from
 (``connlist.servers.gunicorn.reads``), the class's own runs the hook's
-between-messages path in its place, without the hook's call.  A request
-held in the parser's buffer while a response is written is timed from the
-moment gunicorn feeds it (as uvicorn's h11 protocol does).
+between-messages path in its place, without the hook's call.  What comes
+while a response is written waits unparsed (``connlist.servers.gunicorn.held``),
+and a request in it is timed from the moment it is fed (as on uvicorn's h11).
 
 gunicorn arms its keep-alive timer (``_arm_keepalive_timer``) when a
 connection becomes idle: after the response, once the application's call
@@ -89,10 +89,10 @@ from gunicorn.asgi import protocol as gunicorn_protocol  # type: ignore[import-u
 from gunicorn.asgi.parser import PythonProtocol  # type: ignore[import-untyped, import-not-found, unused-ignore]
 from starlette.requests import ClientDisconnect
 
-from connlist.core.enforcer import FEED_SLICE
 from connlist.core.logs import route_to_server
 from connlist.core.records import FROM_HANDLE, Connection
 from connlist.servers.gunicorn import reads
+from connlist.servers.gunicorn.held import Held
 from connlist.servers.seam import (
     BETWEEN,
     BODY,
@@ -103,7 +103,6 @@ from connlist.servers.seam import (
     Tracking,
     TransportHandle,
     enforcer_in,
-    head_ends,
     headers_received,
 )
 
@@ -156,29 +155,17 @@ if TYPE_CHECKING:
         log: Any
 
         def __init__(self, worker: Any) -> None: ...
-
         def connection_made(self, transport: Any) -> None: ...
-
         def connection_lost(self, exc: Exception | None) -> None: ...
-
         def pause_writing(self) -> None: ...
-
         def resume_writing(self) -> None: ...
-
         def data_received(self, data: Any) -> None: ...
-
         def _feed_callback_parser(self, data: Any) -> bool: ...
-
         def _arm_keepalive_timer(self) -> None: ...
-
         def _close_transport(self) -> None: ...
-
         async def _handle_websocket(self, request: Any, sockname: Any, peername: Any) -> None: ...
-
         async def _handle_h2c_upgrade(self, request: Any) -> None: ...
-
         def __getattr__(self, name: str) -> Any: ...
-
         def __setattr__(self, name: str, value: Any) -> None: ...
 
 else:
@@ -187,7 +174,7 @@ else:
 _SERVE_CODE = getattr(getattr(_Gunicorn, "_serve_http_request", None), "__code__", None)
 
 
-class ASGIProtocol(Tracking, _Gunicorn):
+class ASGIProtocol(Tracking, Held, _Gunicorn):
     """gunicorn's ASGI protocol, feeding connlist from what each read changed (see the module)."""
 
     # connlist's attributes (``seam.SLOTS``), and the last request whose
@@ -270,15 +257,8 @@ class ASGIProtocol(Tracking, _Gunicorn):
         if phase or record is None:
             if record is None or phase >= UPGRADED:
                 return self._connlist_base_feed(data)
-            if (
-                phase == HEADERS
-                and len(data) > self._connlist_room
-                and not head_ends(data, self._connlist_room, True)
-            ):
-                self._connlist_overflow()
-                return False
-            if len(data) > FEED_SLICE:
-                return self._connlist_feed_slices(data)
+            if len(data) > self._connlist_room and (stopped := self._connlist_stop(data)) is not None:
+                return stopped
             if phase == BODY:
                 self._connlist_body_bytes(record, len(data))
             request = self._current_request
@@ -330,65 +310,6 @@ class ASGIProtocol(Tracking, _Gunicorn):
         # The head begins at the read's first byte: all of the limit is its.
         self._connlist_room = enforcer.head_limit
         self._connlist_events(record, HEADERS, request, fed, len(data))
-
-    def _connlist_stop(self, data: Any) -> bool | None:
-        """A read between messages not fed as it is: held or sliced (True), or a head too long (False).
-
-        Called only where the read is longer than the enforcer's
-        ``whole_read`` (a head may be, or ``FEED_SLICE``), or comes while the parser holds a complete message
-        whose response is under way: then it is held
-        (``Tracking._connlist_hold``), where gunicorn would buffer it in its
-        parser and feed its whole buffer again after each response, until
-        gunicorn's loop waits for the next request (``_arm_keepalive_timer``:
-        ``_connlist_release``).  None: fed as it is.
-        """
-        if self._callback_parser.is_complete:
-            self._connlist_hold(data)
-            return True
-        limit = self._connlist.head_limit
-        if len(data) > limit and not head_ends(data, limit, False):
-            self._connlist_overflow()
-            return False
-        if len(data) > FEED_SLICE:
-            return self._connlist_feed_slices(data)
-        return None
-
-    def _connlist_feed_slices(self, data: Any) -> bool:
-        """A long read fed ``FEED_SLICE`` bytes at a time; the rest held once a message in it is complete.
-
-        gunicorn's parser stops at a message's end and keeps what follows
-        (the fast one, 64 KiB of it: past that gunicorn closes the
-        connection after the response, a pipelined burst unanswered).  Fed
-        in slices, it keeps at most one slice; the rest waits, unparsed, for
-        the response (``_connlist_hold``).  What ``_feed_callback_parser`` returns.
-        """
-        parser = self._callback_parser
-        for start in range(0, len(data), FEED_SLICE):
-            end = start + FEED_SLICE
-            if not self._feed_callback_parser(data[start:end]):
-                return False
-            if end < len(data) and (parser.is_complete or self._connlist_phase >= UPGRADED):
-                if self._connlist_phase < UPGRADED:
-                    self._connlist_hold(data[end:])
-                else:
-                    # Handed over (an upgrade): the rest is the new protocol's.
-                    return self._feed_callback_parser(data[end:])
-                return True
-        return True
-
-    def _connlist_release(self) -> None:
-        """The parser wants more (gunicorn's loop waits for a request, or a tail it fed again is cut short).
-
-        The read held behind the last response is fed, and reading resumes
-        unless gunicorn paused it.
-        """
-        data = self._connlist_unread
-        self._connlist_unread = None
-        if self._closed:
-            return
-        self.data_received(data)
-        if self._connlist_unread is None and not self._reading_paused and not self._closed:
-            self.transport.resume_reading()
 
     def _connlist_data_received(self, data: Any) -> None:
         """gunicorn's ``data_received`` with the hook's between-messages path written in (``reads``)."""

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import h11
 
+from connlist.servers.heads import head_ends as _head_ends
 from connlist.servers.seam import BETWEEN as _BETWEEN
 from connlist.servers.seam import BODY as _BODY
 from connlist.servers.seam import HEADERS as _HEADERS
 from connlist.servers.seam import STATE_KEY as _STATE_KEY
 from connlist.servers.seam import UPGRADED as _UPGRADED
-from connlist.servers.seam import head_ends as _head_ends
 from connlist.servers.seam import headers_received as _headers_received
 from connlist.servers.uvicorn import websocket as _websocket
 from connlist.servers.uvicorn.cycle import UvicornCycle

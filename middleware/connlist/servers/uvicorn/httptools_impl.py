@@ -49,13 +49,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from connlist.core.enforcer import FEED_SLICE as _FEED_SLICE
 from connlist.core.enforcer import Enforcer
 from connlist.core.records import Connection
+from connlist.servers.heads import head_end as _head_end
 from connlist.servers.seam import BETWEEN as _BETWEEN
 from connlist.servers.seam import BODY as _BODY
 from connlist.servers.seam import HEADERS as _HEADERS
 from connlist.servers.seam import STATE_KEY as _STATE_KEY
 from connlist.servers.seam import UPGRADE_REFUSED as _UPGRADE_REFUSED
 from connlist.servers.seam import UPGRADED as _UPGRADED
-from connlist.servers.seam import head_end as _head_end
 from connlist.servers.seam import headers_received as _headers_received
 from connlist.servers.uvicorn import construct
 from connlist.servers.uvicorn import keepalive as _keepalive

@@ -1,0 +1,100 @@
+"""The request head's bound, and a read held behind a response: what a protocol does before its parser.
+
+docs/how-it-works.md, "The request head and pipelining", has the rules.
+``head_end`` finds where a head ends in a read (the first blank line within
+the room the head has left); ``HeadBound``, a base of
+``connlist.servers.seam.Tracking``, cuts a head past ``max_header_size``
+(``_connlist_overflow``: ``431``, ``Enforcer.overflow``) and holds a read
+that came behind a response still under way (``_connlist_hold``).  When the
+held read is fed again is each server's (its ``_connlist_release``): the
+end of a response, in its own terms.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from connlist.core.enforcer import Enforcer
+from connlist.core.records import Connection
+from connlist.servers.phases import BETWEEN, OVERFLOWED
+
+__all__ = ["HeadBound", "head_end", "head_ends"]
+
+
+def head_end(data: bytes, room: int, continuing: bool) -> int:
+    """Where the head at ``data``'s start can end within its first ``room`` bytes: the index after; or -1.
+
+    The head is the request line and the header lines, through the blank
+    line that ends them (CRLF or a bare LF, as the parsers accept).  A read
+    at rest begins a head (``continuing`` False): the blank lines a client
+    may send before a request (RFC 9112, 2.2) are not its.  A read of a head
+    already open (``continuing``) may begin with the rest of its end: then
+    that is where it may end, and the parser tells (the count after the
+    read, ``room``, decides).
+    """
+    start = 0
+    if continuing:
+        if data[:1] == b"\n":
+            return 1
+        if data[:2] == b"\r\n":
+            return 2
+    elif data[:1] in (b"\r", b"\n"):
+        start = len(data) - len(data.lstrip(b"\r\n"))
+    end = start + room
+    crlf = data.find(b"\n\r\n", start, end)
+    lf = data.find(b"\n\n", start, end if crlf < 0 else crlf + 2)
+    if lf >= 0:
+        return lf + 2
+    return -1 if crlf < 0 else crlf + 3
+
+
+def head_ends(data: bytes, room: int, continuing: bool) -> bool:
+    """Whether the request head at ``data``'s start can end within its first ``room`` bytes (``head_end``)."""
+    return head_end(data, room, continuing) >= 0
+
+
+class HeadBound:
+    """The head's cut and the held read, on a server protocol (through ``Tracking``).
+
+    The protocol provides ``transport``, ``_connlist``, ``_connlist_record``,
+    ``_connlist_phase``, ``_connlist_unread`` (``Tracking``'s slots) and
+    ``connlist_close_overflow`` (``TransportHandle``'s).
+    """
+
+    if not TYPE_CHECKING:
+        __slots__ = ()
+    else:
+        transport: Any
+        _connlist: Enforcer
+        _connlist_record: Connection | None
+        _connlist_phase: int
+        _connlist_unread: bytes | None
+
+        def connlist_close_overflow(self) -> None: ...
+
+    def _connlist_overflow(self) -> None:
+        """The head being received passed ``max_header_size`` (``head_end``): 431 and close.
+
+        Called from the read, before the parser has seen the bytes past the
+        limit.  A read at rest began the message whose head it is.
+        """
+        record = self._connlist_record
+        phase = self._connlist_phase
+        self._connlist_phase = OVERFLOWED
+        if record is not None:
+            enforcer = self._connlist
+            if phase == BETWEEN:
+                enforcer.connections.message_begin(record)
+            enforcer.overflow(record, self.connlist_close_overflow)
+
+    def _connlist_hold(self, data: bytes) -> None:
+        """A read that came behind a response still under way: held unparsed, reading paused, until it ends.
+
+        So pipelined requests are read no faster than they are answered.
+        Reading resumes only when the server says the response is over
+        (its ``_connlist_release``); a read that comes meanwhile (the server
+        resumed reading for its own reasons) joins the held one.
+        """
+        unread = self._connlist_unread
+        self._connlist_unread = data if unread is None else unread + data
+        self.transport.pause_reading()
