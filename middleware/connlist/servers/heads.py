@@ -3,7 +3,8 @@
 docs/how-it-works.md, "The request head and pipelining", has the rules.
 ``head_end`` finds where a head ends in a read (the first blank line within
 the room the head has left); ``HeadBound``, a base of
-``connlist.servers.seam.Tracking``, cuts a head past ``max_header_size``
+``connlist.servers.seam.Tracking``, counts what a read leaves a head
+(``_connlist_counted``), cuts a head past ``max_header_size``
 (``_connlist_overflow``: ``431``, ``Enforcer.overflow``) and holds a read
 that came behind a response still under way (``_connlist_hold``).  When the
 held read is fed again is each server's (its ``_connlist_release``): the
@@ -68,6 +69,7 @@ class HeadBound:
         _connlist: Enforcer
         _connlist_record: Connection | None
         _connlist_phase: int
+        _connlist_room: int
         _connlist_unread: bytes | None
 
         def connlist_close_overflow(self) -> None: ...
@@ -86,6 +88,26 @@ class HeadBound:
             if phase == BETWEEN:
                 enforcer.connections.message_begin(record)
             enforcer.overflow(record, self.connlist_close_overflow)
+
+    def _connlist_counted(self, head_ended: bool, head_open: bool, at_rest: bool, n: int) -> bool:
+        """The room the head has left after a read of ``n`` bytes; False where the head passed it (cut).
+
+        ``head_ended``: a head ended in the read, or the read began in a body:
+        the next head is counted from the next read (one begun after another
+        message in the same read, from there).  Else, with a head ``head_open``
+        after the read, the read is all its: from the whole limit if the read
+        began ``at_rest``, from what was left if the head was open before.
+        """
+        enforcer = self._connlist
+        if head_ended:
+            self._connlist_room = enforcer.whole_read
+        elif head_open:
+            room = enforcer.head_limit if at_rest else self._connlist_room
+            self._connlist_room = room - n
+            if room < n:
+                self._connlist_overflow()
+                return False
+        return True
 
     def _connlist_hold(self, data: bytes) -> None:
         """A read that came behind a response still under way: held unparsed, reading paused, until it ends.

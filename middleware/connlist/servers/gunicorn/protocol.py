@@ -385,14 +385,9 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             # An upgrade to HTTP/2 (h2c): served on, untimed.
             self._connlist_untimed(record)
             return
-        if got_headers:
-            self._connlist_room = enforcer.whole_read
-        elif phase == HEADERS:
-            # (Its first read set the room to the whole limit: _connlist_begun.)
-            self._connlist_room -= n
-            if self._connlist_room < 0:
-                self._connlist_overflow()
-                return
+        # (A head begun at rest had its room set to the whole limit: _connlist_begun.)
+        if not self._connlist_counted(got_headers, phase == HEADERS, False, n):
+            return
         if phase == BODY:
             if parser.is_complete:
                 connections.message_complete(record)

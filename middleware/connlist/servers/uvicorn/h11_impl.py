@@ -218,17 +218,10 @@ class H11Tracking(UvicornCycle, _H11Base):
             # The next request's first bytes are buffered: it has begun.
             connections.message_begin(record)
             phase = _HEADERS
-        if new_request or phase0 == _BODY:
-            # A head ended here: the next one is counted from the next read
-            # (one h11 held, or begun after a body in one read, from there).
-            self._connlist_room = enforcer.whole_read
-        elif phase == _HEADERS:
-            # The head open from the read's first byte to its last.
-            room = enforcer.head_limit if phase0 == _BETWEEN else self._connlist_room
-            self._connlist_room = room - n
-            if room < n:
-                self._connlist_overflow()
-                return
+        if not self._connlist_counted(
+            new_request or phase0 == _BODY, phase == _HEADERS, phase0 == _BETWEEN, n
+        ):
+            return
         self._connlist_settle(record, phase, phase == _BODY and (new_request or phase0 != _BODY))
 
     def on_response_complete(self) -> None:

@@ -486,17 +486,10 @@ if httptools_impl is not None:
                 # its websocket, which holds the record, closes.
                 enforcer.hold_upgraded(record, self.scope.get("method"), _websocket.request_path(self.url))
                 return
-            if new_cycles or phase0 == _BODY:
-                # A head ended here: the next one is counted from the next read
-                # (a head begun after another message in one read, from there).
-                self._connlist_room = enforcer.whole_read
-            elif last == _HEADERS:
-                # The head open from the read's first byte to its last.
-                room = enforcer.head_limit if phase0 == _BETWEEN else self._connlist_room
-                self._connlist_room = room - n
-                if room < n:
-                    self._connlist_overflow()
-                    return
+            if not self._connlist_counted(
+                bool(new_cycles) or phase0 == _BODY, last == _HEADERS, phase0 == _BETWEEN, n
+            ):
+                return
             # A body began in this read: a message begun here, or the open
             # one's, if its headers came in (it was not in its body before).
             body_begins = last == _BODY and bool(begun or phase0 != _BODY or open_got_headers)
