@@ -82,13 +82,14 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 import gunicorn_asgi
+from attacks import version
+from flood import debug_view
 from ports import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -208,7 +209,7 @@ class Server:
 
     def worker_pid(self) -> int | None:
         """The worker's pid now (gunicorn's arbiter may have replaced it), None if there is none."""
-        if self.server != "gunicorn":
+        if not self.server.startswith("gunicorn"):
             return self.process.pid if self.process.poll() is None else None
         try:
             children = psutil.Process(self.process.pid).children()
@@ -269,20 +270,6 @@ def probe_once(port: int, timeout: float) -> tuple[bool, float]:
     except OSError:
         ok = False
     return ok, time.monotonic() - started
-
-
-def debug_view(port: int) -> dict[str, Any] | None:
-    """connlist's debug view (``/_connections``, loopback only), None if it does not answer."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT) as sock:
-            sock.sendall(b"GET /_connections?limit=0 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
-        view: dict[str, Any] = json.loads(data.split(b"\r\n\r\n", 1)[1])
-        return view
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def status_line(data: bytes) -> str | None:
@@ -688,13 +675,6 @@ def table(attack: str, results: list[Result]) -> str:
         cells += [""] * (len(header) - len(cells))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def names(value: str, known: Any, option: str) -> list[str]:

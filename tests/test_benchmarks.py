@@ -1175,6 +1175,8 @@ def test_memory_cuts_a_head_flood_and_bounds_pipelining_on_each_server(tmp_path:
     assert len(results) == 2 * len(servers.split(","))
     for result in results:
         assert result["error"] is None, result
+        # The worker's own RSS, the same worker throughout (not gunicorn's arbiter, nor a replacement).
+        assert result["workers_seen"] == 1, result
         assert result["mode"] is not None and result["growth_mb"] < 40, result
         if result["attack"] == "head-lines":
             assert result["status"].startswith("HTTP/1.1 431"), result
