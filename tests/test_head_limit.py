@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import selectors
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -225,6 +226,42 @@ def test_a_client_that_pipelines_and_reads_nothing_is_not_read_on(target: Target
     [conn] = [c for c in view["all"] if c["path"] != "/_connections"]
     assert conn["requests"] < 1000, conn
     sock.close()
+
+
+def test_a_client_that_pipelines_and_reads_as_fast_as_it_can_is_held_to_one_read(target: Target) -> None:
+    # Each response's end, and each receive() of the app, would let the server read on: what it
+    # holds unparsed must stay one read (uvicorn's resumes undid the hold: a read per request).
+    sock = connect(target.port, timeout=5)
+    # /slow reads its body, then answers 0.3 s later: the client sends far faster than it is answered.
+    request = b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+    stop = time.monotonic() + 2
+    answered = [0]
+
+    def send() -> None:
+        with contextlib.suppress(OSError):
+            while time.monotonic() < stop:
+                sock.sendall(request * 500)
+
+    def read() -> None:
+        with contextlib.suppress(OSError):
+            while time.monotonic() < stop + 1:
+                data = sock.recv(65536)
+                if not data:
+                    return
+                answered[0] += data.count(b"HTTP/1.1 200")
+
+    threads = [threading.Thread(target=send, daemon=True), threading.Thread(target=read, daemon=True)]
+    for thread in threads:
+        thread.start()
+    held = []
+    while time.monotonic() < stop:
+        held.append(target.view()["unread_bytes"])
+        time.sleep(0.1)
+    assert max(held) <= 256 * 1024, held
+    assert answered[0] >= 3
+    sock.close()
+    for thread in threads:
+        thread.join(3)
 
 
 # -- legitimate clients the bound must not cut --------------------------------------

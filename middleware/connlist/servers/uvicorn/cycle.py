@@ -23,7 +23,32 @@ from connlist.servers.seam import BODY, AfterCut, Tracking
 from connlist.servers.uvicorn import joined
 from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
 
+try:
+    from uvicorn.protocols.http.flow_control import FlowControl as _FlowControl
+except ImportError:  # pragma: no cover - a uvicorn that moved it: a held read is then not kept paused
+    _FlowControl = None  # type: ignore[assignment, misc]
+
 __all__ = ["UvicornCycle"]
+
+
+if _FlowControl is not None:
+
+    class _HeldFlow(_FlowControl):
+        """uvicorn's flow control while connlist holds a read behind a response (``_connlist_hold``).
+
+        uvicorn resumes reading where it paused it itself, at a response's
+        end and at each ``receive()`` of the app: each would let one more
+        read in behind the held one.  So its resume keeps its own state and
+        leaves the transport paused; connlist resumes it once the held read
+        is taken (``_connlist_release``).  The connection's own object takes
+        this class while a read is held, and uvicorn's back after: nothing is
+        allocated.
+        """
+
+        __slots__ = ()
+
+        def resume_reading(self) -> None:
+            self.read_paused = False
 
 
 class UvicornCycle(Tracking):
@@ -68,6 +93,28 @@ class UvicornCycle(Tracking):
             held = 0
         if held:
             self._connlist_closed_unsent()
+
+    def _connlist_hold(self, data: bytes) -> None:
+        """``HeadBound``'s hold, with uvicorn's resumes kept from undoing it (``_HeldFlow``)."""
+        Tracking._connlist_hold(self, data)
+        flow = self.flow
+        if flow.__class__ is _FlowControl:
+            flow.__class__ = _HeldFlow
+
+    def _connlist_release(self) -> None:
+        """A response is complete: the read held behind it is offered again; reading resumes if it is taken.
+
+        Behind a response still under way (the next request, started from
+        uvicorn's queue or h11's buffer) it is held again; else parsed.
+        """
+        data: bytes = self._connlist_unread  # type: ignore[assignment]  # called only with one held
+        self._connlist_unread = None
+        flow: Any = self.flow
+        if flow.__class__ is _HeldFlow:
+            flow.__class__ = _FlowControl  # type: ignore[assignment]  # (narrowed by the test above)
+        self.data_received(data)  # type: ignore[attr-defined]  # uvicorn's protocol's
+        if self._connlist_unread is None and not flow.read_paused and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def _connlist_without_middleware(self) -> tuple[object, object]:
         """No enforcer in the lifespan state: uvicorn's lifespan setting and loaded app, once per worker."""

@@ -159,14 +159,6 @@ class H11Tracking(UvicornCycle, _H11Base):
             return True
         return False
 
-    def _connlist_release(self) -> None:
-        """A response is complete: the read held behind it is offered again (held again behind the next)."""
-        data: bytes = self._connlist_unread  # type: ignore[assignment]  # called only with one held
-        self._connlist_unread = None
-        self.data_received(data)
-        if self._connlist_unread is None and not self.flow.read_paused and not self.transport.is_closing():
-            self.transport.resume_reading()
-
     def _connlist_tell(self, state: Any, loop: Any, keep_alive: float | None) -> Any:
         """Once per server and loop (``Tracking._connlist_tell``): also h11's own bound raised to connlist's.
 

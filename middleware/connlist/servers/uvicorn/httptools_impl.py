@@ -403,22 +403,6 @@ if httptools_impl is not None:
                     self._connlist_hold(data[start:])
                     return
 
-        def _connlist_release(self) -> None:
-            """A response is complete: the read held behind it is offered again; reading resumes if taken.
-
-            Behind a response still under way (the next request, started
-            from the queue) it is held again; else parsed.
-            """
-            data: bytes = self._connlist_unread  # type: ignore[assignment]  # called only with one held
-            self._connlist_unread = None
-            self.data_received(data)
-            if (
-                self._connlist_unread is None
-                and not self.flow.read_paused
-                and not self.transport.is_closing()
-            ):
-                self.transport.resume_reading()
-
         def _connlist_read(self, data: bytes, scope: Any, cycle: Any) -> None:
             """A read while a message is open (or after an upgrade)."""
             phase = self._connlist_phase
