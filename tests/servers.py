@@ -263,6 +263,15 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         )
         await send({"type": "http.response.body", "body": b"t" * size})
         return
+    if path == "/background":
+        # Answers after 0.3 s, without reading the body, then keeps the app's call running (a
+        # Starlette BackgroundTask's work), 1.5 s or ``?sleep=`` seconds.
+        await asyncio.sleep(0.3)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"bg"})
+        query = scope.get("query_string", b"")
+        await asyncio.sleep(float(query[6:]) if query.startswith(b"sleep=") else 1.5)
+        return
     if path == "/busy":
         # Slow work before the body is read: the server, not the client, holds
         # the body up (1.5 s, or ``?sleep=`` seconds).

@@ -128,8 +128,10 @@ def test_clients_see_what_gunicorn_shows_them(gunicorn_parser: str, reads: str) 
     ours, _, result = gunicorn_asgi_start.checked()
     assert ours is not None, result.failure
     if reads == "hooked":
-        # As on a gunicorn whose data_received is not the form connlist knows (servers.gunicorn.reads).
-        ours = type("Hooked", (ours,), {"__slots__": (), "data_received": Gunicorns.data_received})
+        # As on a gunicorn whose data_received is not the form connlist knows (servers.gunicorn.reads):
+        # gunicorn's own, which calls the hook, behind the class's check for a held read.
+        hooked = ours._connlist_data_received_hooked
+        ours = type("Hooked", (ours,), {"__slots__": (), "data_received": hooked})
     else:
         assert ours.data_received is ours._connlist_data_received
 

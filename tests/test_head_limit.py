@@ -149,6 +149,19 @@ def test_a_head_in_pieces_is_cut_at_the_limit(target: Target) -> None:
     assert sent < 2 * LIMIT, sent
 
 
+@pytest.mark.parametrize("first", [b"GET /a HTTP/1.1", b"GET /a HTTP/1.1\r\nX: " + b"x" * 8000])
+def test_a_head_whose_read_begins_with_a_line_end_is_still_bounded(target: Target, first: bytes) -> None:
+    # The previous read ended mid-line: a read that begins with CRLF need not end the head.
+    sock = connect(target.port)
+    sock.sendall(first)
+    time.sleep(0.2)  # (two reads)
+    rest = b"\r\nHost: x\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 300) for i in range(60)) + b"\r\n"
+    assert len(first) + len(rest) > LIMIT
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        sock.sendall(rest)
+    assert answer(sock).startswith(RESPONSE_431)
+
+
 def test_a_head_in_pieces_just_under_the_limit_is_served(target: Target) -> None:
     sock = connect(target.port)
     sent, data = _send_in_pieces(sock, head(LIMIT - 1))
@@ -279,6 +292,40 @@ def test_a_pipelined_request_behind_a_slow_response_is_answered_after_it(target:
     first = read_response(sock)
     second = read_response(sock)
     assert first.endswith(b"ok 2") and second.endswith(b"ok 0"), (first, second)
+
+
+def test_a_pipelined_request_behind_a_response_whose_app_runs_on_is_answered_at_once(target: Target) -> None:
+    # /background answers after 0.3 s, then keeps its call running for 3 s (a background task);
+    # a request pipelined while it is served is answered next, not when the task ends.
+    sock = connect(target.port)
+    sock.sendall(b"GET /background?sleep=3 HTTP/1.1\r\nHost: x\r\n\r\n")
+    time.sleep(0.1)
+    started = time.monotonic()
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert read_response(sock).endswith(b"bg")
+    assert read_response(sock).endswith(b"ok 0")
+    assert time.monotonic() - started < 1.5
+
+
+def test_pipelined_requests_behind_a_response_that_runs_on_stay_in_order(target: Target) -> None:
+    # A background task still running; a body its app never reads (/tail answers without
+    # reading it: gunicorn pauses reading for it, and resumes after the response), requests
+    # pipelined behind it in the same send; then one more request, sent alone.
+    sock = connect(target.port, timeout=10)
+    sock.sendall(b"GET /background?sleep=3 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert read_response(sock).endswith(b"bg")
+    body = b"b" * 300_000
+    names = [b"/a%02d" % i for i in range(60)]
+    pipelined = b"".join(
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (n, len(n), n) for n in names
+    )
+    sock.sendall(
+        b"POST /tail?bytes=2 HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body + pipelined
+    )
+    time.sleep(0.3)
+    sock.sendall(b"POST /z HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nzzz")
+    answers = [read_response(sock, 10).rpartition(b"\r\n\r\n")[2] for _ in range(len(names) + 2)]
+    assert answers == [b"tt"] + [b"ok %d" % len(n) for n in names] + [b"ok 3"], answers
 
 
 def test_an_upload_with_100_continue_is_served(target: Target) -> None:

@@ -9,9 +9,8 @@ after the response, the rest unanswered.  ``Held`` is the part of
 ``connlist.servers.gunicorn.protocol.ASGIProtocol`` that prevents both: a
 read that comes while a response is under way is held (``_connlist_stop``),
 a long read is fed ``FEED_SLICE`` bytes at a time (``_connlist_feed_slices``),
-and the held read is fed when the parser wants more (``_connlist_release``:
-gunicorn's loop waits for the next request, or a tail it fed again left a
-message open).
+and the held read is fed once gunicorn's loop has reset its parser (``_resume_reading``,
+``_connlist_release``).
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from connlist.core.enforcer import FEED_SLICE, Enforcer
-from connlist.servers.heads import head_ends
-from connlist.servers.phases import BETWEEN, BODY, HEADERS, UPGRADED
+from connlist.servers.phases import BETWEEN, BODY, HEADERS
 
 __all__ = ["Held"]
 
@@ -34,6 +32,7 @@ class Held:
     else:
         # gunicorn's protocol's, and connlist's (``Tracking``, ``HeadBound``).
         transport: Any
+        worker: Any
         _callback_parser: Any
         _closed: bool
         _reading_paused: bool
@@ -43,67 +42,106 @@ class Held:
         _connlist_unread: bytes | None
 
         _feed_callback_parser: Callable[[Any], bool]
+        _connlist_base_feed: Callable[[Any], bool]
         data_received: Callable[[Any], None]
         _connlist_hold: Callable[[bytes], None]
         _connlist_overflow: Callable[[], None]
 
     def _connlist_stop(self, data: Any) -> bool | None:
-        """A read not fed as it is: held or sliced (True), or a head too long (False); None: fed as it is.
+        """A read not fed as it is: held or fed in parts (what the feed returns); None: fed as it is.
 
         Called only where the read is longer than the room its head has
         left (at rest, or in a body, the enforcer's ``whole_read``), or, at
         rest, comes while the parser holds a complete message whose response
         is under way: then it is held (``HeadBound._connlist_hold``), where
         gunicorn would buffer it in its parser and feed its whole buffer
-        again after each response, until the parser wants more
-        (``_connlist_release``).
+        again after each response, until gunicorn's loop has reset its
+        parser (``_resume_reading``, ``_connlist_release``).
         """
         phase = self._connlist_phase
         if phase == BETWEEN and self._callback_parser.is_complete:
             self._connlist_hold(data)
             return True
-        if phase != BODY:
-            allowance = self._connlist_room if phase == HEADERS else self._connlist.head_limit
-            if len(data) > allowance and not head_ends(data, allowance, phase == HEADERS):
-                self._connlist_overflow()
-                return False
-        if len(data) > FEED_SLICE:
-            return self._connlist_feed_slices(data)
-        return None
+        if phase == BODY and len(data) <= FEED_SLICE:
+            return None
+        return self._connlist_feed_in_parts(data)
 
-    def _connlist_feed_slices(self, data: Any) -> bool:
-        """A long read fed ``FEED_SLICE`` bytes at a time; the rest held once a message in it is complete.
+    def _connlist_feed_in_parts(self, data: Any) -> bool:
+        """A read fed a part at a time, no part longer than its rule; what ``_feed_callback_parser`` returns.
 
-        gunicorn's parser stops at a message's end and keeps what follows
-        (the fast one, 64 KiB of it: past that gunicorn closes the
-        connection after the response, a pipelined burst unanswered).  Fed
-        in slices, it keeps at most one slice; the rest waits, unparsed, for
-        the response (``_connlist_hold``).  What ``_feed_callback_parser`` returns.
+        At rest, ``whole_read`` bytes: no more than a head may take, so the
+        parser says whether a head ended within them; in a head, the room
+        it has left (none left and more to come: past ``max_header_size``,
+        431); in a body, ``FEED_SLICE`` bytes.  gunicorn's parser stops at a
+        message's end and keeps what follows (the fast one, 64 KiB of it:
+        past that gunicorn closes the connection after the response, a
+        pipelined burst unanswered); fed in parts, it keeps at most one, and
+        once a message is complete the rest waits, unparsed, for its
+        response (``_connlist_hold``).
         """
-        parser = self._callback_parser
-        for start in range(0, len(data), FEED_SLICE):
-            end = start + FEED_SLICE
-            if not self._feed_callback_parser(data[start:end]):
+        start = 0
+        while start < len(data):
+            phase = self._connlist_phase
+            if phase == BETWEEN:
+                if self._callback_parser.is_complete:
+                    self._connlist_hold(data[start:])
+                    return True
+                size = self._connlist.whole_read
+            elif phase == HEADERS:
+                size = self._connlist_room
+                if size <= 0:
+                    self._connlist_overflow()
+                    return False
+            elif phase == BODY:
+                size = FEED_SLICE
+            else:
+                # Handed over (an upgrade to h2c): the rest is the new protocol's.
+                return self._feed_callback_parser(data[start:])
+            if not self._feed_callback_parser(data[start : start + size]):
                 return False
-            if end < len(data) and (parser.is_complete or self._connlist_phase >= UPGRADED):
-                if self._connlist_phase < UPGRADED:
-                    self._connlist_hold(data[end:])
-                else:
-                    # Handed over (an upgrade): the rest is the new protocol's.
-                    return self._feed_callback_parser(data[end:])
-                return True
+            start += size
         return True
 
-    def _connlist_release(self) -> None:
-        """The parser wants more (gunicorn's loop waits for a request, or a tail it fed again is cut short).
+    def _connlist_resume(self) -> bool:
+        """gunicorn resumes reading (``_resume_reading``): False while a read is held, which keeps it paused.
 
-        The read held behind the last response is fed, and reading resumes
-        unless gunicorn paused it.
+        gunicorn resumes after each response, where it paused itself for a
+        body the app did not take: reading then would let a read in behind
+        the held one.  So gunicorn's own state says resumed, the transport
+        stays paused, and the held read is fed at the loop's next turn, once
+        gunicorn has reset its parser and fed it what it kept
+        (``_connlist_release``): it then resumes reading.
+        """
+        if self._connlist_unread is None:
+            return True
+        self._reading_paused = False
+        self.worker.loop.call_soon(self._connlist_release)
+        return False
+
+    def _connlist_hand_over(self) -> None:
+        """The connection leaves HTTP/1 (a websocket, h2c): a held read goes where gunicorn keeps the rest.
+
+        That is its parser's tail, after the upgrade request, where gunicorn
+        would have buffered it; reading resumes, as gunicorn's would.
         """
         data = self._connlist_unread
-        self._connlist_unread = None
-        if self._closed:
+        if data is None:
             return
+        self._connlist_unread = None
+        self._connlist_base_feed(data)
+        if not self._reading_paused and not self._closed:
+            self.transport.resume_reading()
+
+    def _connlist_release(self) -> None:
+        """The read held behind the last response is fed, if the parser wants more; then reading resumes.
+
+        A parser still complete (what gunicorn kept held a whole request)
+        waits for that request's response, and its ``_resume_reading``.
+        """
+        data = self._connlist_unread
+        if data is None or self._closed or self._callback_parser is None or self._callback_parser.is_complete:
+            return
+        self._connlist_unread = None
         self.data_received(data)
         if self._connlist_unread is None and not self._reading_paused and not self._closed:
             self.transport.resume_reading()

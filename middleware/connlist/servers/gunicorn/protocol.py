@@ -163,6 +163,7 @@ if TYPE_CHECKING:
         def _feed_callback_parser(self, data: Any) -> bool: ...
         def _arm_keepalive_timer(self) -> None: ...
         def _close_transport(self) -> None: ...
+        def _resume_reading(self) -> None: ...
         async def _handle_websocket(self, request: Any, sockname: Any, peername: Any) -> None: ...
         async def _handle_h2c_upgrade(self, request: Any) -> None: ...
         def __getattr__(self, name: str) -> Any: ...
@@ -317,6 +318,9 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             # Not HTTP/1's callback parser: gunicorn's own.
             _Gunicorn.data_received(self, data)
             return
+        if self._connlist_unread is not None:
+            self._connlist_hold(data)  # (Held: a read that comes while one is held joins it)
+            return
         record = self._connlist_record
         if self._connlist_phase or record is None:
             fed = self._feed_callback_parser(data)
@@ -358,10 +362,17 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         ):
             self._pause_reading()
 
+    def _connlist_data_received_hooked(self, data: Any) -> None:
+        """gunicorn's own ``data_received``, calling the hook; a read coming while one is held joins it."""
+        if self._connlist_unread is not None:
+            self._connlist_hold(data)
+            return
+        _Gunicorn.data_received(self, data)
+
     # gunicorn's data_received where it is the form connlist's is written for
     # (connlist.servers.gunicorn.reads), else gunicorn's own, which calls the hook.
     connlist_reads_written_in = reads.known(getattr(_Gunicorn, "data_received", None))
-    data_received = _connlist_data_received if connlist_reads_written_in else _Gunicorn.data_received
+    data_received = _connlist_data_received if connlist_reads_written_in else _connlist_data_received_hooked
 
     def _connlist_events(self, record: Connection, phase: int, request: Any, fed: object, n: int) -> None:
         """The events of a feed of ``n`` bytes: the open message (at ``phase``) got its headers, ended.
@@ -401,10 +412,6 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
                 # The body after 100 Continue: its clock starts with its first bytes.
                 connections.body_begin(record, record.body_received)
         self._connlist_settle(record, phase, got_headers and phase == BODY)
-        if self._connlist_unread is not None and not parser.is_complete:
-            # What gunicorn's loop fed again after a response left a message
-            # open: the rest of it is in the read held behind that response.
-            self._connlist_release()
 
     def _connlist_body_begin(self, record: Connection) -> None:
         """A read ended with the request's headers complete and its body not: the minimum rate times it.
@@ -440,8 +447,6 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         if not enforcer.keep_alive_timed:
             enforcer.connections.response_complete(record)
             _Gunicorn._arm_keepalive_timer(self)
-            if self._connlist_unread is not None:
-                self._connlist_release()
             return
         # ConnectionsList.response_complete, written out (a call here costs
         # more than the event); tests/test_event_copies.py holds it to it.
@@ -451,9 +456,11 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             enforcer.connections.idle_queue.push(record, idle_at)
         if idle_at + self._keepalive < enforcer.timer_at:
             enforcer.wake_by(idle_at + self._keepalive)
-        # The read held behind this response, if any, is fed now.
-        if self._connlist_unread is not None:
-            self._connlist_release()
+
+    def _resume_reading(self) -> None:
+        # gunicorn's loop, after each response: not while connlist holds a read (held.Held).
+        if self._connlist_resume():
+            _Gunicorn._resume_reading(self)
 
     def connlist_close_keepalive(self) -> None:
         self._keepalive_timeout()
@@ -499,10 +506,12 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         if record is not None and not self._connlist.upgrade(record, request.method, request.path):
             self._connlist_phase = UPGRADE_REFUSED
             return
+        self._connlist_hand_over()
         await _Gunicorn._handle_websocket(self, request, sockname, peername)
 
     async def _handle_h2c_upgrade(self, request: Any) -> None:
         self._connlist_untimed(self._connlist_record)  # type: ignore[arg-type]  # set by connection_made
+        self._connlist_hand_over()
         await _Gunicorn._handle_h2c_upgrade(self, request)
 
     # -- what the enforcer's handle reads of gunicorn's state ------------------

@@ -59,6 +59,7 @@ HOOKS = (
     "_serve_http_request",
     "_handle_http_request",
     "_arm_keepalive_timer",
+    "_resume_reading",
     "_keepalive_timeout",
     "_close_transport",
     "_handle_websocket",

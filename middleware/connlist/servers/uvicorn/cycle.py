@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from connlist.core.logs import route_to_server
 from connlist.core.records import Connection
-from connlist.servers.seam import BODY, AfterCut, Tracking
+from connlist.servers.seam import BETWEEN, BODY, HEADERS, AfterCut, Tracking
 from connlist.servers.uvicorn import joined
 from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
 
@@ -93,6 +93,54 @@ class UvicornCycle(Tracking):
             held = 0
         if held:
             self._connlist_closed_unsent()
+
+    def _connlist_stopped(self, data: bytes) -> bool:
+        """Whether a read at rest goes no further as it is: held behind a response, or fed in parts.
+
+        Called only where the read is longer than the enforcer's
+        ``whole_read``, or comes while a response is under way.  Then it
+        would begin a request: it waits, unparsed, until the response ends
+        (``_connlist_release``), so pipelined requests are read no faster
+        than they are answered (h11 would take one more read into its buffer
+        at each response; httptools would parse all of them at once).
+        """
+        if self._connlist_unread is not None or self._connlist_responding():
+            self._connlist_hold(data)
+            return True
+        if len(data) > self._connlist_room:
+            self._connlist_feed_in_parts(data)
+            return True
+        return False
+
+    def _connlist_feed_in_parts(self, data: bytes) -> None:
+        """A read fed a part at a time (``data_received``), no part longer than its rule allows.
+
+        At rest, ``whole_read`` bytes: no more than a head may take, so the
+        parser says whether a head ended within them; in a head, the room
+        it has left (none left and more to come: the head is past
+        ``max_header_size``, 431); in a body, the rest.  Behind a response
+        the rest is held; after an upgrade or a close it is dropped, as
+        uvicorn drops what follows them in a read.
+        """
+        start = 0
+        while start < len(data) and not self.transport.is_closing():
+            phase = self._connlist_phase
+            if phase == BETWEEN:
+                if self._connlist_unread is not None or self._connlist_responding():
+                    self._connlist_hold(data[start:])
+                    return
+                size = self._connlist.whole_read
+            elif phase == HEADERS:
+                size = self._connlist_room
+                if size <= 0:
+                    self._connlist_overflow()
+                    return
+            elif phase == BODY:
+                size = len(data)
+            else:
+                return
+            self.data_received(data[start : start + size])  # type: ignore[attr-defined]  # uvicorn's protocol's
+            start += size
 
     def _connlist_hold(self, data: bytes) -> None:
         """``HeadBound``'s hold, with uvicorn's resumes kept from undoing it (``_HeldFlow``)."""

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import h11
 
-from connlist.servers.heads import head_ends as _head_ends
 from connlist.servers.seam import BETWEEN as _BETWEEN
 from connlist.servers.seam import BODY as _BODY
 from connlist.servers.seam import HEADERS as _HEADERS
@@ -103,12 +102,8 @@ class H11Tracking(UvicornCycle, _H11Base):
         phase = self._connlist_phase
         cycle = self.cycle
         if phase:
-            if (
-                phase == _HEADERS
-                and len(data) > self._connlist_room
-                and not _head_ends(data, self._connlist_room, True)
-            ):
-                self._connlist_overflow()
+            if phase == _HEADERS and len(data) > self._connlist_room:
+                self._connlist_feed_in_parts(data)
                 return
             record = self._connlist_record
             if phase == _BODY and record is not None:
@@ -140,24 +135,6 @@ class H11Tracking(UvicornCycle, _H11Base):
                     enforcer.totals.requests += 1
                     return
         self._connlist_events(_BETWEEN, cycle, len(data))
-
-    def _connlist_stopped(self, data: bytes) -> bool:
-        """Whether a read at rest goes no further: held behind a response, or a head too long.
-
-        h11 parses one request at a time, and holds what follows it; but
-        uvicorn resumes reading at each response's end, and each read joins
-        h11's buffer while one request leaves it.  So a read that comes
-        while a response is under way waits, unparsed, until it ends
-        (``_connlist_release``); h11 holds at most the read it had.
-        """
-        if self._connlist_unread is not None or self._connlist_responding():
-            self._connlist_hold(data)
-            return True
-        limit = self._connlist.head_limit
-        if len(data) > limit and not _head_ends(data, limit, False):
-            self._connlist_overflow()
-            return True
-        return False
 
     def _connlist_tell(self, state: Any, loop: Any, keep_alive: float | None) -> Any:
         """Once per server and loop (``Tracking._connlist_tell``): also h11's own bound raised to connlist's.

@@ -46,7 +46,6 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from connlist.core.enforcer import FEED_SLICE as _FEED_SLICE
 from connlist.core.enforcer import Enforcer
 from connlist.core.records import Connection
 from connlist.servers.heads import head_end as _head_end
@@ -312,7 +311,7 @@ if httptools_impl is not None:
                 return
             if (
                 len(data) > self._connlist_room or (cycle is not None and not cycle.response_complete)
-            ) and self._connlist_stopped(data, False):
+            ) and self._connlist_stopped(data):
                 return
             if self.timeout_keep_alive_task is _TIMED:
                 # What uvicorn's data_received cancels first: nothing to
@@ -345,71 +344,31 @@ if httptools_impl is not None:
             # Between messages, the last scope is the last cycle's.
             self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle, len(data))
 
-        def _connlist_stopped(self, data: bytes, continuing: bool) -> bool:
-            """Whether a read at rest or of a head goes no further: held behind a response, or too long.
+        def _connlist_head_first(self, data: bytes) -> bool:
+            """A head's read behind a response: parsed to the head's end, the rest offered again; else False.
 
-            Called only where the read is longer than the head may still be,
-            or comes while a response is under way.  At rest it would begin a
-            message: it is held until a response ends (``_connlist_release``).
-            A read of a head already begun is parsed (its request is timed
-            from its first byte) to the head's end, and what follows waits.
+            httptools would parse on into the requests after the head (each
+            queued behind the response): they wait, unparsed, as a read at
+            rest behind a response does.  Where the end found is not the
+            head's after all (a blank line's rest, ``head_end``), the parser
+            goes on with the rest as the same head's.
             """
-            if not continuing and (self._connlist_unread is not None or self._connlist_responding()):
-                self._connlist_hold(data)
-                return True
-            allowance = self._connlist_room if continuing else self._connlist.head_limit
-            end = -2
-            if len(data) > allowance:
-                end = _head_end(data, allowance, continuing)
-                if end < 0:
-                    self._connlist_overflow()
-                    return True
-            if not continuing:
-                if len(data) > _FEED_SLICE:
-                    self._connlist_feed_slices(data)
-                    return True
-            elif self._connlist_responding():
-                # A head behind a response: parsed to its end; what follows it waits.
-                end = _head_end(data, len(data), True) if end == -2 else end
-                if 0 <= end < len(data):
-                    self._connlist_read(data[:end], self.scope, self.cycle)
-                    phase = self._connlist_phase
-                    if phase == _HEADERS:  # (its end was not there after all)
-                        self._connlist_read(data[end:], self.scope, self.cycle)
-                    elif phase < _UPGRADED and not self.transport.is_closing():
-                        self._connlist_hold(data[end:])
-                    return True
-            return False
-
-        def _connlist_feed_slices(self, data: bytes) -> None:
-            """A long read at rest, fed ``FEED_SLICE`` bytes at a time; the rest held once a response is on.
-
-            httptools parses all it is given: a read of small pipelined
-            requests would queue each of them at once.  A body, once begun,
-            is fed whole; what follows an upgrade, or a close, is dropped, as
-            uvicorn drops what follows them in a read.
-            """
-            start = 0
-            while start < len(data):
-                self.data_received(data[start : start + _FEED_SLICE])
-                start += _FEED_SLICE
-                phase = self._connlist_phase
-                if start >= len(data) or phase >= _UPGRADED or self.transport.is_closing():
-                    return
-                if phase == _BODY:
-                    self.data_received(data[start:])
-                    return
-                if phase == _BETWEEN and self._connlist_responding():
-                    self._connlist_hold(data[start:])
-                    return
+            end = _head_end(data, len(data), True)
+            if not 0 <= end < len(data):
+                return False
+            self._connlist_read(data[:end], self.scope, self.cycle)
+            if self._connlist_phase < _UPGRADED and not self.transport.is_closing():
+                self.data_received(data[end:])
+            return True
 
         def _connlist_read(self, data: bytes, scope: Any, cycle: Any) -> None:
             """A read while a message is open (or after an upgrade)."""
             phase = self._connlist_phase
             if phase == _HEADERS:
-                if (
-                    len(data) > self._connlist_room or self._connlist_responding()
-                ) and self._connlist_stopped(data, True):
+                if len(data) > self._connlist_room:
+                    self._connlist_feed_in_parts(data)
+                    return
+                if self._connlist_responding() and self._connlist_head_first(data):
                     return
             elif phase == _BODY and self.pipeline:
                 # A body of a request queued behind a response waits, unparsed, until the request starts.
