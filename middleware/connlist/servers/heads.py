@@ -1,14 +1,15 @@
 """The request head's bound, and a read held behind a response: what a protocol does before its parser.
 
 docs/how-it-works.md, "The request head and pipelining", has the rules.
-``head_end`` finds where a head ends in a read (the first blank line within
-the room the head has left); ``HeadBound``, a base of
+``HeadBound``, a base of
 ``connlist.servers.seam.Tracking``, counts what a read leaves a head
 (``_connlist_counted``), cuts a head past ``max_header_size``
 (``_connlist_overflow``: ``431``, ``Enforcer.overflow``) and holds a read
 that came behind a response still under way (``_connlist_hold``).  When the
 held read is fed again is each server's (its ``_connlist_release``): the
-end of a response, in its own terms.
+end of a response, in its own terms.  ``head_end`` finds where a head may
+end in a read (the first blank line), for a server that must stop its
+parser there; whether it did end is the parser's to say.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from connlist.core.enforcer import Enforcer
 from connlist.core.records import Connection
 from connlist.servers.phases import BETWEEN, OVERFLOWED
 
-__all__ = ["HeadBound", "head_end", "head_ends"]
+__all__ = ["HeadBound", "head_end"]
 
 
 def head_end(data: bytes, room: int, continuing: bool) -> int:
@@ -47,11 +48,6 @@ def head_end(data: bytes, room: int, continuing: bool) -> int:
     if lf >= 0:
         return lf + 2
     return -1 if crlf < 0 else crlf + 3
-
-
-def head_ends(data: bytes, room: int, continuing: bool) -> bool:
-    """Whether the request head at ``data``'s start can end within its first ``room`` bytes (``head_end``)."""
-    return head_end(data, room, continuing) >= 0
 
 
 class HeadBound:
