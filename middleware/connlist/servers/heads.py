@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from connlist.core.enforcer import Enforcer
 from connlist.core.records import Connection
-from connlist.servers.phases import BETWEEN, OVERFLOWED
+from connlist.servers.phases import OVERFLOWED
 
 __all__ = ["HeadBound", "head_end"]
 
@@ -58,9 +58,7 @@ class HeadBound:
     ``connlist_close_overflow`` (``TransportHandle``'s).
     """
 
-    if not TYPE_CHECKING:
-        __slots__ = ()
-    else:
+    if TYPE_CHECKING:
         transport: Any
         _connlist: Enforcer
         _connlist_record: Connection | None
@@ -69,24 +67,22 @@ class HeadBound:
         _connlist_unread: bytes | None
 
         def connlist_close_overflow(self) -> None: ...
+    else:
+        __slots__ = ()
 
     def _connlist_overflow(self) -> None:
         """The head being received passed ``max_header_size`` (``head_end``): 431 and close.
 
-        Called from the read, before the parser has seen the bytes past the
-        limit.  A read at rest began the message whose head it is.
+        Called from the read of a head that has no room left, before the
+        parser has seen a byte past the limit.
         """
         record = self._connlist_record
-        phase = self._connlist_phase
         self._connlist_phase = OVERFLOWED
         if record is not None:
-            enforcer = self._connlist
-            if phase == BETWEEN:
-                enforcer.connections.message_begin(record)
-            enforcer.overflow(record, self.connlist_close_overflow)
+            self._connlist.overflow(record, self.connlist_close_overflow)
 
-    def _connlist_counted(self, head_ended: bool, head_open: bool, at_rest: bool, n: int) -> bool:
-        """The room the head has left after a read of ``n`` bytes; False where the head passed it (cut).
+    def _connlist_counted(self, head_ended: bool, head_open: bool, at_rest: bool, n: int) -> None:
+        """The room the head has left after a read of ``n`` bytes (never below 0: longer reads go in parts).
 
         ``head_ended``: a head ended in the read, or the read began in a body:
         the next head is counted from the next read (one begun after another
@@ -98,12 +94,7 @@ class HeadBound:
         if head_ended:
             self._connlist_room = enforcer.whole_read
         elif head_open:
-            room = enforcer.head_limit if at_rest else self._connlist_room
-            self._connlist_room = room - n
-            if room < n:
-                self._connlist_overflow()
-                return False
-        return True
+            self._connlist_room = (enforcer.head_limit if at_rest else self._connlist_room) - n
 
     def _connlist_hold(self, data: bytes) -> None:
         """A read that came behind a response still under way: held unparsed, reading paused, until it ends.

@@ -27,9 +27,7 @@ __all__ = ["Held"]
 class Held:
     """A base of connlist's gunicorn protocol: its reads held back from gunicorn's parser (see the module)."""
 
-    if not TYPE_CHECKING:
-        __slots__ = ()
-    else:
+    if TYPE_CHECKING:
         # gunicorn's protocol's, and connlist's (``Tracking``, ``HeadBound``).
         transport: Any
         worker: Any
@@ -46,6 +44,8 @@ class Held:
         data_received: Callable[[Any], None]
         _connlist_hold: Callable[[bytes], None]
         _connlist_overflow: Callable[[], None]
+    else:
+        __slots__ = ()
 
     def _connlist_stop(self, data: Any) -> bool | None:
         """A read not fed as it is: held or fed in parts (what the feed returns); None: fed as it is.
@@ -62,8 +62,6 @@ class Held:
         if phase == BETWEEN and self._callback_parser.is_complete:
             self._connlist_hold(data)
             return True
-        if phase == BODY and len(data) <= FEED_SLICE:
-            return None
         return self._connlist_feed_in_parts(data)
 
     def _connlist_feed_in_parts(self, data: Any) -> bool:

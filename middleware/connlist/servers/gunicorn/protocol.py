@@ -397,8 +397,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             self._connlist_untimed(record)
             return
         # (A head begun at rest had its room set to the whole limit: _connlist_begun.)
-        if not self._connlist_counted(got_headers, phase == HEADERS, False, n):
-            return
+        self._connlist_counted(got_headers, phase == HEADERS, False, n)
         if phase == BODY:
             if parser.is_complete:
                 connections.message_complete(record)

@@ -187,10 +187,7 @@ class H11Tracking(UvicornCycle, _H11Base):
             # The next request's first bytes are buffered: it has begun.
             connections.message_begin(record)
             phase = _HEADERS
-        if not self._connlist_counted(
-            new_request or phase0 == _BODY, phase == _HEADERS, phase0 == _BETWEEN, n
-        ):
-            return
+        self._connlist_counted(new_request or phase0 == _BODY, phase == _HEADERS, phase0 == _BETWEEN, n)
         self._connlist_settle(record, phase, phase == _BODY and (new_request or phase0 != _BODY))
 
     def on_response_complete(self) -> None:

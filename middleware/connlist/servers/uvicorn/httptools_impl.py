@@ -429,10 +429,9 @@ if httptools_impl is not None:
                 # its websocket, which holds the record, closes.
                 enforcer.hold_upgraded(record, self.scope.get("method"), _websocket.request_path(self.url))
                 return
-            if not self._connlist_counted(
+            self._connlist_counted(
                 bool(new_cycles) or phase0 == _BODY, last == _HEADERS, phase0 == _BETWEEN, n
-            ):
-                return
+            )
             # A body began in this read: a message begun here, or the open
             # one's, if its headers came in (it was not in its body before).
             body_begins = last == _BODY and bool(begun or phase0 != _BODY or open_got_headers)
