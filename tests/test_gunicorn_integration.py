@@ -1022,3 +1022,66 @@ def test_the_build_and_check_run_once_and_are_recorded_in_one_place(monkeypatch:
     assert builds == [1]
     # What the view's integration_off reads: the class passed, in this process.
     assert integration._checked == {gunicorn_asgi_start.KEY: first} and integration.checked() is True
+
+
+def test_a_read_held_behind_an_upgrade_request_goes_where_gunicorn_keeps_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A read that comes before gunicorn's loop takes a websocket upgrade request is held (the
+    # parser holds a complete message); at the hand-over it goes to gunicorn's parser, after the
+    # request, where bare gunicorn would have buffered it, and nothing stays held.
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    seen: list[bytes] = []
+
+    async def websocket(self: Any, request: Any, sockname: Any, peername: Any) -> None:
+        seen.append(bytes(self._callback_parser.remaining()))
+
+    monkeypatch.setattr(GUNICORNS, "_handle_websocket", websocket)
+
+    async def main() -> None:
+        protocol, _transport, enforcer = _connected(cls, Config())
+        protocol.data_received(
+            b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        protocol.data_received(b"early")
+        assert protocol._connlist_unread == b"early"
+        await _turns()
+        assert seen == [b"early"] and protocol._connlist_unread is None
+        _close(protocol, enforcer)
+
+    asyncio.run(main())
+
+
+def test_a_long_read_with_an_h2c_upgrade_request_hands_the_rest_to_gunicorn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Fed in parts (longer than a head may be): after the upgrade request, gunicorn hands the
+    # connection to HTTP/2, and the rest of the read goes to it whole, as it would unparted.
+    cls = passing(monkeypatch)
+    from gunicorn.config import Config
+
+    kept: list[int] = []
+
+    async def h2c(self: Any, request: Any) -> None:
+        kept.append(len(self.reader._buffer))  # what gunicorn's HTTP/2 side starts with
+
+    monkeypatch.setattr(GUNICORNS, "_handle_h2c_upgrade", h2c)
+
+    async def main() -> None:
+        cfg = Config()
+        cfg.set("http_protocols", "h1,h2")
+        cfg.set("http2_cleartext", "upgrade")
+        protocol, _transport, enforcer = _connected(cls, cfg)
+        request = (
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+            b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"
+        )
+        protocol.data_received(request + b"h" * 20_000)
+        await _turns()
+        assert kept == [20_000] and protocol._connlist_phase == gunicorn_asgi.UPGRADED
+        _close(protocol, enforcer)
+
+    asyncio.run(main())

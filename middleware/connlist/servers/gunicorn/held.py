@@ -31,6 +31,7 @@ class Held:
         # gunicorn's protocol's, and connlist's (``Tracking``, ``HeadBound``).
         transport: Any
         worker: Any
+        reader: Any
         _callback_parser: Any
         _closed: bool
         _reading_paused: bool
@@ -93,9 +94,11 @@ class Held:
             elif phase == BODY:
                 size = FEED_SLICE
             else:
-                # Handed over (an upgrade to h2c): the rest is the new protocol's.
                 return self._feed_callback_parser(data[start:])
             if not self._feed_callback_parser(data[start : start + size]):
+                if self.reader is not None and start + size < len(data):
+                    # Handed over to HTTP/2 (h2c): the rest is its, as gunicorn would have fed it.
+                    self.data_received(data[start + size :])
                 return False
             start += size
         return True
