@@ -281,6 +281,9 @@ class UvicornCycle(Tracking):
     def connlist_reading_paused(self) -> bool:
         """``ConnectionHandle.connlist_reading_paused``."""
         # uvicorn stops reading a body the app does not consume (64 KiB
-        # buffered), and a request queued behind a pipelined one.
+        # buffered), and a request queued behind a pipelined one; connlist,
+        # a read held behind a response (_connlist_hold).
+        if self._connlist_unread is not None:
+            return True
         flow: Any = getattr(self, "flow", None)
         return flow is not None and bool(flow.read_paused)

@@ -208,10 +208,6 @@ class H11Tracking(UvicornCycle, _H11Base):
             if self._connlist_unread is not None and not self.transport.is_closing():
                 self._connlist_release()
 
-    def connlist_reading_paused(self) -> bool:
-        # A read held behind a response (_connlist_hold) pauses reading too.
-        return self._connlist_unread is not None or UvicornCycle.connlist_reading_paused(self)
-
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         # Held as upgraded until the websocket closes, or refused with 503 (uvicorn.websocket).
         _websocket.hand_over(

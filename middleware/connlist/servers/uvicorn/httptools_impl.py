@@ -481,9 +481,5 @@ if httptools_impl is not None:
         def _connlist_responding(self) -> bool:
             return bool(self.pipeline) or UvicornCycle._connlist_responding(self)
 
-        def connlist_reading_paused(self) -> bool:
-            # A read held behind a response (_connlist_hold) pauses reading too.
-            return self._connlist_unread is not None or UvicornCycle.connlist_reading_paused(self)
-
 else:  # pragma: no cover - httptools missing
     HttpToolsTracking = None  # type: ignore[misc]
