@@ -20,7 +20,7 @@ anything can be due (``_next_due``: the least of the sweep's steps' ``due``,
 * a closed connection's linger (``LINGER``), after which it is aborted;
 * the next log summary, while one is pending;
 * an idle connection's keep-alive time, where the server integration times
-  uvicorn's keep-alive (``keep_alive_timed``: ``connlist.servers.uvicorn.keepalive``),
+  the server's keep-alive (``keep_alive_timed``: ``response_complete``),
   shortened under pressure (see below), and at least every
   ``PRESSURE_TICK`` while pressed.  A connection idle for exactly its
   time is due (uvicorn's rule), so the timer fires at that time.
@@ -73,8 +73,7 @@ from connlist.core.kinds import (
     deadline,
 )
 from connlist.core.logs import Summary, log, logger
-from connlist.core.queues import UNQUEUED
-from connlist.core.records import OUT_NONE, Address, Connection, ConnectionHandle, next_id
+from connlist.core.records import Address, Connection, ConnectionHandle
 from connlist.core.sweep import STEPS, Step
 from connlist.core.timer import CARRY_ON_WHOLE, SWEEP_TIME, Timer
 
@@ -110,8 +109,6 @@ KEEP_ALIVE = 5.0
 FEED_SLICE = 16384
 # What asyncio (and uvloop) tell the loop's exception handler when accept fails for want of descriptors.
 _ACCEPT_ERRORS = ("socket.accept() out of system resource", "error status in uv_stream_t.listen callback")
-# ``join`` makes its record as ``ConnectionsList.connect`` does (without the class's call).
-_new = object.__new__
 
 
 def shrink(timeout: float, pressure: float) -> float:
@@ -350,50 +347,26 @@ class Enforcer(Budget, Timer):
         leaves the list at ``ConnectionsList.remove``.
         """
         connections = self.connections
-        # ConnectionsList.connect written out, with the fields it has
-        # Connection._fields write: a call costs a connection more than its
-        # statements (docs/benchmarks.md, "One call per connection into the
-        # list"; tests/test_event_copies.py holds them to the definitions).
-        now = connections._clock()
-        record = _new(Connection)
-        record._body_link = UNQUEUED
-        record._out_link = UNQUEUED
-        record._idle_entry = None
-        record.id = next_id()
-        record._client = client
-        record._server = server
-        record.handle = handle
-        record.connected_at = now
-        record.headers_completed = False
-        record.requests = 0
-        record._begun = False
-        record.responding = False
-        record.out_state = OUT_NONE
-        record.idle_since = 0.0
-        record.responded_at = 0.0
-        record.evicted = False
-        record.last_message_start = now
-        root = connections._all_root
-        last = root._all_prev
-        record._all_prev = last
-        record._all_next = root
-        last._all_next = record
-        root._all_prev = record
-        root = connections._active_root
-        last = root._active_prev
-        record._active_prev = last
-        record._active_next = root
-        last._active_next = record
-        root._active_prev = record
-        connections.occupied += 1
-        connections._n_active += 1
-        connections._n_headers_pending += 1
+        record = connections.connect(client, server, handle)
         self.totals.connections += 1
         if connections.occupied > self._quiet_below:
             self.admit(record)  # max_connections: may make room, or refuse this one
         if self._timer is None and self._carry is None:
             self._arm()
         return record
+
+    def response_complete(self, record: Connection) -> None:
+        """No response is unfinished on the connection: it is idle from now (the server layer's call).
+
+        ``ConnectionsList.response_complete``, and where the list times the
+        keep-alive (``keep_alive_timed``), the timer brought forward to the
+        end of this idle time if it would fire later.
+        """
+        self.connections.response_complete(record)
+        if self.keep_alive_timed:
+            due = record.responded_at + self.keep_alive
+            if due < self.timer_at:
+                self.wake_by(due)
 
     def attach(self, loop: asyncio.AbstractEventLoop, keep_alive: float | None) -> None:
         """The server's first connection on ``loop``: learn its keep-alive time, watch accept's failures.
