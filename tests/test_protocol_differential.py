@@ -31,8 +31,6 @@ from connlist.core.connections import Connection, connection_state
 from connlist.core.enforcer import STATE_KEY, Enforcer
 from connlist.core.kinds import resolve
 from connlist.servers.uvicorn.cycle import UvicornCycle
-from connlist.servers.uvicorn.h11_impl import H11Tracking
-from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking
 from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
 from connlist.servers.uvicorn.selfcheck import MemoryTransport
 from connlist.uvicorn import H11Protocol, HttpToolsProtocol
@@ -283,24 +281,6 @@ PROTOCOLS = {
     "httptools": (ObservedHttpTools, ReferenceHttpTools),
     "h11": (ObservedH11, ReferenceH11),
 }
-
-
-@pytest.fixture(params=["joined", "mixin"], autouse=True)
-def methods(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every case twice: with connlist's classes as built (uvicorn's methods joined with the
-    mixin's, connlist.servers.uvicorn.joined, uvicorn's calls written in place), and with the
-    mixin's own methods, which call uvicorn's, and the keep-alive form as written: what runs
-    on a uvicorn whose methods cannot be joined."""
-    if request.param == "mixin":
-        for observed, mixin in ((ObservedHttpTools, HttpToolsTracking), (ObservedH11, H11Tracking)):
-            for name in mixin.connlist_joins:
-                monkeypatch.setattr(observed, name, getattr(mixin, name))
-            _, calling = observed._connlist_in_place
-            for name, function in calling.items():
-                if name not in mixin.connlist_joins:
-                    monkeypatch.setattr(observed, name, function)
-    name: str = request.param
-    return name
 
 
 # -- the driver --------------------------------------------------------------------
@@ -592,8 +572,8 @@ def test_a_pipelined_request_started_when_the_previous_response_ends(parser: str
 
 
 @pytest.mark.parametrize("parser", ["httptools", "h11"])
-def test_the_lists_keep_alive_close_leaves_uvicorn_nothing_to_cancel(parser: str) -> None:
-    """The close at the keep-alive time ends the idle time, as a read would: no task is left to cancel."""
+def test_the_lists_keep_alive_close_is_uvicorns_handler(parser: str) -> None:
+    """The list times the keep-alive (no timer of uvicorn's armed), and closes with uvicorn's handler."""
 
     async def run() -> None:
         side = make_side("observed", PROTOCOLS[parser][0], FakeClock())
@@ -602,9 +582,9 @@ def test_the_lists_keep_alive_close_leaves_uvicorn_nothing_to_cancel(parser: str
         conn = side.conn
         assert side.protocol.timeout_keep_alive_task is TIMED_BY_LIST and conn.handle is not None
         conn.handle.connlist_close_keepalive()
-        assert side.transport.closing and side.protocol.timeout_keep_alive_task is None
+        assert side.transport.closing
         side.protocol.connection_lost(None)
-        assert not conn.tracked and side.protocol.timeout_keep_alive_task is None
+        assert not conn.tracked
         side.enforcer.cancel()
 
     asyncio.run(run())

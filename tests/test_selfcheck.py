@@ -9,7 +9,6 @@ is told (connlist.servers.uvicorn.start).
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import sys
 import time
@@ -90,15 +89,29 @@ def test_a_change_is_named(parser: str, base: type, words: str) -> None:
     assert result.failure == words
 
 
-def test_the_frame_local_is_read_from_the_code() -> None:
-    class Renamed(httptools_impl.HttpToolsProtocol):
-        def on_headers_complete(self) -> None:
-            previous_cycle = self.cycle
-            del previous_cycle
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_a_keepalive_armed_otherwise_stays_uvicorns_and_is_said_once(
+    parser: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    class ArmsWithItsOwnLoop(BASES[parser]):  # type: ignore[misc, valid-type]
+        def on_response_complete(self) -> None:
+            given = self.loop
+            self.loop = getattr(given, "loop", given)  # the event loop, not connlist's stand-in
+            try:
+                super().on_response_complete()
+            finally:
+                self.loop = given
 
-    with pytest.raises(uvicorn_selfcheck.CheckFailed, match="has no local `existing_cycle`"):
-        uvicorn_selfcheck.check_static(Renamed, uvicorn_classes.HOOKS, "httptools")
-    uvicorn_selfcheck.check_static(BASES["httptools"], uvicorn_classes.HOOKS, "httptools")
+    cls = built(parser, ArmsWithItsOwnLoop)
+    result = uvicorn_selfcheck.run_in_thread(cls, ArmsWithItsOwnLoop, parser)
+    assert result.passed, result
+    assert cls.connlist_keepalive is False
+    assert "does not arm the keep-alive with `self.loop.call_later" in cls.connlist_keepalive_not
+    # Another class built on uvicorn's own keeps the list's keep-alive.
+    assert built(parser, BASES[parser]).connlist_keepalive is True
+    caplog.set_level(logging.WARNING)
+    connlist_uvicorn._warn_keepalive(cls, parser)
+    assert [r.getMessage() for r in caplog.records if "times its keep-alive itself" in r.getMessage()]
 
 
 def test_an_exception_is_a_failure_too() -> None:
@@ -340,11 +353,11 @@ def _no_408(cls: type) -> type:
 
 
 def _own_pipeline(cls: type) -> type:
-    def made(self: Any, transport: Any) -> None:
-        cls.connection_made(self, transport)
-        self.pipeline = collections.deque()  # uvicorn's plain one, not connlist's
+    def headers(self: Any) -> None:
+        cls.on_headers_complete(self)
+        self._connlist_running = None  # the request running ahead of the queued one, not found
 
-    return type("Broken", (cls,), {"connection_made": made})
+    return type("Broken", (cls,), {"on_headers_complete": headers})
 
 
 def _body_not_credited(cls: type) -> type:

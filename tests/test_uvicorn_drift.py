@@ -121,16 +121,11 @@ VARIANTS: dict[str, list[Edit]] = {
     "scope copied": [replace(BOTH, r"scope=self\.scope,", "scope=dict(self.scope),")],
     "flow renamed": [replace(BOTH, r"\bself\.flow\b", "self.flow_control")],
     "conn renamed": [replace((PROTOCOLS["h11"],), r"\bself\.conn\b", "self.h11_conn")],
-    "existing_cycle renamed": [replace((PROTOCOLS["httptools"],), r"\bexisting_cycle\b", "previous_cycle")],
     "hook renamed": [replace(BOTH, r"\bon_response_complete\b", "on_response_done")],
-    # A statement more at the end of a response: not a form connlist knows, so
-    # uvicorn keeps its keep-alive timer (connlist.servers.uvicorn.keepalive), all else on.
-    "keep-alive hook changed": [
-        replace(
-            BOTH,
-            r"( +)self\.server_state\.total_requests \+= 1\n",
-            r"\1self.server_state.total_requests += 1\n\1self.responses_done = True\n",
-        )
+    # The keep-alive armed on another loop object than the protocol's: uvicorn keeps
+    # its timer (connlist.servers.uvicorn.keepalive), all else on.
+    "keep-alive armed otherwise": [
+        replace(BOTH, r"self\.loop\.call_later\(", "asyncio.get_running_loop().call_later(")
     ],
     "logger renamed": [everywhere(r'"uvicorn\.error"', '"uvicorn.server"')],
     "pipeline renamed": [replace((PROTOCOLS["httptools"],), r"\bself\.pipeline\b", "self.queue")],
@@ -175,9 +170,8 @@ EXPECTED: dict[str, dict[str, str]] = {
     "scope copied": {"httptools": "off", "h11": "on"},
     "flow renamed": {"httptools": "off", "h11": "off"},
     "conn renamed": {"httptools": "on", "h11": "off"},
-    "existing_cycle renamed": {"httptools": "off", "h11": "on"},
     "hook renamed": {"httptools": "off", "h11": "off"},
-    "keep-alive hook changed": {"httptools": "on", "h11": "on"},
+    "keep-alive armed otherwise": {"httptools": "on", "h11": "on"},
     "logger renamed": {"httptools": "on", "h11": "on"},
     "pipeline renamed": {"httptools": "off", "h11": "on"},
     "more_body renamed": {"httptools": "off", "h11": "on"},
@@ -195,7 +189,6 @@ FAILURE_WORDS = {
     "scope copied": "`cycle.scope` is not the protocol's scope",
     "flow renamed": "`flow`",
     "conn renamed": "`conn`",
-    "existing_cycle renamed": "`existing_cycle`",
     "hook renamed": "`on_response_complete`",
     "pipeline renamed": "`pipeline`",
     "more_body renamed": "`more_body`",
@@ -205,7 +198,7 @@ FAILURE_WORDS = {
     "protocol class read before the lifespan": "served a request through another protocol than connlist's",
 }
 # Where the integration is on but uvicorn keeps timing its keep-alive itself (one WARNING line says so).
-KEEP_ALIVE_BY_UVICORN = {"keep-alive hook changed"}
+KEEP_ALIVE_BY_UVICORN = {"keep-alive armed otherwise"}
 # Failures the server's start cannot see: the first request tells, with the ERROR line alone.
 AT_FIRST_REQUEST = {"protocol class read before the lifespan"}
 

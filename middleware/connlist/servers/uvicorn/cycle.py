@@ -14,14 +14,13 @@ read them: the base of each parser's mixin (``connlist.servers.uvicorn.httptools
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any
 
 from connlist.core.logs import route_to_server
 from connlist.core.records import Connection
 from connlist.servers.seam import BETWEEN, BODY, HEADERS, AfterCut, Tracking
-from connlist.servers.uvicorn import joined
-from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
+from connlist.servers.uvicorn import keepalive
 
 try:
     from uvicorn.protocols.http.flow_control import FlowControl as _FlowControl
@@ -63,36 +62,53 @@ class UvicornCycle(Tracking):
     timeout_keep_alive_handler: Callable[[], None]
     timeout_keep_alive_task: Any
 
-    # The methods the class statement could not join with uvicorn's, and why
-    # (connlist.servers.uvicorn.joined.install): each calls uvicorn's instead.
-    connlist_not_joined: ClassVar[Mapping[str, str]] = {}
+    app_state: Any
+    loop: Any
+    timeout_keep_alive: float
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # A subclass of a class whose calls connlist wrote in place, defining one of the methods again.
-        joined.keep_overrides(cls)
+    # uvicorn's on_response_complete arms its keep-alive with the protocol's
+    # loop: connlist's stand-in leaves it to the list (connlist.servers.uvicorn.keepalive).
+    # The self-check turns this off for a uvicorn that arms it otherwise.
+    connlist_keepalive = True
+    connlist_keepalive_not = ""
+
+    def connection_made(self, transport: Any) -> None:
+        enforcer = self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
+        if enforcer.keep_alive_timed:
+            self.loop = keepalive.for_loop(self.loop)
+        super().connection_made(transport)
 
     def connlist_close_keepalive(self) -> None:
         """The keep-alive timeout the list times: uvicorn's own handler, as its timer would have called it.
 
-        On httptools the class statement writes the handler's statements in
-        place of its call (``connlist_inlines``): a mass close makes thousands.
+        The bytes of the last response the client has not taken then hold
+        the close: the send timeout times them.
         """
-        # The idle time ends here, as at a read (``data_received`` drops the
-        # task too): uvicorn's connection_lost then has nothing to cancel,
-        # rather than a call of TIMED_BY_LIST's no-op per connection closed.
-        if self.timeout_keep_alive_task is TIMED_BY_LIST:
-            self.timeout_keep_alive_task = None
         self.timeout_keep_alive_handler()
-        # Bytes of the last response the client has not taken hold the close:
-        # the send timeout's (seam's _connlist_closed_unsent, its test written
-        # out: a mass close makes thousands).
-        try:
-            held = self.transport.get_write_buffer_size()
-        except (AttributeError, NotImplementedError):  # a transport that cannot say (seam's unsent)
-            held = 0
-        if held:
+        self._connlist_closed_unsent()
+
+    def _connlist_message(self, record: Connection) -> None:
+        """A whole request in one read on an idle or new connection: the common case, one event."""
+        self._connlist.message(record)
+
+    def _connlist_response_end(self, done: bool) -> None:
+        """After uvicorn's ``on_response_complete``: the list's event if ``done``, and what the end lets in.
+
+        ``done``: no response is unfinished (uvicorn started no pipelined
+        request).  A response that closes the connection leaves its unsent
+        bytes to the send timeout; on one that keeps it, the read held
+        behind the response is offered again.
+        """
+        record = self._connlist_record
+        if self.transport.is_closing():
+            if record is not None:
+                record.responding = False
             self._connlist_closed_unsent()
+            return
+        if done and record is not None:
+            self._connlist.response_complete(record)
+        if self._connlist_unread is not None:
+            self._connlist_release()
 
     def _connlist_stopped(self, data: bytes) -> bool:
         """Whether a read at rest goes no further as it is: held behind a response, or fed in parts.

@@ -17,17 +17,14 @@ mixin; ``connlist.servers.uvicorn.protocols`` checks it before uvicorn gets it.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import h11
 
 from connlist.servers.seam import BETWEEN as _BETWEEN
 from connlist.servers.seam import BODY as _BODY
 from connlist.servers.seam import HEADERS as _HEADERS
-from connlist.servers.seam import STATE_KEY as _STATE_KEY
 from connlist.servers.seam import UPGRADED as _UPGRADED
-from connlist.servers.seam import headers_received as _headers_received
 from connlist.servers.uvicorn import websocket as _websocket
 from connlist.servers.uvicorn.cycle import UvicornCycle
 
@@ -49,10 +46,6 @@ else:
 # h11's own bound on an incomplete event (a head), where uvicorn's config sets none.
 _H11_DEFAULT_LIMIT: int = inspect.signature(h11.Connection).parameters["max_incomplete_event_size"].default
 
-# uvicorn's class as a module global: its methods are called as ``_H11.method(self)``, not through
-# ``super()`` (docs/benchmarks.md, "The request path's tricks, each measured").
-_H11: Any = None if h11_impl is None else h11_impl.H11Protocol
-
 
 class H11Tracking(UvicornCycle, _H11Base):
     """uvicorn's h11 protocol, feeding connlist by observing h11's state machine (see above)."""
@@ -60,43 +53,6 @@ class H11Tracking(UvicornCycle, _H11Base):
     __slots__ = ()
 
     connlist_mode = "uvicorn-h11"
-    # The methods that call uvicorn's, and how: joined with it where that is
-    # the same (connlist.servers.uvicorn.joined).
-    connlist_joins: ClassVar[Mapping[str, str]] = {
-        "connection_made": "self._connlist_base_made",
-        "connection_lost": "self._connlist_base_lost",
-    }
-    # As HttpToolsTracking's, less uvicorn's keep-alive handler: h11's has a
-    # variable of its own, which no method written in place may have.
-    connlist_inlines: ClassVar[tuple[str, ...]] = ("_unset_keepalive_if_required",)
-
-    # uvicorn's ``on_response_complete``, or connlist's form of it less its
-    # keep-alive timer: the class statement chooses (``keepalive.form``).
-    _connlist_response_end: Callable[[], None]
-
-    def connection_made(self, transport: Any) -> None:
-        self._connlist_base_made(transport)
-        # Tracking._connlist_setup, written out: a call costs a connection
-        # more than the setup's test (tests/test_event_copies.py holds the two the same).
-        state, loop, keep_alive = self.app_state, self.loop, self.timeout_keep_alive
-        enforcer = state.get(_STATE_KEY)
-        if enforcer is None or enforcer.fed_by is not self.__class__ or enforcer.attached_loop is not loop:
-            enforcer = self._connlist_tell(state, loop, keep_alive)
-        self._connlist = enforcer
-        self._connlist_record = None
-        self._connlist_phase = _BETWEEN
-        self._connlist_room = enforcer.whole_read
-        self._connlist_unread = None
-        self._connlist_record = enforcer.join(self.client, self.server, self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        # Tracking._connlist_remove, written out (as the setup above).
-        record = self._connlist_record
-        if record is not None:
-            self._connlist.connections.remove(record)
-            # Break the protocol <-> record cycle; a removed record needs no handle.
-            record.handle = None
-        self._connlist_base_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         phase = self._connlist_phase
@@ -108,31 +64,22 @@ class H11Tracking(UvicornCycle, _H11Base):
             record = self._connlist_record
             if phase == _BODY and record is not None:
                 self._connlist_body_bytes(record, len(data))
-            _H11.data_received(self, data)
+            super().data_received(data)
             self._connlist_events(phase, cycle, len(data))
             return
         if (len(data) > self._connlist_room or (cycle is not None and not cycle.response_complete)) and (
             self._connlist_stopped(data)
         ):
             return
-        _H11.data_received(self, data)
+        super().data_received(data)
         # The common case: a whole request in this read, nothing after it.
         if self.cycle is not cycle:
             h11_conn = self.conn
             if h11_conn.their_state is h11.DONE and not h11_conn.trailing_data[0]:
                 record = self._connlist_record
-                if record is not None and record.last_message_start == 0.0:
-                    # ConnectionsList.message on an idle record (as httptools';
-                    # tests/test_event_copies.py holds it to the definition).
-                    record.requests += 1
-                    record.responding = True
-                    self._connlist.totals.requests += 1
-                    return
-                if record is not None and cycle is None:
-                    # The first read of a new connection: a whole request.
-                    enforcer = self._connlist
-                    enforcer.connections.message(record)
-                    enforcer.totals.requests += 1
+                if record is not None and (record.last_message_start == 0.0 or cycle is None):
+                    # An idle connection's, or a new one's first read (as httptools').
+                    self._connlist_message(record)
                     return
         self._connlist_events(_BETWEEN, cycle, len(data))
 
@@ -178,7 +125,7 @@ class H11Tracking(UvicornCycle, _H11Base):
                 # Its first byte was held by h11 (pipelining), or the previous
                 # request ended and this one began within the same call.
                 connections.message_begin(record)
-            _headers_received(record, enforcer)
+            enforcer.request_received(record)
             phase = _BODY
         if phase == _BODY and their_state is not h11.SEND_BODY:
             connections.message_complete(record)
@@ -193,26 +140,18 @@ class H11Tracking(UvicornCycle, _H11Base):
     def on_response_complete(self) -> None:
         phase = self._connlist_phase
         cycle = self.cycle
-        self._connlist_response_end()
-        record = self._connlist_record
-        if record is not None:
+        super().on_response_complete()
+        if self._connlist_record is not None:
             # A finished response lets h11 go on to what it held.
             self._connlist_events(phase, cycle)
-            if not self._connlist_responding():
-                if not self.connlist_keepalive:
-                    # uvicorn's own method: the idle time begins now (with
-                    # connlist's, it began where its timer would have been armed).
-                    self._connlist.connections.response_complete(record)
-                else:
-                    record.responding = False
-            if self._connlist_unread is not None and not self.transport.is_closing():
-                self._connlist_release()
+        self._connlist_response_end(not self._connlist_responding())
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         # Held as upgraded until the websocket closes, or refused with 503 (uvicorn.websocket).
+        hand = super().handle_websocket_upgrade
         _websocket.hand_over(
             self,
-            lambda: _H11.handle_websocket_upgrade(self, event),
+            lambda: hand(event),
             event.method.decode("ascii", "replace"),
             _websocket.request_path(event.target),
         )

@@ -22,7 +22,10 @@ remove                 ``connection_lost``; after an upgrade, the websocket's
 =====================  =============================================================
 
 Every event of one read happens at the same instant, so the events are
-replayed in order at the end of the read.  The common case, a whole request in
+replayed in order at the end of the read.  One parser callback is
+overridden, ``on_headers_complete``: where it queues a request behind the
+one running, the running one is noted (``_connlist_running``), so that a cut
+can mark it disconnected too.  The common case, a whole request in
 one read on an idle connection, is ``ConnectionsList.message``: a few
 attribute updates, no link moved, no clock read.  Method and path are not
 copied: the view asks the protocol (``connlist_request``), which has them in
@@ -41,10 +44,7 @@ mixin; ``connlist.servers.uvicorn.protocols`` checks it before uvicorn gets it.
 
 from __future__ import annotations
 
-import sys
-from collections import deque
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from connlist.core.enforcer import Enforcer
 from connlist.core.records import Connection
@@ -52,12 +52,8 @@ from connlist.servers.heads import head_end as _head_end
 from connlist.servers.seam import BETWEEN as _BETWEEN
 from connlist.servers.seam import BODY as _BODY
 from connlist.servers.seam import HEADERS as _HEADERS
-from connlist.servers.seam import STATE_KEY as _STATE_KEY
 from connlist.servers.seam import UPGRADE_REFUSED as _UPGRADE_REFUSED
 from connlist.servers.seam import UPGRADED as _UPGRADED
-from connlist.servers.seam import headers_received as _headers_received
-from connlist.servers.uvicorn import construct
-from connlist.servers.uvicorn import keepalive as _keepalive
 from connlist.servers.uvicorn import websocket as _websocket
 from connlist.servers.uvicorn.cycle import UvicornCycle
 
@@ -86,7 +82,7 @@ def _end_open_message(
     """
     # Its headers came in: a new cycle, or the upgrade (which makes none) if it was the last.
     if got_headers or (upgraded and not begun and phase0 == _HEADERS):
-        _headers_received(record, enforcer)
+        enforcer.request_received(record)
         phase0 = _BODY
     # It ended if a later message began, or (as the last) if its body is in.
     if begun or (phase0 == _BODY and (upgraded or not cycle.more_body)):
@@ -115,14 +111,14 @@ def _begun_messages(
     for i in range(begun):
         connections.message_begin(record)
         if i < with_headers:
-            _headers_received(record, enforcer)
+            enforcer.request_received(record)
             if i < begun - 1 or not cycle.more_body:
                 connections.message_complete(record)
                 last = _BETWEEN
             else:
                 last = _BODY
         elif upgraded:
-            _headers_received(record, enforcer)
+            enforcer.request_received(record)
             connections.message_complete(record)
         else:
             last = _HEADERS
@@ -175,57 +171,6 @@ class _BodyTail:
         return not self.more_body
 
 
-class _Pipeline(deque[Any]):
-    """uvicorn's queue of pipelined requests, which also knows the request running ahead of them.
-
-    uvicorn starts a request's app at once if the previous response is
-    complete, else queues it here; the one running is then referenced by
-    nobody but its task.  A connection connlist cuts off must mark it
-    disconnected too (see ``UvicornCycle._connlist_mark_cut``), so the queue
-    notes it when the first request is queued (the cycle uvicorn compared
-    with, its local ``existing_cycle``) and whenever uvicorn starts the next.
-    Both happen only with pipelining: a request that is not queued costs
-    nothing more.
-    """
-
-    # Unset until pipelining (read with getattr): made per connection, the
-    # queue runs no __init__ of its own.
-    __slots__ = ("running",)
-    running: Any
-
-    def appendleft(self, item: Any) -> None:
-        if not self:
-            # Called from uvicorn's on_headers_complete (rare: pipelining only).
-            self.running = sys._getframe(1).f_locals.get("existing_cycle")
-        super().appendleft(item)
-
-    def pop(self) -> Any:  # type: ignore[override]  # deque.pop takes no index
-        item = super().pop()
-        self.running = item[0]  # uvicorn starts it now
-        return item
-
-
-def constructor(base: type) -> Callable[..., None]:
-    """The ``__init__`` of connlist's class on uvicorn's ``base``: uvicorn's, its queue a ``_Pipeline``.
-
-    uvicorn's own code, with connlist's ``logging`` and its ``deque`` bound
-    to ``_Pipeline`` (``connlist.servers.uvicorn.construct``); where it makes
-    its queue otherwise, uvicorn's, then the queue replaced.  So
-    ``connection_made`` finds the queue in place.
-    """
-    theirs: Any = base.__init__  # type: ignore[misc]  # uvicorn's class's, not an instance's
-    init = construct.constructor(theirs, {"deque": _Pipeline})
-    if init is not None and init.__globals__.get("deque") is _Pipeline:
-        return init
-    own = init or theirs
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        own(self, *args, **kwargs)
-        self.pipeline = _Pipeline()
-
-    return __init__
-
-
 # What mypy checks the mixin against: uvicorn's class.  At run time the
 # mixin derives from object, and the class statement of
 # ``connlist.servers.uvicorn.classes`` puts uvicorn's class after it.
@@ -236,13 +181,6 @@ else:
 
 
 if httptools_impl is not None:
-    # uvicorn's class: its methods that every read and every response go
-    # through are called as ``_HttpTools.method(self)``, not through
-    # ``super()`` (docs/benchmarks.md, "The request path's tricks, each
-    # measured").  (A release that lacks one fails the self-check before any
-    # is called.)
-    _HttpTools: Any = httptools_impl.HttpToolsProtocol
-    _TIMED = _keepalive.TIMED_BY_LIST
 
     class HttpToolsTracking(UvicornCycle, _HttpToolsBase):
         """uvicorn's httptools protocol, feeding connlist from what each read changed (see above)."""
@@ -250,56 +188,25 @@ if httptools_impl is not None:
         __slots__ = ()
 
         connlist_mode = "uvicorn-httptools"
-        # The methods that call uvicorn's, and how: joined with it where that is
-        # the same (connlist.servers.uvicorn.joined).
-        connlist_joins: ClassVar[Mapping[str, str]] = {
-            "connection_made": "self._connlist_base_made",
-            "connection_lost": "self._connlist_base_lost",
-            "data_received": "_HttpTools.data_received",
-        }
-        # uvicorn's methods whose calls are written in place: in uvicorn's
-        # statements of those, and in the mixin's methods the class statement
-        # names (the keep-alive form's, the list's keep-alive close).
-        connlist_inlines: ClassVar[tuple[str, ...]] = (
-            "_unset_keepalive_if_required",
-            "timeout_keep_alive_handler",
-        )
+        # The request running ahead of those queued behind it (pipelining only; None: none).
+        _connlist_running: Any
 
         def connection_made(self, transport: Any) -> None:
-            # uvicorn's (the base's, named on the class statement of connlist.servers.uvicorn.classes).
-            self._connlist_base_made(transport)
-            # Tracking._connlist_setup, written out: a call costs a connection
-            # more than the setup's test (tests/test_event_copies.py holds the two the same).
-            state, loop, keep_alive = self.app_state, self.loop, self.timeout_keep_alive
-            enforcer = state.get(_STATE_KEY)
-            if (
-                enforcer is None
-                or enforcer.fed_by is not self.__class__
-                or enforcer.attached_loop is not loop
-            ):
-                enforcer = self._connlist_tell(state, loop, keep_alive)
-            self._connlist = enforcer
-            self._connlist_record = None
-            self._connlist_phase = _BETWEEN
-            self._connlist_room = enforcer.whole_read
-            self._connlist_unread = None
-            self._connlist_record = enforcer.join(self.client, self.server, self)
+            self._connlist_running = None
+            super().connection_made(transport)
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            # Tracking._connlist_remove, written out (as the setup above).
-            record = self._connlist_record
-            if record is not None:
-                self._connlist.connections.remove(record)
-                # Break the protocol <-> record cycle; a removed record needs no handle.
-                record.handle = None
-            self._connlist_base_lost(exc)
+        def on_headers_complete(self) -> None:
+            running = self.cycle
+            super().on_headers_complete()
+            pipeline = self.pipeline
+            # The first request queued: the one it waits for runs, referenced by nobody but its task.
+            if pipeline and len(pipeline) == 1 and pipeline[0][0] is self.cycle:
+                self._connlist_running = running
 
         def _connlist_cycles(self) -> list[Any]:
             # The queued ones, the one running ahead of them, the newest.
-            pipeline = self.pipeline
-            cycles = [cycle for cycle, _ in pipeline]
-            running = getattr(pipeline, "running", None)
-            for cycle in (running, self.cycle):
+            cycles = [cycle for cycle, _ in self.pipeline]
+            for cycle in (self._connlist_running, self.cycle):
                 if cycle is not None:
                     cycles.append(cycle)
             return cycles
@@ -313,12 +220,7 @@ if httptools_impl is not None:
                 len(data) > self._connlist_room or (cycle is not None and not cycle.response_complete)
             ) and self._connlist_stopped(data):
                 return
-            if self.timeout_keep_alive_task is _TIMED:
-                # What uvicorn's data_received cancels first: nothing to
-                # cancel, this read ends the idle time by itself.  Dropped
-                # here, uvicorn's cancel is a None test, not a call.
-                self.timeout_keep_alive_task = None
-            _HttpTools.data_received(self, data)
+            super().data_received(data)
             # The common case: no message was open, and one request began,
             # got its headers and completed in this read, with none queued.
             new = self.cycle
@@ -326,20 +228,9 @@ if httptools_impl is not None:
                 # Set by connection_made, before any read; a read never comes
                 # after connection_lost or an upgrade, so the record is tracked.
                 record: Connection = self._connlist_record  # type: ignore[assignment]
-                if record.last_message_start == 0.0:
-                    # ConnectionsList.message on an idle record: one request
-                    # more, responding; the feeder's own writes, on which no
-                    # count of the list depends (connlist.core.connections;
-                    # tests/test_event_copies.py holds it to the definition).
-                    record.requests += 1
-                    record.responding = True
-                    self._connlist.totals.requests += 1
-                    return
-                if cycle is None:
-                    # The first read of a new connection: a whole request.
-                    enforcer = self._connlist
-                    enforcer.connections.message(record)
-                    enforcer.totals.requests += 1
+                if record.last_message_start == 0.0 or cycle is None:
+                    # An idle connection's, or a new one's first read.
+                    self._connlist_message(record)
                     return
             # Between messages, the last scope is the last cycle's.
             self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle, len(data))
@@ -383,7 +274,7 @@ if httptools_impl is not None:
                     tail: Any = _BodyTail()
                     self.cycle = tail
                     try:
-                        _HttpTools.data_received(self, data)
+                        super().data_received(data)
                     finally:
                         if self.cycle is tail:
                             self.cycle = cycle
@@ -391,7 +282,7 @@ if httptools_impl is not None:
                         cycle.more_body = False
                     self._connlist_events(phase, scope, cycle, len(data))
                     return
-            _HttpTools.data_received(self, data)
+            super().data_received(data)
             if phase < _UPGRADED:
                 self._connlist_events(phase, scope, cycle, len(data))
 
@@ -455,23 +346,20 @@ if httptools_impl is not None:
             return n
 
         def on_response_complete(self) -> None:
-            # Where uvicorn's method is not a form connlist knows: uvicorn's,
-            # then the list's event (the class statement chooses, see
-            # connlist.servers.uvicorn.keepalive.form).
-            _HttpTools.on_response_complete(self)
+            pipeline = self.pipeline
+            queued = pipeline[-1][0] if pipeline else None
+            super().on_response_complete()
+            if queued is not None and not (pipeline and pipeline[-1][0] is queued):
+                self._connlist_running = queued  # uvicorn started it
             # self.cycle is the newest request's: if uvicorn has just
             # started a pipelined one, or any is still queued, it is not complete.
-            if self.cycle.response_complete:
-                record: Connection = self._connlist_record  # type: ignore[assignment]  # set by connection_made
-                self._connlist.connections.response_complete(record)
-            if self._connlist_unread is not None and not self.transport.is_closing():
-                self._connlist_release()
+            self._connlist_response_end(self.cycle.response_complete)
 
         def handle_websocket_upgrade(self) -> None:
             # Handed over, or refused with 503 (connlist.servers.uvicorn.websocket); held
             # as upgraded once the read's events are replayed (_connlist_events).
-            hand = _HttpTools.handle_websocket_upgrade
-            _websocket.hand_over(self, lambda: hand(self), None, None, hold=False)
+            hand = super().handle_websocket_upgrade
+            _websocket.hand_over(self, hand, None, None, hold=False)
 
         def _connlist_response_written(self, record: Connection) -> bool:
             # With requests queued behind it, the running request is an

@@ -160,7 +160,6 @@ def _build(parser: str) -> Outcome:
     if first:
         _warn_if_newer()
     _warn_keepalive(cls, parser)
-    _say_not_joined(cls, parser)
     return Outcome(cls, base, result)
 
 
@@ -225,34 +224,20 @@ def _warn_if_newer() -> None:
 
 
 def _warn_keepalive(cls: type[Any], parser: str) -> None:
-    """One WARNING where uvicorn keeps its timer per response: its method is not a form connlist knows."""
+    """One WARNING where uvicorn keeps its timer per response (the self-check found it arms it otherwise)."""
     if getattr(cls, "connlist_keepalive", False):
         return
     route_to_server()
     logger.warning(
-        "uvicorn %s's %s.on_response_complete: %s, so uvicorn times its keep-alive itself "
+        "uvicorn %s's %s: %s, so uvicorn times its keep-alive itself "
         "(a timer per response, as without connlist); connlist's other protections are on. "
-        "connlist %s knows the forms of uvicorn %s",
+        "connlist %s is tested with uvicorn %s",
         uvicorn.__version__,
         PARSERS[parser].name,
-        getattr(cls, "connlist_keepalive_not", "") or "it is not one of the forms connlist knows",
+        getattr(cls, "connlist_keepalive_not", ""),
         __version__,
         TESTED_RANGE,
     )
-
-
-def _say_not_joined(cls: type[Any], parser: str) -> None:
-    """One INFO line per method not joined with uvicorn's: the same events, one Python call more."""
-    for name, why in getattr(cls, "connlist_not_joined", {}).items():
-        route_to_server()
-        logger.info(
-            "uvicorn %s's %s.%s is not joined with connlist's: %s; connlist's method calls "
-            "uvicorn's instead (the same events, one call more)",
-            uvicorn.__version__,
-            PARSERS[parser].name,
-            name,
-            why,
-        )
 
 
 # The exit status of a refusal to start: uvicorn's own for a failed startup,

@@ -2,15 +2,14 @@
 
 ``connlist.servers.uvicorn.protocols`` leans on about twenty parts of uvicorn that are not
 public API (the protocol's ``cycle``, ``scope``, ``pipeline``, ``flow``,
-h11's ``conn``, the local ``existing_cycle`` of ``on_headers_complete``,
+h11's ``conn``, the keep-alive armed with the protocol's ``loop``,
 the class layout, ...).  A uvicorn release may change any of them, and
 most changes would not fail loudly: the server would start and then reset
 connections, or cut clients nobody should cut.  So before a protocol class
 of connlist's is handed to uvicorn, this module checks it, once per process:
 
-1. What can be read without running anything: the methods connlist hooks
-   are there, and ``on_headers_complete`` still has its ``existing_cycle``
-   local (``co_varnames``; ``_Pipeline`` reads it through the frame).
+1. What can be read without running anything: the methods connlist's
+   class overrides are there.
 2. A conversation, with no socket: the protocol built as uvicorn builds it
    (a ``Config`` of its own, the lifespan state holding a private
    ``Enforcer`` on a clock of its own), on a ``MemoryTransport``, through
@@ -24,8 +23,9 @@ of connlist's is handed to uvicorn, this module checks it, once per process:
    when that protocol loses the connection), a connection lost
    mid-request, and a headers timeout.  At the end of the first response,
    uvicorn's duties there (its count of requests, reading resumed) and the
-   keep-alive: the list's, where connlist runs uvicorn's
-   ``on_response_complete`` less its timer, else uvicorn's timer.  After each step the connection's
+   keep-alive: the list's, where uvicorn arms it with the protocol's
+   ``loop`` (``connlist.servers.uvicorn.keepalive``); else uvicorn's timer
+   stays, and the class says why (``connlist_keepalive_not``).  After each step the connection's
    record (state, requests, method and path, the body's clock) and what
    was written are compared with what must be; after the first request
    every attribute connlist reads (on the protocol, its cycle, its flow
@@ -152,19 +152,14 @@ def _has(obj: object, names: tuple[str, ...], what: str) -> None:
 
 
 def check_static(base: type, hooks: tuple[str, ...], parser: str) -> None:
-    """What can be checked without running the protocol: hooked methods, the frame-local."""
+    """What can be checked without running the protocol: the methods connlist's class overrides."""
     missing = [name for name in hooks if not callable(getattr(base, name, None))]
     if missing:
         raise CheckFailed(
             f"{base.__module__}.{base.__qualname__} has no {', '.join(f'`{name}`' for name in missing)}"
         )
-    if parser == "httptools":
-        code = getattr(getattr(base, "on_headers_complete", None), "__code__", None)
-        if code is None or "existing_cycle" not in code.co_varnames:
-            raise CheckFailed(
-                "uvicorn's `HttpToolsProtocol.on_headers_complete` has no local `existing_cycle` "
-                "(the request a pipelined one waits for)"
-            )
+    if parser == "httptools" and not callable(getattr(base, "on_headers_complete", None)):
+        raise CheckFailed(f"{base.__module__}.{base.__qualname__} has no `on_headers_complete`")
 
 
 class _Script:
@@ -320,7 +315,7 @@ class _Script:
         self.expect("two pipelined requests", record, "handling")
         if self.parser == "httptools":
             pipeline = protocol.pipeline
-            running = getattr(pipeline, "running", None)
+            running = protocol._connlist_running
             if len(pipeline) != 1 or running is None or running.scope.get("path") != "/hold":
                 raise CheckFailed("a pipelined request was not queued behind the running one (`pipeline`)")
         self.gate.event.set()
@@ -371,30 +366,32 @@ class _Script:
     def keep_alive(self, protocol: Any, record: Connection, served: int) -> None:
         """The end of a response on an idle connection: uvicorn's duties done, and the keep-alive timed.
 
-        Where connlist's class runs uvicorn's ``on_response_complete`` less
-        its keep-alive timer (``connlist.servers.uvicorn.keepalive``), the rest of
-        what uvicorn does there must still be done, and the list must have
-        taken the keep-alive over; elsewhere uvicorn's timer must be armed.
+        uvicorn's duties there must be done, and the list must have taken the
+        keep-alive over (``connlist.servers.uvicorn.keepalive``); where
+        uvicorn armed a timer of its own instead, the class keeps it and says
+        why (``connlist_keepalive``).
         """
         if self.server_state.total_requests != served + 1:
             raise CheckFailed("a response did not count in uvicorn's `server_state.total_requests`")
         if protocol.flow.read_paused:
             raise CheckFailed("reading was not resumed at the end of a response (`flow.resume_reading`)")
         task = getattr(protocol, "timeout_keep_alive_task", None)
-        if getattr(self.cls, "connlist_keepalive", False):
-            # What the list's keep-alive close calls (UvicornCycle.connlist_close_keepalive).
-            if not callable(getattr(protocol, "timeout_keep_alive_handler", None)):
-                raise CheckFailed(
-                    "uvicorn's protocol has no `timeout_keep_alive_handler` (its keep-alive close)"
-                )
-            if task is not TIMED_BY_LIST or record.responded_at != self.now:
-                raise CheckFailed("the end of a response did not leave the keep-alive to connlist's list")
-            if self.enforcer.timer_at != self.now + protocol.timeout_keep_alive:
-                raise CheckFailed(
-                    "the end of a response did not wake the list's timer at the keep-alive time"
-                )
-        elif task is None:
-            raise CheckFailed("uvicorn armed no keep-alive timer at the end of a response")
+        if not callable(getattr(protocol, "timeout_keep_alive_handler", None)):
+            raise CheckFailed("uvicorn's protocol has no `timeout_keep_alive_handler` (its keep-alive close)")
+        if task is None:
+            raise CheckFailed("the end of a response armed no keep-alive timer")
+        if record.responded_at != self.now:
+            raise CheckFailed("the end of a response did not start the connection's idle time in the list")
+        if task is not TIMED_BY_LIST:
+            # uvicorn armed its timer otherwise than with its loop's call_later: it keeps it.
+            task.cancel()
+            self.cls.connlist_keepalive = False
+            self.cls.connlist_keepalive_not = (
+                "its on_response_complete does not arm the keep-alive with "
+                "`self.loop.call_later(..., self.timeout_keep_alive_handler)`"
+            )
+        elif self.enforcer.timer_at != self.now + protocol.timeout_keep_alive:
+            raise CheckFailed("the end of a response did not wake the list's timer at the keep-alive time")
         self.steps.append("the keep-alive after a response")
 
     async def expect_100_continue(self) -> None:
