@@ -247,3 +247,42 @@ def test_a_module_takes_each_name_from_its_owner():
                 if f"{node.module}.{alias.name}" not in MODULES and alias.name not in _defined(node.module)
             ]
     assert borrowed == []
+
+
+# A record's links and the list's roots and counts are the list's own (connlist.core.connections):
+# the record declares its links (records, with its own properties over them, ``tracked`` and
+# ``is_active``), and the queues keep their links and heap entries (queues).  Everything else asks
+# the list.
+LIST_OWN = (
+    "_all_prev",
+    "_all_next",
+    "_active_prev",
+    "_active_next",
+    "_idle_entry",
+    "_all_root",
+    "_active_root",
+    "_n_active",
+    "_n_timed_out",
+    "_n_headers_pending",
+    "_n_evicted",
+)
+LIST_OWNERS = {"connlist.core.connections", "connlist.core.records", "connlist.core.queues"}
+# Any mention in the source: an attribute, a string given to getattr, a comment.
+_LIST_OWN = re.compile(r"\b(?:" + "|".join(LIST_OWN) + r")\b")
+
+
+def _naming_list_own(module: str) -> list[str]:
+    lines = MODULES[module].read_text().splitlines()
+    return [
+        f"{module}:{number}: {name}"
+        for number, line in enumerate(lines, 1)
+        for name in _LIST_OWN.findall(line)
+    ]
+
+
+def test_only_the_list_names_its_links_and_counts():
+    # The search itself: the list names every one of them.
+    own = {found.rpartition(" ")[2] for found in _naming_list_own("connlist.core.connections")}
+    assert own == set(LIST_OWN)
+    named = [found for module in sorted(set(MODULES) - LIST_OWNERS) for found in _naming_list_own(module)]
+    assert named == []

@@ -5,8 +5,8 @@ server is uvicorn: ``connlist.servers.uvicorn.start``; or named by ``--http
 connlist.uvicorn:HttpToolsProtocol``) the protocol feeds the list, and the
 middleware only hands it over (through the ASGI lifespan state) and serves the
 debug endpoint: from its first request with the integration the middleware's
-route returns the app's own coroutine (a coroutine frame of ours per request
-would cost more than all of connlist's bookkeeping).  A handler that was
+route returns the app's own coroutine, no frame of ours (from Python 3.12;
+before, an ``async def`` awaits it: ``_pass_route``).  A handler that was
 awaiting the body of a request connlist cut off gets Starlette's
 ``ClientDisconnect``; the server integration keeps that from the server log
 (``connlist.servers.uvicorn.protocols``).  At the lifespan shutdown the middleware writes the
@@ -365,7 +365,7 @@ class ConnectionsMiddleware(ListOwner):
         _pass_app = inspect.markcoroutinefunction(_pass_app)
 
     async def _pass_async(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The pass-through route where ``_pass_route`` cannot mark the plain one: one frame more."""
+        """The route before Python 3.12, whose inspect has no mark for ``_pass_app``: one frame more."""
         await self._pass_app(scope, receive, send)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -524,35 +524,18 @@ def _route(
 _CALL_SLOT = cast(MemberDescriptorType, ConnectionsMiddleware.__dict__["__call__"])
 
 
-async def _asgi3(scope: Scope, receive: Receive, send: Send) -> None:
-    """What the pass-through route shows inspect before Python 3.12 (its code's flags): see _pass_route."""
-
-
 def _pass_route(middleware: ConnectionsMiddleware) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-    """The route with the server integration: ``_pass_app``, bound, which every ASGI 3 check takes for one.
+    """The route with the server integration, bound, which every ASGI 3 check takes for one.
 
     Servers tell an ASGI 3 app by ``iscoroutinefunction(app.__call__)``,
     inspect's (uvicorn 0.36, hypercorn) or asyncio's (later uvicorns,
-    Starlette), and ``app.__call__`` is the route.  ``_pass_app`` returns
-    the app's coroutine without being an ``async def``.  From Python 3.12
-    it carries inspect's mark, which both checks read.  Before, inspect
-    has no mark and reads the flags of a function's ``__code__``
-    (``inspect._has_code_flag``), also of any callable that looks like a
-    function: so the route is a ``staticmethod`` of the bound method (a
-    callable since Python 3.10, calling it in C, with no Python frame) that
-    shows the code of an ``async def`` with the ASGI signature.  Were that
-    refused, the route would be ``_pass_async``, one Python frame more
-    (docs/benchmarks.md, "The request path's tricks, each measured").
+    Starlette), and ``app.__call__`` is the route.  From Python 3.12 it is
+    ``_pass_app``, which returns the app's coroutine without being an
+    ``async def`` and carries inspect's mark, which both checks read.
+    Before, inspect has no such mark: the route is ``_pass_async``, an
+    ``async def``, one Python frame more per request (docs/benchmarks.md,
+    "The request path's tricks, each measured").
     """
-    bound = middleware._pass_app
     if sys.version_info >= (3, 12):
-        return bound
-    route: Any = staticmethod(bound)
-    try:
-        route.__code__ = _asgi3.__code__
-        route.__defaults__ = route.__kwdefaults__ = None
-    except AttributeError:  # pragma: no cover - a staticmethod without attributes of its own
-        return middleware._pass_async
-    if not inspect.iscoroutinefunction(route):  # pragma: no cover - an inspect that reads otherwise
-        return middleware._pass_async
-    return cast(Callable[[Scope, Receive, Send], Awaitable[None]], route)
+        return middleware._pass_app
+    return middleware._pass_async

@@ -2,8 +2,9 @@
 
 - ``records``: a connection's record, with its links (``Connection``);
 - ``queues``: the intrusive queues and the heap the list keeps its records in;
-- ``connections``: ``ConnectionsList``, Node's list and its events;
-- ``views``: what the list shows by walking it;
+- ``connections``: ``ConnectionsList``, Node's list: its events, counts and walks, the only
+  reader of its links;
+- ``views``: what the list shows (the states, the view's counts), asking the list;
 - ``kinds``: the table of timeout and room kinds, and the settings;
 - ``checks``: the options' checks and defaults;
 - ``budget``: the connection budget's choice of what to close;

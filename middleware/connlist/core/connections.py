@@ -3,17 +3,14 @@
 Theory of operation
 -------------------
 
-Node.js (``src/node_http_parser.cc``, ``lib/_http_server.js``) keeps, per
-server, every connection in a list ``all`` and every connection that is in the
-middle of receiving a request in a list ``active``.  A periodic check asks the
-list which active connections are *expired*, answers them with ``408`` and
-closes them.  This module is that list: its lists, its events, and the
-counts and links they keep.  The records are ``connlist.core.records``';
-the states, the counts as the view reads them and the walks of the views
-are ``connlist.core.views``'.  The server layer (``connlist.servers.uvicorn.protocols``) and the
-middleware feed it; ``connlist.core.sweep`` and ``connlist.core.budget`` walk it; the
-enforcer acts on what they find, through the handles the server layer
-attached.
+Node.js (``src/node_http_parser.cc``, ``lib/_http_server.js``) keeps, per server, every
+connection in a list ``all`` and every connection receiving a request in a list ``active``.  A
+periodic check asks the list which active connections are *expired*, answers them with ``408``
+and closes them.  This module is that list: its lists, events, counts and walks, and the only
+module that reads or writes a record's links or the list's counts (records are
+``connlist.core.records``'; ``connlist.core.views`` presents what the list tells it).  The
+server layer and the middleware feed it; ``connlist.core.sweep`` and ``connlist.core.budget``
+walk it; the enforcer acts on what they find, through the handles the server layer attached.
 
 A connection moves through these events (the clock is monotonic)::
 
@@ -23,11 +20,10 @@ A connection moves through these events (the clock is monotonic)::
                        incomplete, moved to the tail of active
     headers_complete   headers_completed = True
     message_complete   request fully received: leaves active, clock reset to 0
-                       (the connection is idle until the next message_begin)
-    message            message_begin, headers_complete and message_complete at
-                       one instant, on an idle connection: a whole request in
-                       one read.  Nothing moves and no clock is read; the
-                       connection stays idle, one request more, responding
+                       (idle until the next message_begin)
+    message            the three above at one instant, on an idle connection:
+                       a whole request in one read.  Nothing moves, no clock
+                       is read; it stays idle, one request more, responding
     response_begin     a received request went to the app: responding
     response_complete  no response unfinished: not responding
     upgrade            left HTTP (a websocket accepted for its handshake):
@@ -35,14 +31,13 @@ A connection moves through these events (the clock is monotonic)::
                        ``upgraded``; it still counts in ``occupied``
     remove             closed: leaves every list it is in
 
-A connection is *expired* when it is in ``active`` and either its headers are
-incomplete and its message started more than ``headers_timeout`` ago, or its
-message started more than ``request_timeout`` ago.  Expired connections leave
-``active`` (so each is reported once) and stay in ``all`` until removed.
+A connection is *expired* when it is in ``active`` and either its headers are incomplete and its
+message started more than ``headers_timeout`` ago, or its message started more than
+``request_timeout`` ago.  Expired ones leave ``active`` (each is reported once) and stay in
+``all`` until removed.
 
-Five more lists serve what Node does not do, each a ``connlist.core.queues.Queue``
-ordered by the time that matters to it; none is touched by a request that
-arrives whole::
+Five more lists serve what Node does not do, each ordered by the time that matters to it
+(``connlist.core.queues``); a request that arrives whole touches none::
 
     body        requests receiving a body, by when it began (``body_begin``;
                 ``connlist.core.sweep`` times the minimum rate)
@@ -52,67 +47,52 @@ arrives whole::
     upgraded    connections that left HTTP (websockets), by when (``upgrade``);
                 until they close, for the view and the budget (Node drops them)
     idle_queue  idle connections by when their idle time began, for the
-                keep-alive timeout and the budget's choice of what to
-                close (``connlist.core.sweep``, ``connlist.core.budget``;
-                ``idle()`` is Node's view): a heap, whose keys the sweep
-                corrects as it finds them late
+                keep-alive and the budget's choice of what to close (``idle()``
+                is Node's view): a heap, whose keys the sweep corrects late
 
-A record is in at most one of ``stalled``, ``closing`` and ``upgraded``
-(one link, ``out_state`` says which).  A connection closed to make room
-(``evict``) leaves ``active``, ``body`` and the idle queue, counts as timed out until
-removed, and no longer counts in ``occupied``.
+A record is in at most one of ``stalled``, ``closing`` and ``upgraded`` (one link, ``out_state``
+says which).  One closed to make room (``evict``) leaves ``active``, ``body`` and the idle
+queue, counts as timed out until removed, and no longer counts in ``occupied``.
 
-``all`` and ``active`` are intrusive, circular and doubly linked, like the
-pure-Python ``OrderedDict`` in CPython: each ``Connection`` carries its own
-links, and each list has a sentinel root.  Their links are written out in
-the events a request runs (docs/benchmarks.md, "Where the remaining
+``all`` and ``active`` are intrusive, circular and doubly linked, like CPython's pure-Python
+``OrderedDict``: each ``Connection`` carries its own links, each list has a sentinel root, and
+the events a request runs write their links out (docs/benchmarks.md, "Where the remaining
 instructions go").
 
 Invariants:
 
-* A record the list holds (connected, not yet removed) that is in no list
-  but ``all`` is linked to itself in ``active``, so unlinking is idempotent
-  and "is it linked?" is one identity test; the roots of empty lists too.
-  A record it does not hold (not yet connected, or removed) has no links
-  (``NO_LINK``): "is it in ``all``?" is ``_all_next is not None``, and no
-  record refers to itself once the list lets go of it.
-* ``message_begin`` stamps the current clock and moves the node to the tail,
-  and the clock never goes back, so ``active`` is always ordered by
-  ``last_message_start``, oldest first.  ``expired()`` therefore stops at the
-  first connection too young to expire, and the earliest deadline of all is
-  found near the head: one timer per worker is enough.
-* ``last_message_start == 0`` exactly when the connection is idle (between
-  requests); an expired connection keeps its start, so it is neither idle
-  nor active.  The clock must therefore never return 0 (``time.monotonic``
+* A record the list holds (connected, not yet removed) in no list but ``all`` is linked to
+  itself in ``active``, as are the roots of empty lists: unlinking is idempotent, "is it
+  linked?" one identity test.  A record it does not hold (not yet connected, or removed) has no
+  links (``NO_LINK``): "is it in ``all``?" is ``_all_next is not None``, and no record refers to
+  itself once the list lets go of it.
+* ``message_begin`` stamps the clock and moves the node to the tail, and the clock never goes
+  back, so ``active`` is ordered by ``last_message_start``, oldest first: ``expired()`` stops at
+  the first connection too young to expire, and the earliest deadline is near the head
+  (``next_deadline``): one timer per worker is enough.
+* ``last_message_start == 0`` exactly when the connection is idle; an expired connection keeps
+  its start, so it is neither idle nor active.  The clock must never return 0 (``time.monotonic``
   does not).
-* An upgraded record is out of ``all``'s ring and has no links (as a
-  removed one), so every HTTP event is a no-op on it, at no cost to the
-  events: it is held by ``upgraded`` alone, which ``all()`` and the counts
-  add.  ``remove`` takes it out of there.
-* The counts are kept as the nodes move, so each is O(1): ``occupied``,
-  ``active``, expired connections not yet closed (``timed_out``), active
-  connections whose headers are incomplete, and those evicted; ``all`` is
-  ``occupied`` less the upgraded plus the evicted (a connection's join and
-  removal update one count, not two), and idle is what remains (``all -
-  active - timed_out``), so a request updates one count, not two.
-  ``headers_completed`` and ``last_message_start`` must therefore change
-  only through the list's events.
-* The feeder's own writes: ``responding``, ``requests`` and
-  ``body_received`` are the record's own, no count and no link depends on
-  them, so a feeder's hot path may write them itself (``message`` says
-  which).  The view's count of idle connections that are responding is
-  taken when it asks, by a walk of ``all`` (``idle_responding_count``).
-
-The connections' states and the list's counts, as the view reads them, are
-``connlist.core.views``' (its "States"), derived from the fields and counts
-kept here.
+* An upgraded record is out of ``all``'s ring and has no links (as a removed one), so every HTTP
+  event is a no-op on it at no cost: it is held by ``upgraded`` alone, which ``all()`` and the
+  counts add, until ``remove``.
+* The counts are kept as the nodes move, so each is O(1): ``occupied``, ``active``, expired
+  connections not yet closed (``timed_out``), active connections whose headers are incomplete,
+  and those evicted.  ``all`` is ``occupied`` less the upgraded plus the evicted (a join or a
+  removal updates one count), and idle is ``all - active - timed_out`` (a request updates one
+  count).  ``headers_completed`` and ``last_message_start`` therefore change only through the
+  list's events.
+* The feeder's own writes: no count and no link depends on ``responding``, ``requests`` and
+  ``body_received``, so a feeder's hot path may write them itself (``message`` says which).  The
+  idle connections still responding are counted when the view asks, by a walk of ``all``
+  (``idle_responding_count``).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from connlist.core.kinds import effective_timeouts
@@ -134,17 +114,15 @@ from connlist.core.views import PHASES, STATES, ListViews, connection_state
 
 __all__ = ["PHASES", "STATES", "Connection", "ConnectionHandle", "ConnectionsList", "connection_state"]
 
-# ``connect`` makes its record with these, not ``Connection(...)``: the
-# class's call runs ``__init__`` in an interpreter of its own (called from
-# C), while a Python function called from Python runs inline
-# (docs/benchmarks.md, "The record built without the class's call"); and
-# it writes the links and the start itself, once.
+# ``connect`` makes its record with these, not ``Connection(...)``, whose ``__init__`` runs called
+# from C, not inline (docs/benchmarks.md, "The record built without the class's call"); and it
+# writes the links and the start itself, once.
 _new = object.__new__
 _fields = Connection._fields
 
 
-class ConnectionsList(ListViews):
-    """Every connection of one worker: Node's ``all`` and ``active``, and the queues (module docstring)."""
+class ListState(ListViews):
+    """The list's roots, counts and queues, and what reads them: its counts and walks, which the views ask."""
 
     __slots__ = (
         "_active_root",
@@ -170,10 +148,9 @@ class ConnectionsList(ListViews):
         root._all_prev = root._all_next = root
         self._active_root = root = Connection()
         root._active_prev = root._active_next = root
-        # The counts (see the invariants; ``all``'s is the views' ``_n_all``).
+        # The counts (see the invariants; ``all``'s is ``_n_all``).
         self._n_evicted = self._n_active = self._n_timed_out = self._n_headers_pending = 0
-        # Connections that count against the budget: those in ``all`` not
-        # evicted (closed to make room, not yet removed).  Read-only outside the list.
+        # Those that count against the budget: in ``all``, not evicted.  Read-only outside the list.
         self.occupied = 0
         self.body: Queue[Connection] = Queue("_body_link", "body_started")
         self.stalled: Queue[Connection] = Queue("_out_link", "out_sampled")
@@ -188,9 +165,105 @@ class ConnectionsList(ListViews):
     def clock(self) -> Callable[[], float]:
         return self._clock
 
-    # -- the links of all and active; connect, message_begin, message and
-    # message_complete write their appends and unlinks out (docs/benchmarks.md,
-    # "Where the remaining instructions go")
+    def next_deadline(self, headers_timeout: float, request_timeout: float) -> float | None:
+        """The earliest clock value at which some active connection can expire, or None.
+
+        The timeouts are taken as ``expired`` takes them.  The walk stops
+        where no later connection can have an earlier deadline.
+        """
+        headers_timeout, request_timeout = effective_timeouts(headers_timeout, request_timeout)
+        if not headers_timeout and not request_timeout:
+            return None
+        shortest = headers_timeout or request_timeout
+        best = math.inf
+        root = self._active_root
+        node = root._active_next
+        while node is not root:
+            start = node.last_message_start
+            # No later node can expire before ``start + shortest``.
+            if start + shortest >= best:
+                break
+            if headers_timeout and not node.headers_completed:
+                best = start + headers_timeout
+                break
+            if request_timeout:
+                best = min(best, start + request_timeout)
+            node = node._active_next
+        return None if best == math.inf else best
+
+    @property
+    def _n_all(self) -> int:
+        """The records in ``all``: ``occupied``, less the upgraded, plus the evicted (see the invariants)."""
+        return self.occupied - len(self.upgraded) + self._n_evicted
+
+    def __len__(self) -> int:
+        return self._n_all + len(self.received) + len(self.upgraded)
+
+    @property
+    def active_count(self) -> int:
+        return self._n_active
+
+    @property
+    def idle_count(self) -> int:
+        return self._n_all + len(self.received) - self._n_active - self._n_timed_out
+
+    @property
+    def timed_out_count(self) -> int:
+        """Expired connections not yet closed: in ``all``, neither active nor idle."""
+        return self._n_timed_out
+
+    @property
+    def headers_pending_count(self) -> int:
+        """Active connections whose headers are incomplete (new, or reading a request head)."""
+        return self._n_headers_pending
+
+    @property
+    def idle_responding_count(self) -> int:
+        """Idle connections whose response is unfinished: a walk of ``all``, O(n) (see the invariants)."""
+        n = len(self.received)
+        root = self._all_root
+        node = root._all_next
+        while node is not root:
+            if node.responding and node.last_message_start == 0.0:
+                n += 1
+            node = node._all_next
+        return n
+
+    def iter_all(self) -> Iterator[Connection]:
+        """``all``: the ring in connection order, then the upgraded, then ``Received``; the current may go.
+
+        A node removed during the yield has no links: the walk carries on
+        from its old successor, unless that was removed too (it ends).
+        """
+        root = self._all_root
+        node = root._all_next
+        while node is not root and node._all_next is not None:
+            nxt = node._all_next
+            yield node
+            node = nxt if node._all_next is None else node._all_next
+        if node is root:
+            yield from self.upgraded
+            yield from self._iter_received()
+
+    def iter_active(self) -> Iterator[Connection]:
+        """``active`` by message start, oldest first; unlinking the current node is safe.
+
+        A node unlinked during the yield is linked to itself, or has no links if it was removed: the
+        walk carries on from its old successor.
+        """
+        root = self._active_root
+        node = root._active_next
+        while node is not root and node._active_next is not node and node._active_next is not None:
+            nxt = node._active_next
+            yield node
+            after = node._active_next
+            node = nxt if after is node or after is None else after
+
+
+class ConnectionsList(ListState):
+    """Every connection of one worker: Node's ``all`` and ``active``, and the queues (module docstring)."""
+
+    __slots__ = ()
 
     @staticmethod
     def _active_unlink(conn: Connection) -> None:
@@ -201,10 +274,7 @@ class ConnectionsList(ListViews):
         conn._active_prev = conn._active_next = conn
 
     def out_leave(self, conn: Connection) -> None:
-        """Out of ``stalled`` or ``closing`` (the one it is in), and its state with it: a linger ended.
-
-        (Never ``upgraded``: a record there is in no list of HTTP's, ``remove`` takes it out.)
-        """
+        """Out of ``stalled`` or ``closing`` (never ``upgraded``: ``remove``), its state with it."""
         (self.stalled if conn.out_state == OUT_STALLED else self.closing).unlink(conn)
         conn.out_state = OUT_NONE
 
@@ -281,11 +351,9 @@ class ConnectionsList(ListViews):
     def message(self, conn: Connection) -> None:
         """A whole request received at one instant and handed to the app: four events in one.
 
-        No clock is read.  On an idle connection nothing moves: one request
-        more, responding (what a feeder's hot path writes itself).  On a new
-        connection (its first request, whole in its first read) it leaves
-        ``active``; its idle time begins at ``response_complete``, which
-        queues it.
+        No clock is read.  On an idle connection nothing moves (what a feeder's
+        hot path writes itself).  A new one (its first request whole in its
+        first read) leaves ``active``; ``response_complete`` queues it idle.
         """
         if conn.last_message_start == 0.0 and conn._all_next is not None:
             conn.headers_completed = True
@@ -319,12 +387,7 @@ class ConnectionsList(ListViews):
             conn.responding = True
 
     def response_complete(self, conn: Connection) -> None:
-        """No response is unfinished on the connection any more: not ``responding``, idle from now.
-
-        An idle connection joins the idle queue here, if it is not in it,
-        keyed by when its idle time began.  A feeder that writes this event
-        out itself writes the same.
-        """
+        """No response is unfinished any more: not ``responding``; an idle one joins the idle queue, now."""
         conn.responding = False
         conn.responded_at = now = self._clock()
         if conn._idle_entry is None and conn.last_message_start == 0.0 and conn._all_next is not None:
@@ -355,23 +418,19 @@ class ConnectionsList(ListViews):
             return  # idle already: a second call for the same request counts nothing
         conn.last_message_start = 0.0
         conn.requests += 1
-        # Its idle time begins when its response ends (response_complete;
-        # 0: not yet, or it ended before this message did).
+        # Its idle time begins when its response ends (0: not yet, or it ended before this message).
         conn.responded_at = 0.0
         if conn._idle_entry is None and not conn.responding:
-            # Its response ended first: keyed by the message's start, with no
-            # clock read, as no idle time began before it.  One still
-            # responding joins at response_complete; one still queued stays,
+            # Its response ended first: keyed by the message's start, as no idle time began
+            # before it.  One still responding joins at response_complete; one queued stays,
             # keyed as early (connlist.core.sweep, "The idle order").
             self.idle_queue.push(conn, started)
 
     def remove(self, conn: Connection) -> None:
         """Closed: leaves every list it is in, for good.  Idempotent, safe in any state.
 
-        Its links are cleared (``NO_LINK``), not linked to itself: a record
-        linked to itself is a reference cycle, which only the cyclic
-        collector frees, and a record kept for long is in its oldest
-        generation; cleared, the record goes with its last reference.
+        Its links are cleared (``NO_LINK``), not linked to itself: that is a reference cycle,
+        which only the cyclic collector frees; cleared, it goes with its last reference.
         """
         last = conn._all_next
         if last is None:
@@ -417,14 +476,11 @@ class ConnectionsList(ListViews):
     def upgrade(self, conn: Connection, method: str | None = None, path: str | None = None) -> None:
         """Left HTTP (a websocket the server hands its handshake to): held in ``upgraded`` until removed.
 
-        It leaves ``all``'s ring and every HTTP list as at ``remove`` (so no
-        timeout applies and no HTTP event moves it), and joins the tail of
-        ``upgraded``, stamped now; it still counts in ``occupied``.  Its
-        ``last_message_start`` is that stamp (never 0: it is not idle, and
-        the view's ``duration`` is the websocket's), and its request's
-        ``method`` and ``path`` are kept if given.  Only a record in the
-        ring, not let go to make room, is upgraded: the others are left as
-        they are.
+        It leaves ``all``'s ring and every HTTP list as at ``remove`` (no timeout applies, no
+        HTTP event moves it), and joins the tail of ``upgraded``, stamped now (its
+        ``last_message_start`` too: not idle, the view's ``duration`` is the websocket's);
+        it still counts in ``occupied``.  ``method`` and ``path`` are kept if given.  Only a
+        record in the ring, not let go to make room, is upgraded.
         """
         if conn._all_next is None or conn.evicted:
             return
@@ -482,8 +538,7 @@ class ConnectionsList(ListViews):
     def stall(self, conn: Connection, pending: int, acked: tuple[int, int] | None = None) -> None:
         """The client stopped taking the response (``pending`` bytes unsent): joins ``stalled``.
 
-        ``acked`` as for ``Connection.sample``.  Not a connection closing,
-        stalled already, or not tracked.
+        ``acked`` as for ``Connection.sample``.  Not one closing, stalled already, or not tracked.
         """
         if conn.out_state == OUT_NONE and conn._all_next is not None:
             conn.out_state = OUT_STALLED
@@ -510,9 +565,8 @@ class ConnectionsList(ListViews):
     def expired(self, headers_timeout: float, request_timeout: float, limit: int = -1) -> list[Connection]:
         """Unlink and return up to ``limit`` (-1: all) active connections that ran out of time (Node's rule).
 
-        0 disables a timeout; the pair is taken as Node's list takes it
-        (``kinds.effective_timeouts``).  The cost is that of the connections
-        older than the shorter timeout, not of all active ones.
+        0 disables a timeout; the pair is taken as Node's list takes it (``kinds.effective_timeouts``).
+        The cost is that of the connections older than the shorter timeout, not of all active ones.
         """
         headers_timeout, request_timeout = effective_timeouts(headers_timeout, request_timeout)
         if not headers_timeout and not request_timeout:
