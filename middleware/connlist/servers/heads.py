@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from connlist.core.enforcer import Enforcer
 from connlist.core.records import Connection
-from connlist.servers.phases import OVERFLOWED
+from connlist.servers.phases import OVERFLOWED, move
 
 __all__ = ["HeadBound", "head_end"]
 
@@ -77,7 +77,7 @@ class HeadBound:
         parser has seen a byte past the limit.
         """
         record = self._connlist_record
-        self._connlist_phase = OVERFLOWED
+        self._connlist_phase = move(self._connlist_phase, OVERFLOWED)
         if record is not None:
             self._connlist.overflow(record, self.connlist_close_overflow)
 

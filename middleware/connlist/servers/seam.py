@@ -43,13 +43,23 @@ from connlist.core.logs import log
 from connlist.core.records import Address, Connection, ConnectionHandle
 from connlist.servers import sending
 from connlist.servers.heads import HeadBound
-from connlist.servers.phases import BETWEEN, BODY, HEADERS, OVERFLOWED, UPGRADE_REFUSED, UPGRADED
+from connlist.servers.phases import (
+    BETWEEN,
+    BODY,
+    HEADERS,
+    OVERFLOWED,
+    REFUSED,
+    UPGRADE_REFUSED,
+    UPGRADED,
+    move,
+)
 
 __all__ = [
     "BETWEEN",
     "BODY",
     "HEADERS",
     "OVERFLOWED",
+    "REFUSED",
     "RESPONSE_408",
     "RESPONSE_431",
     "RESPONSE_503",
@@ -523,7 +533,7 @@ class Tracking(HeadBound, TransportHandle):
         """Where a read (or a finished response) left the message being received; the timer follows."""
         if body_begins:
             self._connlist_body_begin(record)
-        self._connlist_phase = phase
+        self._connlist_phase = move(self._connlist_phase, phase)
         if phase != BETWEEN:
             self._connlist.watch()  # the connection is active: it can expire
 

@@ -52,7 +52,7 @@ from connlist.servers.heads import head_end as _head_end
 from connlist.servers.seam import BETWEEN as _BETWEEN
 from connlist.servers.seam import BODY as _BODY
 from connlist.servers.seam import HEADERS as _HEADERS
-from connlist.servers.seam import UPGRADE_REFUSED as _UPGRADE_REFUSED
+from connlist.servers.seam import REFUSED as _REFUSED
 from connlist.servers.seam import UPGRADED as _UPGRADED
 from connlist.servers.uvicorn import websocket as _websocket
 from connlist.servers.uvicorn.cycle import UvicornCycle
@@ -298,7 +298,7 @@ if httptools_impl is not None:
             takes from the room the head has left (``_connlist_room``).
             """
             record = self._connlist_record
-            if record is None or self._connlist_phase == _UPGRADE_REFUSED:
+            if record is None or self._connlist_phase == _REFUSED:
                 return  # (refused: let go and closing, its events are over)
             enforcer = self._connlist
             upgraded = self._connlist_phase == _UPGRADED

@@ -38,7 +38,7 @@ from typing import Any
 from connlist.core.connections import ConnectionsList
 from connlist.core.logs import log
 from connlist.core.records import Connection
-from connlist.servers.seam import UPGRADE_REFUSED, UPGRADED
+from connlist.servers.phases import REFUSED, UPGRADED, move
 
 __all__ = ["Held", "hand_over", "holding", "request_path"]
 
@@ -84,7 +84,7 @@ def hand_over(
 
     ``protocol`` is connlist's uvicorn HTTP protocol in its
     ``handle_websocket_upgrade``; its phase becomes ``UPGRADED``, or
-    ``UPGRADE_REFUSED`` (the enforcer answered ``503``): no HTTP event of
+    ``REFUSED`` (the enforcer answered ``503``): no HTTP event of
     the connection follows either.  The record is held as upgraded here,
     or, with ``hold`` False, by the caller once it has replayed the read's
     events (``Enforcer.hold_upgraded``: httptools' protocol).
@@ -95,9 +95,9 @@ def hand_over(
         return
     enforcer = protocol._connlist
     if not enforcer.admit_upgrade(record):
-        protocol._connlist_phase = UPGRADE_REFUSED
+        protocol._connlist_phase = move(protocol._connlist_phase, REFUSED)
         return
-    protocol._connlist_phase = UPGRADED
+    protocol._connlist_phase = move(protocol._connlist_phase, UPGRADED)
     cls = protocol.ws_protocol_class
     held_class = holding(cls)
     held = (enforcer.connections, record)
