@@ -7,8 +7,9 @@ an ``app`` must compile and build that app, and every option of
 default, every metric in docs/metrics.md, and every field of the debug view
 in docs/debug-endpoint.md.  The README's links lead to files of the
 repository; no page links to a host the project does not have (no site is
-published yet); and every page explains the glossary's terms, or links to
-them, where it first uses them.
+published yet); every page explains the glossary's terms, or links to
+them, where it first uses them; and the benchmarks' commands name scripts,
+options and setups that exist.
 """
 
 from __future__ import annotations
@@ -412,3 +413,42 @@ def test_every_field_of_the_view_is_documented() -> None:
     (entry,) = view["all"]
     assert "unread" in entry
     assert set(entry) - set(connection) == set(), "docs/debug-endpoint.md: connection fields not in its table"
+
+
+# -- the benchmarks' commands ----------------------------------------------------------
+
+BENCHMARKS = ROOT / "benchmarks"
+# pyperf.Runner's own options, which structures.py and list_micro.py take through it.
+PYPERF_OPTIONS = {"--fast", "--rigorous", "--processes", "--append", "-o", "--output", "--values"}
+
+
+def benchmark_commands(path: Path) -> list[tuple[str, list[str]]]:
+    """Each ``benchmarks/NAME.py`` command of a page's ``sh`` blocks: the script and its arguments."""
+    commands = []
+    for block in code_blocks(path, "sh"):
+        for line in block.replace("\\\n", " ").splitlines():
+            match = re.search(r"benchmarks/(\w+)\.py((?:\s+[^\s#;]+)*)", line.split(" #", 1)[0])
+            if match:
+                commands.append((match[1], match[2].split()))
+    return commands
+
+
+def test_the_benchmark_commands_name_scripts_and_options_that_exist() -> None:
+    # The benchmarks page gives the one command behind each table: it must still run as written.
+    sources = "\n".join(p.read_text(encoding="utf-8") for p in BENCHMARKS.glob("*.py"))
+    pages = [DOCS / "benchmarks.md", DOCS / "comparison.md", BENCHMARKS / "README.md"]
+    commands = [(page, *command) for page in pages for command in benchmark_commands(page)]
+    assert len(commands) >= 20, commands
+    for page, script, args in commands:
+        where = f"{page.relative_to(ROOT)}: benchmarks/{script}.py {' '.join(args)}"
+        assert (BENCHMARKS / f"{script}.py").is_file(), where
+        own = (BENCHMARKS / f"{script}.py").read_text(encoding="utf-8")
+        option = None
+        for arg in args:
+            if arg.startswith("-"):
+                option = arg
+                if "pyperf.Runner" in own and arg in PYPERF_OPTIONS:
+                    continue
+                assert f'"{arg}"' in sources, f"{where}: no {arg}"
+            elif option == "--setups":
+                assert f'"{arg}"' in sources, f"{where}: no setup {arg}"
