@@ -188,8 +188,11 @@ def test_a_response_tail_the_client_never_reads_is_aborted_after_the_close(parse
             b"GET /tail HTTP/1.1\r\nHost: x\r\n" + (b"Connection: close\r\n" if close else b"") + b"\r\n"
         )
         conn = held_tail(running, mw)
-        ended = time.monotonic()
         assert conn.is_stalled == close  # closed with bytes unsent: a stall from the close
+        # When the response ended, on the list's clock (time.monotonic, as here): the stall
+        # begun at the close, or the idle time begun at the response's end.  (Seen here, it
+        # would be up to a poll of wait_for later.)
+        ended = conn.out_since if close else conn.responded_at
         assert wait_for(lambda: running.call(lambda: len(mw.connections)) == 0, 10)
         gone = time.monotonic()
         allowance = send_allowance(send_timeout, conn.out_step)
