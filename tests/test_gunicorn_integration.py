@@ -8,20 +8,15 @@ and what connlist says (the mode, the reason, the one line) is checked.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import inspect
 import logging
 import sys
-import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 pytest.importorskip("gunicorn.workers.gasgi")
 
-import gunicorn
 from gunicorn.asgi import protocol as gunicorn_protocol
 from gunicorn.workers import gasgi
 from starlette.requests import ClientDisconnect
@@ -74,50 +69,6 @@ def test_the_self_check_passes_on_the_installed_gunicorn(gunicorn_parser: str) -
     assert result.passed, result.failure
     assert "a headers timeout" in result.steps and "the keep-alive timeout" in result.steps
     assert result.seconds < 1.0
-
-
-def test_the_self_check_passes_with_gunicorns_own_data_received(gunicorn_parser: str) -> None:
-    # What a gunicorn whose data_received changed runs: gunicorn's, which calls the read's hook.
-    cls = gunicorn_asgi.prepare(GUNICORNS)
-    hooked = type("Hooked", (cls,), {"__slots__": (), "data_received": GUNICORNS.data_received})
-    result = gunicorn_asgi_check.run_in_thread(hooked, gunicorn_parser)
-    assert result.passed, result.failure
-
-
-def test_data_received_is_written_in_only_for_the_form_it_was_copied_from(tmp_path: Path) -> None:
-    from connlist.servers.gunicorn import reads
-
-    # The gunicorn connlist is tested with has that form, and the class takes it where it is known.
-    assert gunicorn.__version__ != gunicorn_asgi_start.TESTED_GUNICORN or reads.known(GUNICORNS.data_received)
-    assert gunicorn_asgi.ASGIProtocol.connlist_reads_written_in is reads.known(GUNICORNS.data_received)
-    source = textwrap.dedent(inspect.getsource(reads._gunicorn_27))
-
-    def method(text: str) -> Any:
-        """The function ``text`` defines, from a module file (inspect reads its source there)."""
-        path = tmp_path / f"release_{len(list(tmp_path.iterdir()))}.py"
-        path.write_text("from typing import Any\n\n" + text)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.data_received
-
-    renamed = source.replace("_gunicorn_27", "data_received")
-    assert reads.known(method(renamed))
-    # Its docstring and comments are not statements: still the form.
-    assert reads.known(
-        method(renamed.replace('"""gunicorn 27', '"""Another release; gunicorn 27').replace("# ", "#: "))
-    )
-    # One statement more, or one changed, is another form: gunicorn's own is kept.
-    more = renamed.replace(
-        "            self._pause_reading()\n        return",
-        "            self._pause_reading()\n        self.paused = 1\n        return",
-    )
-    assert more != renamed and not reads.known(method(more))
-    assert not reads.known(method(renamed.replace("self._h2c_feed(data)", "self._h2c_feed(data, 1)")))
-    # No source to read, or no method at all.
-    assert not reads.known(len)
-    assert not reads.known(None)
 
 
 def test_the_self_check_names_a_missing_hook() -> None:

@@ -35,12 +35,10 @@ CR or LF                           RFC 9112 lets a server skip them)
 =================================  ===========================================
 
 A whole request in one read on an idle connection is the list's
-``message``: the feeder's own writes, as uvicorn's protocols do.  Where
-gunicorn's ``data_received`` is the one connlist's was copied from
-(``connlist.servers.gunicorn.reads``), the class's own runs the hook's
-between-messages path in its place, without the hook's call.  What comes
-while a response is written waits unparsed (``connlist.servers.gunicorn.held``),
-and a request in it is timed from the moment it is fed (as on uvicorn's h11).
+``message``: the feeder's own writes, as uvicorn's protocols do.  What comes
+while a response is written waits unparsed (``connlist.servers.gunicorn.held``:
+``data_received`` holds it before gunicorn's runs), and a request in it is
+timed from the moment it is fed (as on uvicorn's h11).
 
 gunicorn arms its keep-alive timer (``_arm_keepalive_timer``) when a
 connection becomes idle: after the response, once the application's call
@@ -91,7 +89,6 @@ from starlette.requests import ClientDisconnect
 
 from connlist.core.logs import route_to_server
 from connlist.core.records import FROM_HANDLE, Connection
-from connlist.servers.gunicorn import reads
 from connlist.servers.gunicorn.held import Held
 from connlist.servers.seam import (
     BETWEEN,
@@ -266,7 +263,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             fed = self._connlist_base_feed(data)
             self._connlist_events(record, phase, request, fed, len(data))
             return fed
-        # Between messages (also written into _connlist_data_received).
+        # Between messages.
         if (len(data) > self._connlist_room or self._callback_parser.is_complete) and (
             stopped := self._connlist_stop(data)
         ) is not None:
@@ -312,67 +309,13 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         self._connlist_room = enforcer.head_limit
         self._connlist_events(record, HEADERS, request, fed, len(data))
 
-    def _connlist_data_received(self, data: Any) -> None:
-        """gunicorn's ``data_received`` with the hook's between-messages path written in (``reads``)."""
-        if self._websocket or self._h2c_buffer is not None or self.reader or not self._callback_parser:
-            # Not HTTP/1's callback parser: gunicorn's own.
-            _Gunicorn.data_received(self, data)
-            return
-        if self._connlist_unread is not None:
-            self._connlist_hold(data)  # (Held: a read that comes while one is held joins it)
-            return
-        record = self._connlist_record
-        if self._connlist_phase or record is None:
-            fed = self._feed_callback_parser(data)
-        else:
-            # Between messages: _feed_callback_parser's.
-            if (len(data) > self._connlist_room or self._callback_parser.is_complete) and self._connlist_stop(
-                data
-            ) is not None:
-                return
-            request = self._current_request
-            held = self._callback_parser.is_complete
-            fed = self._connlist_base_feed(data)
-            new = self._current_request
-            parser = self._callback_parser
-            if (
-                new is not request
-                and not held
-                and parser is not None
-                and parser.is_complete
-                and self._h2c_upgrade_settings is None
-            ):
-                self._connlist_last = new
-                enforcer = self._connlist
-                enforcer.totals.requests += 1
-                if record.last_message_start == 0.0:
-                    record.requests += 1
-                    record.responding = True
-                else:
-                    enforcer.connections.message(record)
-            else:
-                self._connlist_begun(record, request, held, data, fed)
-        # The rest of gunicorn's HTTP/1 branch.
-        if not fed:
-            return
-        if (
-            not self._reading_paused
-            and self._callback_parser is not None
-            and self._http1_buffered() > self._max_buffer_size
-        ):
-            self._pause_reading()
-
-    def _connlist_data_received_hooked(self, data: Any) -> None:
-        """gunicorn's own ``data_received``, calling the hook; a read coming while one is held joins it."""
+    def data_received(self, data: Any) -> None:
+        # A read that comes while connlist holds one (held.Held) joins it, unparsed.  Here, not
+        # in the hook: gunicorn's loop also feeds the parser's own pipelined tail through the hook.
         if self._connlist_unread is not None:
             self._connlist_hold(data)
             return
         _Gunicorn.data_received(self, data)
-
-    # gunicorn's data_received where it is the form connlist's is written for
-    # (connlist.servers.gunicorn.reads), else gunicorn's own, which calls the hook.
-    connlist_reads_written_in = reads.known(getattr(_Gunicorn, "data_received", None))
-    data_received = _connlist_data_received if connlist_reads_written_in else _connlist_data_received_hooked
 
     def _connlist_events(self, record: Connection, phase: int, request: Any, fed: object, n: int) -> None:
         """The events of a feed of ``n`` bytes: the open message (at ``phase``) got its headers, ended.
