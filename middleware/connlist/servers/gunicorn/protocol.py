@@ -375,8 +375,9 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
     # -- the response, and the keep-alive the list times -----------------------
 
     def _arm_keepalive_timer(self) -> None:
-        # The connection is idle from now (gunicorn's own moment): the list
-        # times its keep-alive, with gunicorn's --keep-alive and its handler.
+        # The connection is idle from now (gunicorn's own moment): the response's end, and
+        # the list times the keep-alive (gunicorn's --keep-alive, closed by its handler)
+        # where the enforcer can (keep_alive_timed), else gunicorn's timer does.
         # (Set by connection_made: a connection is idle only after a request.)
         record: Connection = self._connlist_record  # type: ignore[assignment]
         enforcer = self._connlist
@@ -386,18 +387,9 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             # Not a connection going idle (module docstring): gunicorn's timer, as on gunicorn.
             _Gunicorn._arm_keepalive_timer(self)
             return
+        enforcer.response_complete(record)
         if not enforcer.keep_alive_timed:
-            enforcer.connections.response_complete(record)
             _Gunicorn._arm_keepalive_timer(self)
-            return
-        # ConnectionsList.response_complete, written out (a call here costs
-        # more than the event); tests/test_event_copies.py holds it to it.
-        record.responding = False
-        record.responded_at = idle_at = enforcer.clock()
-        if record._idle_entry is None and record.last_message_start == 0.0 and record._all_next is not None:
-            enforcer.connections.idle_queue.push(record, idle_at)
-        if idle_at + self._keepalive < enforcer.timer_at:
-            enforcer.wake_by(idle_at + self._keepalive)
 
     def _resume_reading(self) -> None:
         # gunicorn's loop, after each response: not while connlist holds a read (held.Held).
