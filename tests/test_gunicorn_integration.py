@@ -594,19 +594,76 @@ def test_closes_of_a_connection_being_served(monkeypatch: pytest.MonkeyPatch) ->
     asyncio.run(main())
 
 
-def test_whether_a_response_began_at_each_point_of_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+async def _early_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """/early begins its response before it reads the body, /fail raises before any; the rest echo."""
+    if scope["path"] == "/fail":
+        raise RuntimeError("no response")
+    if scope["path"] != "/early":
+        await _body_app(scope, receive, send)
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"first", "more_body": True})
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    await send({"type": "http.response.body", "body": b"last"})
+
+
+def test_whether_a_response_began_for_the_request_being_served(monkeypatch: pytest.MonkeyPatch) -> None:
     cls = passing(monkeypatch)
     from gunicorn.config import Config
 
+    post = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab"
+
     async def main() -> None:
-        protocol, _transport, enforcer = _connected(cls, Config())
-        # Waiting for a first request: none is served.
+        protocol, transport, enforcer = _connected(cls, Config(), _early_app)
+        record = protocol._connlist_record
+        # Waiting for a first request, then its head arriving: none is answered.
         await _turns()
-        assert protocol._connlist_response_started() is False
-        # The loop gone: nothing to tell (no 408 then).
-        protocol._task.cancel()
-        await _turns(5)
-        assert protocol._connlist_response_started() is None
+        assert protocol._connlist_response_written(record) is False
+        first = post % b"/"
+        protocol.data_received(first[:9])
+        assert protocol._connlist_response_written(record) is False
+        # Its body arriving, the app waiting for it: not answered.
+        protocol.data_received(first[9:])
+        await _turns()
+        assert protocol._connlist_response_written(record) is False
+        protocol.data_received(b"cd")
+        await _turns()
+        assert bytes(transport.written).endswith(b"abcd")
+        # The next request's response begun before its body: answered, and a cut writes no 408.
+        protocol.data_received(post % b"/early")
+        await _turns()
+        assert b"first" in bytes(transport.written)
+        assert protocol._connlist_response_written(record) is True
+        protocol.data_received(b"cd")
+        await _turns()
+        assert bytes(transport.written).endswith(b"last\r\n0\r\n\r\n")
+        # After it, the request being served is another: not answered.
+        protocol.data_received(post % b"/")
+        await _turns()
+        assert protocol._connlist_response_written(record) is False
+        protocol.connlist_close_expired()
+        assert bytes(transport.written).endswith(
+            b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        )
+        _close(protocol, enforcer)
+        # A response begun before the body, then the cut: the close alone.
+        protocol, transport, enforcer = _connected(cls, Config(), _early_app)
+        protocol.data_received(post % b"/early")
+        await _turns()
+        written = bytes(transport.written)
+        assert b"first" in written
+        protocol.connlist_close_expired()
+        assert transport.closing and bytes(transport.written) == written
+        _close(protocol, enforcer)
+        # gunicorn's own 500 for an app that raised before responding: answered too.
+        protocol, transport, enforcer = _connected(cls, Config(), _early_app)
+        record = protocol._connlist_record
+        protocol.data_received(post % b"/fail")
+        await _turns()
+        assert bytes(transport.written).startswith(b"HTTP/1.1 500 ")
+        assert protocol._connlist_response_written(record) is True
         _close(protocol, enforcer)
 
     asyncio.run(main())

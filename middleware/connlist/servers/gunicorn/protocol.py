@@ -53,11 +53,12 @@ response ended just as that request arrived; gunicorn's loop cancels the
 timer at once), and one on a connection served untimed (HTTP/1 found by
 h2c's sniffing), which no list event marks busy again.
 
-Whether a response began is read only when a request is cut while its body
-arrives (rare): from the request's task, which gunicorn's connection loop
-awaits (``_serve_http_request``'s ``task``, running ``_handle_http_request``,
-whose ``response_started`` says); a response under way gets no ``408``.
-Nothing of it runs per request.
+Whether a response began matters only when a request is cut while its body
+arrives (rare): a response under way gets no ``408``, only the close.
+gunicorn says so by calling ``_send_response_start`` (the app's
+``http.response.start``) or ``_send_error_response`` (its own answer): the
+class notes, there, the request it is serving (``_current_request``), and a
+cut compares that with the request being served then.
 
 A cut marks the connection closed as gunicorn's own close does (``_closed``:
 the app's sends are dropped), tells the request's body receiver it is
@@ -105,9 +106,6 @@ from connlist.servers.seam import (
 
 __all__ = ["STATELESS", "ASGIProtocol", "mode_of_parser", "prepare"]
 
-# How deep the connection loop's awaits are followed to the request's task.
-_AWAIT_DEPTH = 8
-
 _CRLF = b"\r\n"
 _BLANK = (13, 10)  # CR, LF
 
@@ -149,6 +147,7 @@ if TYPE_CHECKING:
         """gunicorn's protocol as mypy sees it (untyped): the methods connlist's class calls, the rest Any."""
 
         _closed: bool
+        _current_request: Any
         log: Any
 
         def __init__(self, worker: Any) -> None: ...
@@ -161,6 +160,8 @@ if TYPE_CHECKING:
         def _arm_keepalive_timer(self) -> None: ...
         def _close_transport(self) -> None: ...
         def _resume_reading(self) -> None: ...
+        def _send_response_start(self, *args: Any, **kwargs: Any) -> None: ...
+        def _send_error_response(self, *args: Any, **kwargs: Any) -> None: ...
         async def _handle_websocket(self, request: Any, sockname: Any, peername: Any) -> None: ...
         async def _handle_h2c_upgrade(self, request: Any) -> None: ...
         def __getattr__(self, name: str) -> Any: ...
@@ -169,22 +170,23 @@ if TYPE_CHECKING:
 else:
     _Gunicorn = gunicorn_protocol.ASGIProtocol
 
-_SERVE_CODE = getattr(getattr(_Gunicorn, "_serve_http_request", None), "__code__", None)
-
 
 class ASGIProtocol(Tracking, Held, _Gunicorn):
     """gunicorn's ASGI protocol, feeding connlist from what each read changed (see the module)."""
 
-    # connlist's attributes (``seam.SLOTS``), and the last request whose
-    # headers came in (its method and path, for the view): slots, as on
-    # uvicorn's (docs/benchmarks.md, "The request path's tricks, each measured").
-    __slots__ = (*SLOTS, "_connlist_last")
+    # connlist's attributes (``seam.SLOTS``), the last request whose headers
+    # came in (its method and path, for the view), and the last request a
+    # response was begun for (gunicorn's request objects, compared by
+    # identity): slots, as on uvicorn's (docs/benchmarks.md, "The request
+    # path's tricks, each measured").
+    __slots__ = (*SLOTS, "_connlist_last", "_connlist_answered")
 
     connlist_mode = "gunicorn-python"
     connlist_keepalive = True
     connlist_keepalive_not = ""
 
     _connlist_last: Any
+    _connlist_answered: Any
 
     # gunicorn's methods that a connection or a read calls, named on this
     # class: a bound method found on the type, where ``super()`` or a look-up
@@ -218,7 +220,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             # A worker without gunicorn's lifespan state (an embedder's): the process's, kept out of scopes.
             state = STATELESS
         enforcer = Tracking._connlist_setup(self, state, self.worker.loop, self._keepalive)
-        self._connlist_last = None
+        self._connlist_last = self._connlist_answered = None
         self._connlist_base_made(transport)
         # The addresses are read from the transport when a view or a cut
         # needs them (gunicorn keeps none; asking costs uvloop two system calls).
@@ -450,33 +452,23 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
 
     # -- what the enforcer's handle reads of gunicorn's state ------------------
 
+    def _send_response_start(self, *args: Any, **kwargs: Any) -> None:
+        # The app's http.response.start (gunicorn buffers the head for the body's first write).
+        self._connlist_answered = self._current_request
+        _Gunicorn._send_response_start(self, *args, **kwargs)
+
+    def _send_error_response(self, *args: Any, **kwargs: Any) -> None:
+        # gunicorn's own answer, written at once: its 500 for an app that raised or returned
+        # before responding, a malformed request's 4xx.
+        self._connlist_answered = self._current_request
+        _Gunicorn._send_error_response(self, *args, **kwargs)
+
     def _connlist_response_written(self, record: Connection) -> bool:
-        # gunicorn reads a request only once the previous response is done:
-        # while headers arrive, nothing of a response is under way.
-        return record.headers_completed and self._connlist_response_started() is not False
-
-    def _connlist_response_started(self) -> object:
-        """Whether the response to the request being served began: True, False, or None (no loop).
-
-        The connection loop (``_task``) awaits ``_serve_http_request``, whose
-        ``task`` runs ``_handle_http_request``, whose local
-        ``response_started`` says; a finished request's locals are gone: its
-        response was complete.  A loop awaiting anything else serves no
-        request.  Read only at a cut.
-        """
-        task = self._task
-        awaited = None if task is None else task.get_coro()
-        if getattr(awaited, "cr_frame", None) is None:
-            return None
-        for _ in range(_AWAIT_DEPTH):
-            frame = getattr(awaited, "cr_frame", None)
-            if frame is not None and frame.f_code is _SERVE_CODE:
-                request_task = frame.f_locals.get("task")
-                request = None if request_task is None else request_task.get_coro()
-                frame = getattr(request, "cr_frame", None)
-                return request is not None and (frame is None or frame.f_locals.get("response_started"))
-            awaited = getattr(awaited, "cr_await", None)
-        return False
+        # gunicorn reads a request only once the previous response is done: while headers
+        # arrive, nothing of a response is under way.  After them, the request being served
+        # (gunicorn's ``_current_request``) is the one a response was begun for, or not.
+        request = self._current_request
+        return record.headers_completed and request is not None and self._connlist_answered is request
 
     def _connlist_responding(self) -> bool:
         record = self._connlist_record
