@@ -34,8 +34,7 @@ CR or LF                           RFC 9112 lets a server skip them)
 ``is_complete`` after the feed     ``message_complete``
 =================================  ===========================================
 
-A whole request in one read on an idle connection is the list's
-``message``: the feeder's own writes, as uvicorn's protocols do.  What comes
+A whole request in one read is the list's ``message``.  What comes
 while a response is written waits unparsed (``connlist.servers.gunicorn.held``:
 ``data_received`` holds it before gunicorn's runs), and a request in it is
 timed from the moment it is fed (as on uvicorn's h11).
@@ -282,16 +281,11 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             and parser.is_complete
             and self._h2c_upgrade_settings is None
         ):
-            # A whole request in one read: ConnectionsList.message.
+            # A whole request in one read.
             self._connlist_last = new
             enforcer = self._connlist
             enforcer.totals.requests += 1
-            if record.last_message_start == 0.0:
-                # On an idle record: the feeder's own writes.
-                record.requests += 1
-                record.responding = True
-            else:
-                enforcer.connections.message(record)
+            enforcer.connections.message(record)
         else:
             self._connlist_begun(record, request, held, data, fed)
         return fed
