@@ -250,6 +250,14 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
 
     # -- the list's events, around gunicorn's feed of its callback parser ------
 
+    def data_received(self, data: Any) -> None:
+        # A read that comes while connlist holds one (held.Held) joins it, unparsed.  Here, not
+        # in the hook: gunicorn's loop also feeds the parser's own pipelined tail through the hook.
+        if self._connlist_unread is not None:
+            self._connlist_hold(data)
+            return
+        _Gunicorn.data_received(self, data)
+
     def _feed_callback_parser(self, data: Any) -> bool:
         phase = self._connlist_phase
         record = self._connlist_record
@@ -304,14 +312,6 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         # The head begins at the read's first byte: all of the limit is its.
         self._connlist_room = enforcer.head_limit
         self._connlist_events(record, HEADERS, request, fed, len(data))
-
-    def data_received(self, data: Any) -> None:
-        # A read that comes while connlist holds one (held.Held) joins it, unparsed.  Here, not
-        # in the hook: gunicorn's loop also feeds the parser's own pipelined tail through the hook.
-        if self._connlist_unread is not None:
-            self._connlist_hold(data)
-            return
-        _Gunicorn.data_received(self, data)
 
     def _connlist_events(self, record: Connection, phase: int, request: Any, fed: object, n: int) -> None:
         """The events of a feed of ``n`` bytes: the open message (at ``phase``) got its headers, ended.
