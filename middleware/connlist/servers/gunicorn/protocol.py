@@ -453,8 +453,9 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
 
     def _send_error_response(self, *args: Any, **kwargs: Any) -> None:
         # gunicorn's own answer, written at once: its 500 for an app that raised or returned
-        # before responding, a malformed request's 4xx.
-        self._connlist_answered = self._current_request
+        # before responding, a malformed request's 4xx.  (gunicorn's tests also call it on a
+        # protocol that was never set up: no request then.)
+        self._connlist_answered = getattr(self, "_current_request", None)
         _Gunicorn._send_error_response(self, *args, **kwargs)
 
     def _connlist_response_written(self, record: Connection) -> bool:
