@@ -262,17 +262,8 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         phase = self._connlist_phase
         record = self._connlist_record
         if phase or record is None:
-            if record is None or phase >= UPGRADED:
-                return self._connlist_base_feed(data)
-            if len(data) > self._connlist_room and (stopped := self._connlist_stop(data)) is not None:
-                return stopped
-            if phase == BODY:
-                self._connlist_body_bytes(record, len(data))
-            request = self._current_request
-            fed = self._connlist_base_feed(data)
-            self._connlist_events(record, phase, request, fed, len(data))
-            return fed
-        # Between messages.
+            return self._connlist_feed_open(record, phase, data)
+        # Between messages (every keep-alive request's read begins here).
         if (len(data) > self._connlist_room or self._callback_parser.is_complete) and (
             stopped := self._connlist_stop(data)
         ) is not None:
@@ -296,6 +287,19 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             enforcer.connections.message(record)
         else:
             self._connlist_begun(record, request, held, data, fed)
+        return fed
+
+    def _connlist_feed_open(self, record: Connection | None, phase: int, data: Any) -> bool:
+        """A read fed while a message is open (its head or its body at ``phase``), or not timed at all."""
+        if record is None or phase >= UPGRADED:
+            return self._connlist_base_feed(data)
+        if len(data) > self._connlist_room and (stopped := self._connlist_stop(data)) is not None:
+            return stopped
+        if phase == BODY:
+            self._connlist_body_bytes(record, len(data))
+        request = self._current_request
+        fed = self._connlist_base_feed(data)
+        self._connlist_events(record, phase, request, fed, len(data))
         return fed
 
     def _connlist_begun(self, record: Connection, request: Any, held: bool, data: Any, fed: object) -> None:
