@@ -451,7 +451,8 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
     # -- what the enforcer's handle reads of gunicorn's state ------------------
 
     def _send_response_start(self, *args: Any, **kwargs: Any) -> None:
-        # The app's http.response.start (gunicorn buffers the head for the body's first write).
+        # The app's http.response.start: from here a cut gets no 408 (_connlist_response_written),
+        # though gunicorn holds the head back for the body's first write.
         self._connlist_answered = self._current_request
         _Gunicorn._send_response_start(self, *args, **kwargs)
 
