@@ -32,6 +32,7 @@ pytest.importorskip("gunicorn.workers.gasgi")
 
 from tests.servers import EARLY, GUNICORN_PARSERS, LATE, connect, is_408, read_response, read_until_closed
 from tests.subprocesses import Process, exits_at_start, get_json, gunicorn_command, run_server, server_env
+from tests.targets import serving
 
 HEADERS_TIMEOUT = 0.5
 REQUEST_TIMEOUT = 2.0
@@ -135,6 +136,22 @@ def test_legitimate_clients_are_served(served: Process) -> None:
     time.sleep(HEADERS_TIMEOUT + 0.2)
     sock.sendall(b"hello")
     assert read_response(sock).endswith(b"received 5")
+
+
+@pytest.mark.parametrize("parser", GUNICORN_PARSERS)
+def test_a_request_cut_after_its_response_began_gets_no_408(parser: str, tmp_path: Path) -> None:
+    # (uvicorn's: test_timeouts.py's test_response_already_started_gets_no_408.)
+    with serving(f"gunicorn-{parser}", tmp_path / "gunicorn.log") as target:
+        sock = connect(target.port)
+        started = time.monotonic()
+        # echo_app's /stream begins its response and waits for the body, which stops halfway.
+        sock.sendall(b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n01234")
+        data, closed = read_until_closed(sock)
+        assert data.startswith(b"HTTP/1.1 200") and b"first chunk" in data, data
+        assert b"408" not in data, data
+        # Cut at the request timeout all the same (targets.serving's, 1 s), the close alone.
+        assert 1.0 - EARLY <= closed - started <= 1.0 + LATE, closed - started
+        assert target.totals()["request_timeouts"] == 1
 
 
 def test_integration_off_leaves_gunicorn_alone(tmp_path: Path) -> None:

@@ -121,19 +121,10 @@ async def client_sees(cls: type, parser: str, reads: list[bytes], turns: int) ->
     return _DATE.sub(b"", bytes(transport.written)), closing
 
 
-@pytest.mark.parametrize("reads", ["written-in", "hooked"])
-def test_clients_see_what_gunicorn_shows_them(gunicorn_parser: str, reads: str) -> None:
-    """Both of the class's read paths: its own ``data_received``, and gunicorn's calling the hook."""
+def test_clients_see_what_gunicorn_shows_them(gunicorn_parser: str) -> None:
     parser = gunicorn_parser
     ours, _, result = gunicorn_asgi_start.checked()
     assert ours is not None, result.failure
-    if reads == "hooked":
-        # As on a gunicorn whose data_received is not the form connlist knows (servers.gunicorn.reads):
-        # gunicorn's own, which calls the hook, behind the class's check for a held read.
-        hooked = ours._connlist_data_received_hooked
-        ours = type("Hooked", (ours,), {"__slots__": (), "data_received": hooked})
-    else:
-        assert ours.data_received is ours._connlist_data_received
 
     async def main() -> int:
         answered = 0

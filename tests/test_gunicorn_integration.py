@@ -8,20 +8,15 @@ and what connlist says (the mode, the reason, the one line) is checked.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import inspect
 import logging
 import sys
-import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 pytest.importorskip("gunicorn.workers.gasgi")
 
-import gunicorn
 from gunicorn.asgi import protocol as gunicorn_protocol
 from gunicorn.workers import gasgi
 from starlette.requests import ClientDisconnect
@@ -74,50 +69,6 @@ def test_the_self_check_passes_on_the_installed_gunicorn(gunicorn_parser: str) -
     assert result.passed, result.failure
     assert "a headers timeout" in result.steps and "the keep-alive timeout" in result.steps
     assert result.seconds < 1.0
-
-
-def test_the_self_check_passes_with_gunicorns_own_data_received(gunicorn_parser: str) -> None:
-    # What a gunicorn whose data_received changed runs: gunicorn's, which calls the read's hook.
-    cls = gunicorn_asgi.prepare(GUNICORNS)
-    hooked = type("Hooked", (cls,), {"__slots__": (), "data_received": GUNICORNS.data_received})
-    result = gunicorn_asgi_check.run_in_thread(hooked, gunicorn_parser)
-    assert result.passed, result.failure
-
-
-def test_data_received_is_written_in_only_for_the_form_it_was_copied_from(tmp_path: Path) -> None:
-    from connlist.servers.gunicorn import reads
-
-    # The gunicorn connlist is tested with has that form, and the class takes it where it is known.
-    assert gunicorn.__version__ != gunicorn_asgi_start.TESTED_GUNICORN or reads.known(GUNICORNS.data_received)
-    assert gunicorn_asgi.ASGIProtocol.connlist_reads_written_in is reads.known(GUNICORNS.data_received)
-    source = textwrap.dedent(inspect.getsource(reads._gunicorn_27))
-
-    def method(text: str) -> Any:
-        """The function ``text`` defines, from a module file (inspect reads its source there)."""
-        path = tmp_path / f"release_{len(list(tmp_path.iterdir()))}.py"
-        path.write_text("from typing import Any\n\n" + text)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.data_received
-
-    renamed = source.replace("_gunicorn_27", "data_received")
-    assert reads.known(method(renamed))
-    # Its docstring and comments are not statements: still the form.
-    assert reads.known(
-        method(renamed.replace('"""gunicorn 27', '"""Another release; gunicorn 27').replace("# ", "#: "))
-    )
-    # One statement more, or one changed, is another form: gunicorn's own is kept.
-    more = renamed.replace(
-        "            self._pause_reading()\n        return",
-        "            self._pause_reading()\n        self.paused = 1\n        return",
-    )
-    assert more != renamed and not reads.known(method(more))
-    assert not reads.known(method(renamed.replace("self._h2c_feed(data)", "self._h2c_feed(data, 1)")))
-    # No source to read, or no method at all.
-    assert not reads.known(len)
-    assert not reads.known(None)
 
 
 def test_the_self_check_names_a_missing_hook() -> None:
@@ -643,19 +594,76 @@ def test_closes_of_a_connection_being_served(monkeypatch: pytest.MonkeyPatch) ->
     asyncio.run(main())
 
 
-def test_whether_a_response_began_at_each_point_of_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+async def _early_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """/early begins its response before it reads the body, /fail raises before any; the rest echo."""
+    if scope["path"] == "/fail":
+        raise RuntimeError("no response")
+    if scope["path"] != "/early":
+        await _body_app(scope, receive, send)
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"first", "more_body": True})
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    await send({"type": "http.response.body", "body": b"last"})
+
+
+def test_whether_a_response_began_for_the_request_being_served(monkeypatch: pytest.MonkeyPatch) -> None:
     cls = passing(monkeypatch)
     from gunicorn.config import Config
 
+    post = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab"
+
     async def main() -> None:
-        protocol, _transport, enforcer = _connected(cls, Config())
-        # Waiting for a first request: none is served.
+        protocol, transport, enforcer = _connected(cls, Config(), _early_app)
+        record = protocol._connlist_record
+        # Waiting for a first request, then its head arriving: none is answered.
         await _turns()
-        assert protocol._connlist_response_started() is False
-        # The loop gone: nothing to tell (no 408 then).
-        protocol._task.cancel()
-        await _turns(5)
-        assert protocol._connlist_response_started() is None
+        assert protocol._connlist_response_written(record) is False
+        first = post % b"/"
+        protocol.data_received(first[:9])
+        assert protocol._connlist_response_written(record) is False
+        # Its body arriving, the app waiting for it: not answered.
+        protocol.data_received(first[9:])
+        await _turns()
+        assert protocol._connlist_response_written(record) is False
+        protocol.data_received(b"cd")
+        await _turns()
+        assert bytes(transport.written).endswith(b"abcd")
+        # The next request's response begun before its body: answered, and a cut writes no 408.
+        protocol.data_received(post % b"/early")
+        await _turns()
+        assert b"first" in bytes(transport.written)
+        assert protocol._connlist_response_written(record) is True
+        protocol.data_received(b"cd")
+        await _turns()
+        assert bytes(transport.written).endswith(b"last\r\n0\r\n\r\n")
+        # After it, the request being served is another: not answered.
+        protocol.data_received(post % b"/")
+        await _turns()
+        assert protocol._connlist_response_written(record) is False
+        protocol.connlist_close_expired()
+        assert bytes(transport.written).endswith(
+            b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        )
+        _close(protocol, enforcer)
+        # A response begun before the body, then the cut: the close alone.
+        protocol, transport, enforcer = _connected(cls, Config(), _early_app)
+        protocol.data_received(post % b"/early")
+        await _turns()
+        written = bytes(transport.written)
+        assert b"first" in written
+        protocol.connlist_close_expired()
+        assert transport.closing and bytes(transport.written) == written
+        _close(protocol, enforcer)
+        # gunicorn's own 500 for an app that raised before responding: answered too.
+        protocol, transport, enforcer = _connected(cls, Config(), _early_app)
+        record = protocol._connlist_record
+        protocol.data_received(post % b"/fail")
+        await _turns()
+        assert bytes(transport.written).startswith(b"HTTP/1.1 500 ")
+        assert protocol._connlist_response_written(record) is True
         _close(protocol, enforcer)
 
     asyncio.run(main())

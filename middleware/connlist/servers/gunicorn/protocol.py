@@ -34,13 +34,10 @@ CR or LF                           RFC 9112 lets a server skip them)
 ``is_complete`` after the feed     ``message_complete``
 =================================  ===========================================
 
-A whole request in one read on an idle connection is the list's
-``message``: the feeder's own writes, as uvicorn's protocols do.  Where
-gunicorn's ``data_received`` is the one connlist's was copied from
-(``connlist.servers.gunicorn.reads``), the class's own runs the hook's
-between-messages path in its place, without the hook's call.  What comes
-while a response is written waits unparsed (``connlist.servers.gunicorn.held``),
-and a request in it is timed from the moment it is fed (as on uvicorn's h11).
+A whole request in one read is the list's ``message``.  What comes
+while a response is written waits unparsed (``connlist.servers.gunicorn.held``:
+``data_received`` holds it before gunicorn's runs), and a request in it is
+timed from the moment it is fed (as on uvicorn's h11).
 
 gunicorn arms its keep-alive timer (``_arm_keepalive_timer``) when a
 connection becomes idle: after the response, once the application's call
@@ -55,11 +52,12 @@ response ended just as that request arrived; gunicorn's loop cancels the
 timer at once), and one on a connection served untimed (HTTP/1 found by
 h2c's sniffing), which no list event marks busy again.
 
-Whether a response began is read only when a request is cut while its body
-arrives (rare): from the request's task, which gunicorn's connection loop
-awaits (``_serve_http_request``'s ``task``, running ``_handle_http_request``,
-whose ``response_started`` says); a response under way gets no ``408``.
-Nothing of it runs per request.
+Whether a response began matters only when a request is cut while its body
+arrives (rare): a response under way gets no ``408``, only the close.
+gunicorn says so by calling ``_send_response_start`` (the app's
+``http.response.start``) or ``_send_error_response`` (its own answer): the
+class notes, there, the request it is serving (``_current_request``), and a
+cut compares that with the request being served then.
 
 A cut marks the connection closed as gunicorn's own close does (``_closed``:
 the app's sends are dropped), tells the request's body receiver it is
@@ -91,7 +89,6 @@ from starlette.requests import ClientDisconnect
 
 from connlist.core.logs import route_to_server
 from connlist.core.records import FROM_HANDLE, Connection
-from connlist.servers.gunicorn import reads
 from connlist.servers.gunicorn.held import Held
 from connlist.servers.seam import (
     BETWEEN,
@@ -107,9 +104,6 @@ from connlist.servers.seam import (
 )
 
 __all__ = ["STATELESS", "ASGIProtocol", "mode_of_parser", "prepare"]
-
-# How deep the connection loop's awaits are followed to the request's task.
-_AWAIT_DEPTH = 8
 
 _CRLF = b"\r\n"
 _BLANK = (13, 10)  # CR, LF
@@ -152,6 +146,7 @@ if TYPE_CHECKING:
         """gunicorn's protocol as mypy sees it (untyped): the methods connlist's class calls, the rest Any."""
 
         _closed: bool
+        _current_request: Any
         log: Any
 
         def __init__(self, worker: Any) -> None: ...
@@ -164,6 +159,8 @@ if TYPE_CHECKING:
         def _arm_keepalive_timer(self) -> None: ...
         def _close_transport(self) -> None: ...
         def _resume_reading(self) -> None: ...
+        def _send_response_start(self, *args: Any, **kwargs: Any) -> None: ...
+        def _send_error_response(self, *args: Any, **kwargs: Any) -> None: ...
         async def _handle_websocket(self, request: Any, sockname: Any, peername: Any) -> None: ...
         async def _handle_h2c_upgrade(self, request: Any) -> None: ...
         def __getattr__(self, name: str) -> Any: ...
@@ -172,22 +169,23 @@ if TYPE_CHECKING:
 else:
     _Gunicorn = gunicorn_protocol.ASGIProtocol
 
-_SERVE_CODE = getattr(getattr(_Gunicorn, "_serve_http_request", None), "__code__", None)
-
 
 class ASGIProtocol(Tracking, Held, _Gunicorn):
     """gunicorn's ASGI protocol, feeding connlist from what each read changed (see the module)."""
 
-    # connlist's attributes (``seam.SLOTS``), and the last request whose
-    # headers came in (its method and path, for the view): slots, as on
-    # uvicorn's (docs/benchmarks.md, "The request path's tricks, each measured").
-    __slots__ = (*SLOTS, "_connlist_last")
+    # connlist's attributes (``seam.SLOTS``), the last request whose headers
+    # came in (its method and path, for the view), and the last request a
+    # response was begun for (gunicorn's request objects, compared by
+    # identity): slots, as on uvicorn's (docs/benchmarks.md, "The request
+    # path's tricks, each measured").
+    __slots__ = (*SLOTS, "_connlist_last", "_connlist_answered")
 
     connlist_mode = "gunicorn-python"
     connlist_keepalive = True
     connlist_keepalive_not = ""
 
     _connlist_last: Any
+    _connlist_answered: Any
 
     # gunicorn's methods that a connection or a read calls, named on this
     # class: a bound method found on the type, where ``super()`` or a look-up
@@ -221,7 +219,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             # A worker without gunicorn's lifespan state (an embedder's): the process's, kept out of scopes.
             state = STATELESS
         enforcer = Tracking._connlist_setup(self, state, self.worker.loop, self._keepalive)
-        self._connlist_last = None
+        self._connlist_last = self._connlist_answered = None
         self._connlist_base_made(transport)
         # The addresses are read from the transport when a view or a cut
         # needs them (gunicorn keeps none; asking costs uvloop two system calls).
@@ -252,21 +250,20 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
 
     # -- the list's events, around gunicorn's feed of its callback parser ------
 
+    def data_received(self, data: Any) -> None:
+        # A read that comes while connlist holds one (held.Held) joins it, unparsed.  Here, not
+        # in the hook: gunicorn's loop also feeds the parser's own pipelined tail through the hook.
+        if self._connlist_unread is not None:
+            self._connlist_hold(data)
+            return
+        _Gunicorn.data_received(self, data)
+
     def _feed_callback_parser(self, data: Any) -> bool:
         phase = self._connlist_phase
         record = self._connlist_record
         if phase or record is None:
-            if record is None or phase >= UPGRADED:
-                return self._connlist_base_feed(data)
-            if len(data) > self._connlist_room and (stopped := self._connlist_stop(data)) is not None:
-                return stopped
-            if phase == BODY:
-                self._connlist_body_bytes(record, len(data))
-            request = self._current_request
-            fed = self._connlist_base_feed(data)
-            self._connlist_events(record, phase, request, fed, len(data))
-            return fed
-        # Between messages (also written into _connlist_data_received).
+            return self._connlist_feed_open(record, phase, data)
+        # Between messages (every keep-alive request's read begins here).
         if (len(data) > self._connlist_room or self._callback_parser.is_complete) and (
             stopped := self._connlist_stop(data)
         ) is not None:
@@ -283,18 +280,26 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             and parser.is_complete
             and self._h2c_upgrade_settings is None
         ):
-            # A whole request in one read: ConnectionsList.message.
+            # A whole request in one read.
             self._connlist_last = new
             enforcer = self._connlist
             enforcer.totals.requests += 1
-            if record.last_message_start == 0.0:
-                # On an idle record: the feeder's own writes.
-                record.requests += 1
-                record.responding = True
-            else:
-                enforcer.connections.message(record)
+            enforcer.connections.message(record)
         else:
             self._connlist_begun(record, request, held, data, fed)
+        return fed
+
+    def _connlist_feed_open(self, record: Connection | None, phase: int, data: Any) -> bool:
+        """A read fed while a message is open (its head or its body at ``phase``), or not timed at all."""
+        if record is None or phase >= UPGRADED:
+            return self._connlist_base_feed(data)
+        if len(data) > self._connlist_room and (stopped := self._connlist_stop(data)) is not None:
+            return stopped
+        if phase == BODY:
+            self._connlist_body_bytes(record, len(data))
+        request = self._current_request
+        fed = self._connlist_base_feed(data)
+        self._connlist_events(record, phase, request, fed, len(data))
         return fed
 
     def _connlist_begun(self, record: Connection, request: Any, held: bool, data: Any, fed: object) -> None:
@@ -311,68 +316,6 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         # The head begins at the read's first byte: all of the limit is its.
         self._connlist_room = enforcer.head_limit
         self._connlist_events(record, HEADERS, request, fed, len(data))
-
-    def _connlist_data_received(self, data: Any) -> None:
-        """gunicorn's ``data_received`` with the hook's between-messages path written in (``reads``)."""
-        if self._websocket or self._h2c_buffer is not None or self.reader or not self._callback_parser:
-            # Not HTTP/1's callback parser: gunicorn's own.
-            _Gunicorn.data_received(self, data)
-            return
-        if self._connlist_unread is not None:
-            self._connlist_hold(data)  # (Held: a read that comes while one is held joins it)
-            return
-        record = self._connlist_record
-        if self._connlist_phase or record is None:
-            fed = self._feed_callback_parser(data)
-        else:
-            # Between messages: _feed_callback_parser's.
-            if (len(data) > self._connlist_room or self._callback_parser.is_complete) and self._connlist_stop(
-                data
-            ) is not None:
-                return
-            request = self._current_request
-            held = self._callback_parser.is_complete
-            fed = self._connlist_base_feed(data)
-            new = self._current_request
-            parser = self._callback_parser
-            if (
-                new is not request
-                and not held
-                and parser is not None
-                and parser.is_complete
-                and self._h2c_upgrade_settings is None
-            ):
-                self._connlist_last = new
-                enforcer = self._connlist
-                enforcer.totals.requests += 1
-                if record.last_message_start == 0.0:
-                    record.requests += 1
-                    record.responding = True
-                else:
-                    enforcer.connections.message(record)
-            else:
-                self._connlist_begun(record, request, held, data, fed)
-        # The rest of gunicorn's HTTP/1 branch.
-        if not fed:
-            return
-        if (
-            not self._reading_paused
-            and self._callback_parser is not None
-            and self._http1_buffered() > self._max_buffer_size
-        ):
-            self._pause_reading()
-
-    def _connlist_data_received_hooked(self, data: Any) -> None:
-        """gunicorn's own ``data_received``, calling the hook; a read coming while one is held joins it."""
-        if self._connlist_unread is not None:
-            self._connlist_hold(data)
-            return
-        _Gunicorn.data_received(self, data)
-
-    # gunicorn's data_received where it is the form connlist's is written for
-    # (connlist.servers.gunicorn.reads), else gunicorn's own, which calls the hook.
-    connlist_reads_written_in = reads.known(getattr(_Gunicorn, "data_received", None))
-    data_received = _connlist_data_received if connlist_reads_written_in else _connlist_data_received_hooked
 
     def _connlist_events(self, record: Connection, phase: int, request: Any, fed: object, n: int) -> None:
         """The events of a feed of ``n`` bytes: the open message (at ``phase``) got its headers, ended.
@@ -432,8 +375,9 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
     # -- the response, and the keep-alive the list times -----------------------
 
     def _arm_keepalive_timer(self) -> None:
-        # The connection is idle from now (gunicorn's own moment): the list
-        # times its keep-alive, with gunicorn's --keep-alive and its handler.
+        # The connection is idle from now (gunicorn's own moment): the response's end, and
+        # the list times the keep-alive (gunicorn's --keep-alive, closed by its handler)
+        # where the enforcer can (keep_alive_timed), else gunicorn's timer does.
         # (Set by connection_made: a connection is idle only after a request.)
         record: Connection = self._connlist_record  # type: ignore[assignment]
         enforcer = self._connlist
@@ -443,18 +387,9 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             # Not a connection going idle (module docstring): gunicorn's timer, as on gunicorn.
             _Gunicorn._arm_keepalive_timer(self)
             return
+        enforcer.response_complete(record)
         if not enforcer.keep_alive_timed:
-            enforcer.connections.response_complete(record)
             _Gunicorn._arm_keepalive_timer(self)
-            return
-        # ConnectionsList.response_complete, written out (a call here costs
-        # more than the event); tests/test_event_copies.py holds it to it.
-        record.responding = False
-        record.responded_at = idle_at = enforcer.clock()
-        if record._idle_entry is None and record.last_message_start == 0.0 and record._all_next is not None:
-            enforcer.connections.idle_queue.push(record, idle_at)
-        if idle_at + self._keepalive < enforcer.timer_at:
-            enforcer.wake_by(idle_at + self._keepalive)
 
     def _resume_reading(self) -> None:
         # gunicorn's loop, after each response: not while connlist holds a read (held.Held).
@@ -515,33 +450,25 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
 
     # -- what the enforcer's handle reads of gunicorn's state ------------------
 
+    def _send_response_start(self, *args: Any, **kwargs: Any) -> None:
+        # The app's http.response.start: from here a cut gets no 408 (_connlist_response_written),
+        # though gunicorn holds the head back for the body's first write.
+        self._connlist_answered = self._current_request
+        _Gunicorn._send_response_start(self, *args, **kwargs)
+
+    def _send_error_response(self, *args: Any, **kwargs: Any) -> None:
+        # gunicorn's own answer, written at once: its 500 for an app that raised or returned
+        # before responding, a malformed request's 4xx.  (gunicorn's tests also call it on a
+        # protocol that was never set up: no request then.)
+        self._connlist_answered = getattr(self, "_current_request", None)
+        _Gunicorn._send_error_response(self, *args, **kwargs)
+
     def _connlist_response_written(self, record: Connection) -> bool:
-        # gunicorn reads a request only once the previous response is done:
-        # while headers arrive, nothing of a response is under way.
-        return record.headers_completed and self._connlist_response_started() is not False
-
-    def _connlist_response_started(self) -> object:
-        """Whether the response to the request being served began: True, False, or None (no loop).
-
-        The connection loop (``_task``) awaits ``_serve_http_request``, whose
-        ``task`` runs ``_handle_http_request``, whose local
-        ``response_started`` says; a finished request's locals are gone: its
-        response was complete.  A loop awaiting anything else serves no
-        request.  Read only at a cut.
-        """
-        task = self._task
-        awaited = None if task is None else task.get_coro()
-        if getattr(awaited, "cr_frame", None) is None:
-            return None
-        for _ in range(_AWAIT_DEPTH):
-            frame = getattr(awaited, "cr_frame", None)
-            if frame is not None and frame.f_code is _SERVE_CODE:
-                request_task = frame.f_locals.get("task")
-                request = None if request_task is None else request_task.get_coro()
-                frame = getattr(request, "cr_frame", None)
-                return request is not None and (frame is None or frame.f_locals.get("response_started"))
-            awaited = getattr(awaited, "cr_await", None)
-        return False
+        # gunicorn reads a request only once the previous response is done: while headers
+        # arrive, nothing of a response is under way.  After them, the request being served
+        # (gunicorn's ``_current_request``) is the one a response was begun for, or not.
+        request = self._current_request
+        return record.headers_completed and request is not None and self._connlist_answered is request
 
     def _connlist_responding(self) -> bool:
         record = self._connlist_record

@@ -3,15 +3,14 @@
 ``connlist.servers.gunicorn.protocol`` leans on parts of gunicorn's protocol that are
 not public API: its methods ``_feed_callback_parser``,
 ``_arm_keepalive_timer``, ``_keepalive_timeout``, ``_close_transport``,
-``_handle_websocket``; the
-locals of ``_serve_http_request`` and ``_handle_http_request``; and its state
-(``_callback_parser`` and its ``is_complete``, ``_current_request``,
-``_body_receiver``, ``_closed``, ``_request_ready``, ``_awaiting_request``, ``_keepalive_handle``,
-``_keepalive``).  A gunicorn
+``_send_response_start``, ``_send_error_response``, ``_handle_websocket``
+(``HOOKS``); and its state (``_callback_parser`` and its ``is_complete``,
+``_current_request``, ``_body_receiver``, ``_closed``, ``_request_ready``,
+``_awaiting_request``, ``_keepalive_handle``, ``_keepalive``).  A gunicorn
 release may change any of them without failing loudly, so before connlist's
 class is put in gunicorn's worker, this module checks it, once per process:
 
-1. The methods connlist hooks are there, and the locals it reads at a cut.
+1. The methods connlist overrides or calls are there.
 2. A conversation with no socket: the protocol built as gunicorn's worker
    builds it (a stand-in worker with gunicorn's own ``Config``, the lifespan
    state holding a private ``Enforcer`` on a clock of its own), on a
@@ -56,15 +55,14 @@ HOOKS = (
     "pause_writing",
     "resume_writing",
     "_feed_callback_parser",
-    "_serve_http_request",
-    "_handle_http_request",
     "_arm_keepalive_timer",
     "_resume_reading",
     "_keepalive_timeout",
     "_close_transport",
+    "_send_response_start",
+    "_send_error_response",
     "_handle_websocket",
     "_handle_h2c_upgrade",
-    "_handle_connection",
     "_check_h1c_protocol_available",
 )
 
@@ -137,16 +135,12 @@ def require(ok: object, failure: str) -> None:
 
 
 def check_static(base: type, hooks: tuple[str, ...]) -> None:
-    """What can be checked without running the protocol: the hooked methods, the locals read at a cut."""
+    """What can be checked without running the protocol: the methods overridden or called are there."""
     missing = [name for name in hooks if not callable(getattr(base, name, None))]
     require(
         not missing,
         f"{base.__module__}.{base.__qualname__} has no {', '.join(f'`{name}`' for name in missing)}",
     )
-    for method, local in (("_serve_http_request", "task"), ("_handle_http_request", "response_started")):
-        code = getattr(getattr(base, method), "__code__", None)
-        names = () if code is None else code.co_varnames + code.co_cellvars
-        require(local in names, f"gunicorn's `ASGIProtocol.{method}` has no local `{local}`")
 
 
 class _Script:
@@ -283,7 +277,7 @@ class _Script:
         self.expect("a response before the request's body", record, "reading_body", 0)
         require(
             protocol._connlist_response_written(record),
-            "a response written before the body was not seen (`_handle_http_request`'s `response_started`)",
+            "a response begun before the body was not seen (`_send_response_start`)",
         )
         protocol.connection_lost(None)
 
