@@ -22,7 +22,7 @@ from typing import Any
 from connlist.core.connections import Connection
 from connlist.servers import integration
 from connlist.servers.integration import Start
-from connlist.servers.seam import BETWEEN, BODY, HEADERS, SLOTS, Tracking, headers_received
+from connlist.servers.seam import BETWEEN, BODY, HEADERS, SLOTS, Tracking
 
 MODE = "fake-server"
 
@@ -135,7 +135,7 @@ class FakeServerProtocol(Tracking, asyncio.Protocol):
                     break
                 self.buffer = rest
                 self._parse(head)
-                headers_received(record, enforcer)
+                enforcer.request_received(record)
                 self.responding, self.response_started = True, False
                 phase, body_begins = BODY, True
             taken = min(len(self.buffer), self.body_left)

@@ -21,7 +21,7 @@ from connlist.core.logs import Summary
 from connlist.observe import page
 from connlist.observe.debug import budget_view, describe
 from connlist.prometheus import ConnlistMetrics, Exporter
-from connlist.servers.seam import UPGRADE_REFUSED, UPGRADED
+from connlist.servers.seam import REFUSED, UPGRADED
 from connlist.servers.uvicorn import websocket as uvicorn_websocket
 from tests.fakes import RESPONSE_503, FakeClock, MemoryHandle, MockLoop
 
@@ -222,7 +222,7 @@ def test_the_websocket_protocol_made_at_the_hand_over_removes_the_record_when_lo
     second = _Http(e)
     e.connections.upgrade(e.join())  # the share is taken
     uvicorn_websocket.hand_over(second, hand, "GET", "/ws")
-    assert second._connlist_phase == UPGRADE_REFUSED and second.transport.protocol is second
+    assert second._connlist_phase == REFUSED and second.transport.protocol is second
 
 
 def test_a_hand_over_connlist_does_not_know_drops_the_record_and_says_so_once(

@@ -6,8 +6,8 @@
 - ``selection``: the servers connlist knows, in the order they are asked;
 - ``selfcheck``: what every server's in-memory self-check shares;
 - ``supervisor``: which server master supervises this worker;
-- ``uvicorn``: uvicorn's protocols (httptools and h11), its keep-alive forms,
-  their self-check and the start at the lifespan;
+- ``uvicorn``: uvicorn's protocols (httptools and h11), its keep-alive timed
+  by the list, their self-check and the start at the lifespan;
 - ``gunicorn``: gunicorn's own ASGI worker, and the worker classes.
 
 A server imports the list (``connlist.core``) and the seam, never the ASGI

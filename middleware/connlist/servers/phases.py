@@ -45,8 +45,7 @@ The moves, and who makes them (``MOVES`` is the table):
   to HTTP's.
 
 A connection starts at ``BETWEEN`` (``Tracking._connlist_setup``): that is
-no move.  ``UPGRADE_REFUSED`` is ``REFUSED``'s old name, kept for the code
-that still imports it; it will go.
+no move.
 """
 
 from __future__ import annotations
@@ -62,7 +61,6 @@ __all__ = [
     "OVERFLOWED",
     "REFUSED",
     "UPGRADED",
-    "UPGRADE_REFUSED",
     "Phase",
     "PhaseError",
     "move",
@@ -89,8 +87,6 @@ UPGRADED: int = Phase.UPGRADED
 REFUSED: int = Phase.REFUSED
 OVERFLOWED: int = Phase.OVERFLOWED
 
-# Deprecated: REFUSED's old name (it is also a Kind's, connlist.core.kinds.UPGRADE_REFUSED).
-UPGRADE_REFUSED = REFUSED
 
 _HTTP = frozenset({BETWEEN, HEADERS, BODY})
 # HTTP is over: no move leads from these back to HTTP's phases.

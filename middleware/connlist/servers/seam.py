@@ -49,7 +49,6 @@ from connlist.servers.phases import (
     HEADERS,
     OVERFLOWED,
     REFUSED,
-    UPGRADE_REFUSED,
     UPGRADED,
     move,
 )
@@ -66,7 +65,6 @@ __all__ = [
     "SLOTS",
     "STATE_KEY",
     "UPGRADED",
-    "UPGRADE_REFUSED",
     "AfterCut",
     "Feeder",
     "ListOwner",
@@ -75,7 +73,7 @@ __all__ = [
     "declares_middleware",
     "enforcer_in",
     "fallback_enforcer",
-    "headers_received",
+    "move",
 ]
 
 RESPONSE_408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
@@ -386,14 +384,6 @@ class AfterCut:
 
 # The attributes ``Tracking`` adds to the server's protocol.
 SLOTS = ("_connlist", "_connlist_phase", "_connlist_record", "_connlist_room", "_connlist_unread")
-
-
-def headers_received(record: Connection, enforcer: Enforcer) -> None:
-    """A request's headers are complete: it goes to the app (or is queued behind the running one)."""
-    connections = enforcer.connections
-    connections.headers_complete(record)
-    connections.response_begin(record)
-    enforcer.totals.requests += 1
 
 
 class Tracking(HeadBound, TransportHandle):

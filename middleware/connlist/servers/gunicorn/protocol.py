@@ -94,13 +94,13 @@ from connlist.servers.seam import (
     BETWEEN,
     BODY,
     HEADERS,
+    REFUSED,
     SLOTS,
-    UPGRADE_REFUSED,
     UPGRADED,
     Tracking,
     TransportHandle,
     enforcer_in,
-    headers_received,
+    move,
 )
 
 __all__ = ["STATELESS", "ASGIProtocol", "mode_of_parser", "prepare"]
@@ -246,7 +246,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         if record.last_message_start != 0.0:
             connections.message(record)  # out of ``active``, responding
         record.responding = True
-        self._connlist_phase = UPGRADED
+        self._connlist_phase = move(self._connlist_phase, UPGRADED)
 
     # -- the list's events, around gunicorn's feed of its callback parser ------
 
@@ -332,7 +332,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         got_headers = phase == HEADERS and new is not request
         if got_headers:
             self._connlist_last = new
-            headers_received(record, enforcer)
+            enforcer.request_received(record)
             phase = BODY
         parser = self._callback_parser
         if parser is None or self._h2c_upgrade_settings is not None:
@@ -435,10 +435,10 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
     async def _handle_websocket(self, request: Any, sockname: Any, peername: Any) -> None:
         # A websocket is never timed out (Node: its parser is freed): held as
         # upgraded until the connection is lost, or refused with 503.
-        self._connlist_phase = UPGRADED
+        self._connlist_phase = move(self._connlist_phase, UPGRADED)
         record = self._connlist_record
         if record is not None and not self._connlist.upgrade(record, request.method, request.path):
-            self._connlist_phase = UPGRADE_REFUSED
+            self._connlist_phase = move(self._connlist_phase, REFUSED)
             return
         self._connlist_hand_over()
         await _Gunicorn._handle_websocket(self, request, sockname, peername)

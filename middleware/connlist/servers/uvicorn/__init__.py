@@ -5,7 +5,7 @@
 - ``classes``: the ``class`` statement of each parser's protocol;
 - ``cycle``, ``httptools_impl``, ``h11_impl``: what the protocols read of
   uvicorn's state to tell the list's events;
-- ``keepalive``: uvicorn's keep-alive timed by the list (its forms);
+- ``keepalive``: uvicorn's keep-alive timed by the list (a loop stand-in);
 - ``websocket``: the hand-over of an upgraded connection;
 - ``selfcheck``: the protocols driven through a conversation in memory;
 - ``start``: the integration at the lifespan startup (a ``Server``);

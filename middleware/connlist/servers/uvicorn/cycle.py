@@ -64,7 +64,7 @@ class UvicornCycle(Tracking):
 
     app_state: Any
     loop: Any
-    timeout_keep_alive: float
+    timeout_keep_alive: int
 
     # uvicorn's on_response_complete arms its keep-alive with the protocol's
     # loop: connlist's stand-in leaves it to the list (connlist.servers.uvicorn.keepalive).

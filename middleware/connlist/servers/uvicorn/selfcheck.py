@@ -385,8 +385,9 @@ class _Script:
         if task is not TIMED_BY_LIST:
             # uvicorn armed its timer otherwise than with its loop's call_later: it keeps it.
             task.cancel()
-            self.cls.connlist_keepalive = False
-            self.cls.connlist_keepalive_not = (
+            cls: Any = self.cls
+            cls.connlist_keepalive = False
+            cls.connlist_keepalive_not = (
                 "its on_response_complete does not arm the keep-alive with "
                 "`self.loop.call_later(..., self.timeout_keep_alive_handler)`"
             )
