@@ -360,8 +360,7 @@ def test_servers_take_the_middleware_for_asgi3_when_it_is_the_outermost_app() ->
         assert mw.__call__ == mw._asgi_only.__call__  # type: ignore[union-attr]
         check_asgi3(mw)
         # With the server integration (the mode its protocols announce,
-        # which a lifespan startup takes), a request passes through: the
-        # app's own coroutine.
+        # which a lifespan startup takes), a request passes through to the app.
         await lifespan()
         mw.enforcer.mode = "uvicorn-httptools"
         for _ in range(2):
@@ -372,9 +371,7 @@ def test_servers_take_the_middleware_for_asgi3_when_it_is_the_outermost_app() ->
     sent = asyncio.run(run())
     assert [m["type"] for m in sent].count("http.response.start") == 6
     # Still the middleware, and still ASGI 3 once it passes requests through,
-    # for every check (uvicorn 0.36's is inspect's, which before Python 3.12
-    # has no mark for a function that returns a coroutine: see
-    # connlist.asgi.middleware._pass_route).
+    # for every check (uvicorn 0.36's is inspect's; later ones asyncio's).
     assert isinstance(mw, ConnectionsMiddleware) and mw.mode == "uvicorn-httptools"
     assert mw.__call__ == mw._passing
     check_asgi3(mw)
@@ -459,12 +456,11 @@ def test_a_bad_option_fails_the_lifespan_startup_where_starlette_builds_the_midd
     assert [r.getMessage() for r in caplog.records] == [expected, expected]
 
 
-def test_with_the_integration_a_request_is_the_apps_own_coroutine_until_the_next_lifespan() -> None:
-    # No frame of ours per request once the integration feeds the list: from
-    # Python 3.12 the middleware returns the coroutine the app made (before,
-    # its route is an async def around it: connlist.asgi.middleware._pass_route);
-    # the endpoint, the lifespan and, after a lifespan startup, the first
-    # request go the general way again.
+def test_with_the_integration_a_request_passes_to_the_app_until_the_next_lifespan() -> None:
+    # Once the integration feeds the list, a request goes to the app by the
+    # pass-through route (connlist.asgi.middleware._pass); the endpoint, the
+    # lifespan and, after a lifespan startup, the first request go the
+    # general way again.
     made: list[Any] = []
 
     async def served(scope: Any, receive: Any, send: Any) -> None:
@@ -491,8 +487,9 @@ def test_with_the_integration_a_request_is_the_apps_own_coroutine_until_the_next
         assert not made  # the general path: a coroutine of ours, which calls the app when awaited
         await first
         assert len(made) == 1
+        assert mw.__call__ == mw._pass
         passed = mw(request, receive, send)
-        assert (passed is made[-1]) == (sys.version_info >= (3, 12))
+        assert len(made) == 1  # a coroutine of the route's, which calls the app when awaited
         await passed
         assert len(made) == 2
         await mw({"type": "lifespan", "state": {}}, receive, send)
@@ -532,10 +529,8 @@ def test_a_subclass_with_a_call_of_its_own_reaches_the_route_through_super() -> 
     assert seen == ["mine", "/", "mine", "/"]
 
 
-def test_the_pass_through_route_before_python_3_12_passes_through_and_says_asgi3() -> None:
-    # Where inspect has no mark for a plain function that returns a coroutine
-    # (before Python 3.12), the route is an async def around the plain one:
-    # the same request reaches the app, and every check still says ASGI 3.
+def test_the_pass_through_route_passes_through_and_says_asgi3() -> None:
+    # The route is an async def: the request reaches the app, and every check says ASGI 3.
     import inspect
 
     seen: list[str] = []
@@ -544,11 +539,9 @@ def test_the_pass_through_route_before_python_3_12_passes_through_and_says_asgi3
         seen.append(scope["path"])
 
     mw = ConnectionsMiddleware(app)
-    route = mw._pass_async
+    route = mw._pass
     assert inspect.iscoroutinefunction(route) and asyncio.iscoroutinefunction(route)
     scope = {"type": "http", "path": "/x", "headers": [], "client": ("127.0.0.1", 1)}
     asyncio.run(route(scope, None, None))  # type: ignore[arg-type]
     assert seen == ["/x"]
-    # From Python 3.12 the route in use is the plain one, which returns the app's own coroutine.
-    assert mw._passing == (mw._pass_app if sys.version_info >= (3, 12) else route)
-    assert inspect.iscoroutinefunction(mw._passing)
+    assert mw._passing == route

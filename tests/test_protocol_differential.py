@@ -136,6 +136,7 @@ class ReferenceHttpTools(_ReferenceBody, httptools_impl.HttpToolsProtocol):
     """
 
     connlist_mode = "uvicorn-httptools"
+    _connlist_base = httptools_impl.HttpToolsProtocol
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -214,6 +215,7 @@ class ReferenceH11(_ReferenceBody, h11_impl.H11Protocol):
     """
 
     connlist_mode = "uvicorn-h11"
+    _connlist_base = h11_impl.H11Protocol
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -64,11 +64,12 @@ def test_uvicorn_protocols_take_the_transport_handle_from_the_seam(parser: str) 
         "_connlist_setup",
         "_connlist_remove",
         "_connlist_settle",
-        "connection_lost",
     ):
         assert getattr(cls, name) is getattr(server.Tracking, name), name
-    # Its connection_made sets up from uvicorn's state (the enforcer, the loop's stand-in), then the seam's.
-    assert cls.connection_made is not server.Tracking.connection_made
+    # Its connection_made sets up from uvicorn's state (the enforcer, the loop's stand-in) and
+    # joins; its connection_lost removes: both call uvicorn's given class's.
+    assert cls.connection_made is UvicornCycle.connection_made
+    assert cls.connection_lost is UvicornCycle.connection_lost
     # Six classes of connlist's over uvicorn's: the class statement's, the parser's mixin, what both
     # read of uvicorn's cycle, Tracking, the head's bound, TransportHandle.
     uvicorn_base = cls.__mro__[6]

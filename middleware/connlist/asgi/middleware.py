@@ -5,8 +5,7 @@ server is uvicorn: ``connlist.servers.uvicorn.start``; or named by ``--http
 connlist.uvicorn:HttpToolsProtocol``) the protocol feeds the list, and the
 middleware only hands it over (through the ASGI lifespan state) and serves the
 debug endpoint: from its first request with the integration the middleware's
-route returns the app's own coroutine, no frame of ours (from Python 3.12;
-before, an ``async def`` awaits it: ``_pass_route``).  A handler that was
+route awaits the app, with nothing else per request (``_pass``).  A handler that was
 awaiting the body of a request connlist cut off gets Starlette's
 ``ClientDisconnect``; the server integration keeps that from the server log
 (``connlist.servers.uvicorn.protocols``).  At the lifespan shutdown the middleware writes the
@@ -255,7 +254,7 @@ class ConnectionsMiddleware(ListOwner):
         # The general route until a request tells the mode (see __call__),
         # and the one with the server integration.
         _route(self, self._general)
-        self._passing = _pass_route(self)
+        self._passing = self._pass
         # inspect.signature(middleware) looks for a __call__ function on
         # the class, and finds the route's slot: it reads this instead.
         self.__signature__ = inspect.signature(self._general)
@@ -293,8 +292,8 @@ class ConnectionsMiddleware(ListOwner):
     # * ``_general``: a lifespan, and the first request in a mode, which
     #   sets the route (the other routes hand it the endpoint, and the
     #   lifespan);
-    # * with the server integration, ``_passing`` (``_pass_route``): the app's own
-    #   coroutine for a request not for the endpoint;
+    # * with the server integration, ``_passing`` (``_pass``): the app, for a
+    #   request not for the endpoint;
     # * in ASGI-only mode, the feeder's path (``connlist.asgi.asgi_only.AsgiOnly``).
     #
     # The next lifespan startup sets ``_general`` again (a server with the
@@ -306,8 +305,7 @@ class ConnectionsMiddleware(ListOwner):
     # ``super().__call__``, which reads the slot (see _route).  Servers tell
     # ASGI 3 apps from ASGI 2 ones by whether ``app.__call__`` is a coroutine
     # function (uvicorn's Config.load, hypercorn's _is_asgi_2, Starlette's
-    # is_async_callable), which reads the route: see _pass_route for the
-    # one that is not an ``async def``.
+    # is_async_callable), which reads the route: each is an ``async def``.
     __call__: Callable[[Scope, Receive, Send], Awaitable[None]]
 
     async def _general(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -343,30 +341,21 @@ class ConnectionsMiddleware(ListOwner):
             return
         await self.app(scope, receive, send)
 
-    def _pass_app(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        """The pass-through route's body (``_pass_route``): the app's own coroutine, no frame of ours."""
+    async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The route with the server integration: a request not for the endpoint goes to the app."""
         # HTTP and websocket scopes have a path (a websocket passes through
         # on either path); a lifespan scope has none, and a try costs
         # nothing until it raises.
         try:
             path = scope["path"]
         except KeyError:
-            return self._general(scope, receive, send)
+            await self._general(scope, receive, send)
+            return
         if path != self.debug_path:
             app = self.app  # a slot; ``self.app(...)`` would be an unspecialized method call (see AsgiOnly)
-            return app(scope, receive, send)
-        return self._general(scope, receive, send)
-
-    # This route returns a coroutine without being an ``async def``, and a
-    # server may look at ``app.__call__`` while it is the route (a second
-    # server for the same app in the same process, before its lifespan), to
-    # tell ASGI 3 from ASGI 2: see _pass_route.
-    if sys.version_info >= (3, 12):
-        _pass_app = inspect.markcoroutinefunction(_pass_app)
-
-    async def _pass_async(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The route before Python 3.12, whose inspect has no mark for ``_pass_app``: one frame more."""
-        await self._pass_app(scope, receive, send)
+            await app(scope, receive, send)
+            return
+        await self._general(scope, receive, send)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A server is starting: forget a timer left on the loop of an earlier run, hand the enforcer over.
@@ -522,20 +511,3 @@ def _route(
 
 
 _CALL_SLOT = cast(MemberDescriptorType, ConnectionsMiddleware.__dict__["__call__"])
-
-
-def _pass_route(middleware: ConnectionsMiddleware) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-    """The route with the server integration, bound, which every ASGI 3 check takes for one.
-
-    Servers tell an ASGI 3 app by ``iscoroutinefunction(app.__call__)``,
-    inspect's (uvicorn 0.36, hypercorn) or asyncio's (later uvicorns,
-    Starlette), and ``app.__call__`` is the route.  From Python 3.12 it is
-    ``_pass_app``, which returns the app's coroutine without being an
-    ``async def`` and carries inspect's mark, which both checks read.
-    Before, inspect has no such mark: the route is ``_pass_async``, an
-    ``async def``, one Python frame more per request (docs/benchmarks.md,
-    "The request path's tricks, each measured").
-    """
-    if sys.version_info >= (3, 12):
-        return middleware._pass_app
-    return middleware._pass_async

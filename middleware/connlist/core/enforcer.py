@@ -355,14 +355,6 @@ class Enforcer(Budget, Timer):
             self._arm()
         return record
 
-    def message(self, record: Connection) -> None:
-        """A whole request received at one instant, handed to the app (``ConnectionsList.message``), counted.
-
-        The server layer's common case: a request in one read on an idle or new connection.
-        """
-        self.connections.message(record)
-        self.totals.requests += 1
-
     def request_received(self, record: Connection) -> None:
         """A request's headers are complete: it goes to the app (or waits behind the one running), counted."""
         connections = self.connections

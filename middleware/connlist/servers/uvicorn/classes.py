@@ -53,7 +53,8 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
         # Declared here, on the one class with uvicorn's as a base, so that a
         # uvicorn protocol with ``__slots__`` of its own is no layout conflict
         # (connlist.servers.seam.Tracking says why slots).
-        __slots__ = (*SLOTS, "_connlist_running")
+        __slots__ = SLOTS
+        _connlist_base = base
 
     return HttpToolsProtocol
 
@@ -66,6 +67,7 @@ def h11_protocol(base: type[UvicornH11]) -> type[H11Tracking]:
         __qualname__ = "H11Protocol"
         # As HttpToolsProtocol's.
         __slots__ = SLOTS
+        _connlist_base = base
 
     return H11Protocol
 

@@ -15,7 +15,7 @@ read them: the base of each parser's mixin (``connlist.servers.uvicorn.httptools
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from connlist.core.logs import route_to_server
 from connlist.core.records import Connection
@@ -70,13 +70,24 @@ class UvicornCycle(Tracking):
     # loop: connlist's stand-in leaves it to the list (connlist.servers.uvicorn.keepalive).
     # The self-check turns this off for a uvicorn that arms it otherwise.
     connlist_keepalive = True
+    # uvicorn's class as given to the class statement (connlist.servers.uvicorn.classes): its
+    # methods are called as ``self._connlist_base.method(self)``, the given class's own whatever
+    # it overrides, rather than through ``super()``, which makes an object per call on
+    # Python 3.11 (the request path calls three).
+    _connlist_base: ClassVar[Any]
     connlist_keepalive_not = ""
 
     def connection_made(self, transport: Any) -> None:
+        # Tracking's, with uvicorn's state: the enforcer, and the loop's stand-in for the keep-alive.
         enforcer = self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
         if enforcer.keep_alive_timed:
             self.loop = keepalive.for_loop(self.loop)
-        super().connection_made(transport)
+        self._connlist_base.connection_made(self, transport)
+        self._connlist_record = enforcer.join(self.client, self.server, self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connlist_remove()
+        self._connlist_base.connection_lost(self, exc)
 
     def connlist_close_keepalive(self) -> None:
         """The keep-alive timeout the list times: uvicorn's own handler, as its timer would have called it.
@@ -87,28 +98,15 @@ class UvicornCycle(Tracking):
         self.timeout_keep_alive_handler()
         self._connlist_closed_unsent()
 
-    def _connlist_message(self, record: Connection) -> None:
-        """A whole request in one read on an idle or new connection: the common case, one event."""
-        self._connlist.message(record)
+    def _connlist_response_closes(self) -> None:
+        """uvicorn's ``on_response_complete`` found the transport closing: the response's end closes.
 
-    def _connlist_response_end(self, done: bool) -> None:
-        """After uvicorn's ``on_response_complete``: the list's event if ``done``, and what the end lets in.
-
-        ``done``: no response is unfinished (uvicorn started no pipelined
-        request).  A response that closes the connection leaves its unsent
-        bytes to the send timeout; on one that keeps it, the read held
-        behind the response is offered again.
+        Nothing is unfinished and no read follows; its unsent bytes are the send timeout's.
         """
         record = self._connlist_record
-        if self.transport.is_closing():
-            if record is not None:
-                record.responding = False
-            self._connlist_closed_unsent()
-            return
-        if done and record is not None:
-            self._connlist.response_complete(record)
-        if self._connlist_unread is not None:
-            self._connlist_release()
+        if record is not None:
+            record.responding = False
+        self._connlist_closed_unsent()
 
     def _connlist_stopped(self, data: bytes) -> bool:
         """Whether a read at rest goes no further as it is: held behind a response, or fed in parts.

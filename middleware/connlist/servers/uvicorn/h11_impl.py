@@ -64,14 +64,14 @@ class H11Tracking(UvicornCycle, _H11Base):
             record = self._connlist_record
             if phase == _BODY and record is not None:
                 self._connlist_body_bytes(record, len(data))
-            super().data_received(data)
+            self._connlist_base.data_received(self, data)
             self._connlist_events(phase, cycle, len(data))
             return
         if (len(data) > self._connlist_room or (cycle is not None and not cycle.response_complete)) and (
             self._connlist_stopped(data)
         ):
             return
-        super().data_received(data)
+        self._connlist_base.data_received(self, data)
         # The common case: a whole request in this read, nothing after it.
         if self.cycle is not cycle:
             h11_conn = self.conn
@@ -79,7 +79,9 @@ class H11Tracking(UvicornCycle, _H11Base):
                 record = self._connlist_record
                 if record is not None and (record.last_message_start == 0.0 or cycle is None):
                     # An idle connection's, or a new one's first read (as httptools').
-                    self._connlist_message(record)
+                    enforcer = self._connlist
+                    enforcer.connections.message(record)
+                    enforcer.totals.requests += 1
                     return
         self._connlist_events(_BETWEEN, cycle, len(data))
 
@@ -140,11 +142,16 @@ class H11Tracking(UvicornCycle, _H11Base):
     def on_response_complete(self) -> None:
         phase = self._connlist_phase
         cycle = self.cycle
-        super().on_response_complete()
-        if self._connlist_record is not None:
-            # A finished response lets h11 go on to what it held.
-            self._connlist_events(phase, cycle)
-        self._connlist_response_end(not self._connlist_responding())
+        self._connlist_base.on_response_complete(self)
+        if self.transport.is_closing():
+            self._connlist_response_closes()
+            return
+        # A finished response lets h11 go on to what it held.
+        self._connlist_events(phase, cycle)
+        if not self._connlist_responding():
+            self._connlist.response_complete(self._connlist_record)  # type: ignore[arg-type]  # made
+        if self._connlist_unread is not None:
+            self._connlist_release()  # the read held behind the response
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         # Held as upgraded until the websocket closes, or refused with 503 (uvicorn.websocket).

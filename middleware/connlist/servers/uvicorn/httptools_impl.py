@@ -188,16 +188,13 @@ if httptools_impl is not None:
         __slots__ = ()
 
         connlist_mode = "uvicorn-httptools"
-        # The request running ahead of those queued behind it (pipelining only; None: none).
-        _connlist_running: Any
-
-        def connection_made(self, transport: Any) -> None:
-            self._connlist_running = None
-            super().connection_made(transport)
+        # The request running ahead of those queued behind it (None: none).  Written only
+        # with pipelining: a connection without has none of its own, and reads the class's.
+        _connlist_running: Any = None
 
         def on_headers_complete(self) -> None:
             running = self.cycle
-            super().on_headers_complete()
+            self._connlist_base.on_headers_complete(self)
             pipeline = self.pipeline
             # The first request queued: the one it waits for runs, referenced by nobody but its task.
             if pipeline and len(pipeline) == 1 and pipeline[0][0] is self.cycle:
@@ -220,7 +217,7 @@ if httptools_impl is not None:
                 len(data) > self._connlist_room or (cycle is not None and not cycle.response_complete)
             ) and self._connlist_stopped(data):
                 return
-            super().data_received(data)
+            self._connlist_base.data_received(self, data)
             # The common case: no message was open, and one request began,
             # got its headers and completed in this read, with none queued.
             new = self.cycle
@@ -230,7 +227,9 @@ if httptools_impl is not None:
                 record: Connection = self._connlist_record  # type: ignore[assignment]
                 if record.last_message_start == 0.0 or cycle is None:
                     # An idle connection's, or a new one's first read.
-                    self._connlist_message(record)
+                    enforcer = self._connlist
+                    enforcer.connections.message(record)
+                    enforcer.totals.requests += 1
                     return
             # Between messages, the last scope is the last cycle's.
             self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle, len(data))
@@ -274,7 +273,7 @@ if httptools_impl is not None:
                     tail: Any = _BodyTail()
                     self.cycle = tail
                     try:
-                        super().data_received(data)
+                        self._connlist_base.data_received(self, data)
                     finally:
                         if self.cycle is tail:
                             self.cycle = cycle
@@ -282,7 +281,7 @@ if httptools_impl is not None:
                         cycle.more_body = False
                     self._connlist_events(phase, scope, cycle, len(data))
                     return
-            super().data_received(data)
+            self._connlist_base.data_received(self, data)
             if phase < _UPGRADED:
                 self._connlist_events(phase, scope, cycle, len(data))
 
@@ -348,12 +347,18 @@ if httptools_impl is not None:
         def on_response_complete(self) -> None:
             pipeline = self.pipeline
             queued = pipeline[-1][0] if pipeline else None
-            super().on_response_complete()
+            self._connlist_base.on_response_complete(self)
+            if self.transport.is_closing():
+                self._connlist_response_closes()
+                return
             if queued is not None and not (pipeline and pipeline[-1][0] is queued):
                 self._connlist_running = queued  # uvicorn started it
             # self.cycle is the newest request's: if uvicorn has just
             # started a pipelined one, or any is still queued, it is not complete.
-            self._connlist_response_end(self.cycle.response_complete)
+            if self.cycle.response_complete:
+                self._connlist.response_complete(self._connlist_record)  # type: ignore[arg-type]  # made
+            if self._connlist_unread is not None:
+                self._connlist_release()  # the read held behind the response
 
         def handle_websocket_upgrade(self) -> None:
             # Handed over, or refused with 503 (connlist.servers.uvicorn.websocket); held
