@@ -286,3 +286,19 @@ def test_only_the_list_names_its_links_and_counts():
     assert own == set(LIST_OWN)
     named = [found for module in sorted(set(MODULES) - LIST_OWNERS) for found in _naming_list_own(module)]
     assert named == []
+
+
+# The most branches a function of the package may have (radon's cyclomatic complexity).
+MOST_COMPLEX = 15
+
+
+def test_no_function_is_more_complex_than_the_rule() -> None:
+    from radon.complexity import cc_visit
+
+    found = [
+        f"{name}: {block.fullname} {block.complexity}"
+        for name, path in MODULES.items()
+        for block in cc_visit(path.read_text())
+        if block.complexity > MOST_COMPLEX
+    ]
+    assert found == []

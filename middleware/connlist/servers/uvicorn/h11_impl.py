@@ -58,14 +58,7 @@ class H11Tracking(UvicornCycle, _H11Base):
         phase = self._connlist_phase
         cycle = self.cycle
         if phase:
-            if phase == _HEADERS and len(data) > self._connlist_room:
-                self._connlist_feed_in_parts(data)
-                return
-            record = self._connlist_record
-            if phase == _BODY and record is not None:
-                self._connlist_body_bytes(record, len(data))
-            self._connlist_base.data_received(self, data)
-            self._connlist_events(phase, cycle, len(data))
+            self._connlist_read(data, phase, cycle)
             return
         if (len(data) > self._connlist_room or (cycle is not None and not cycle.response_complete)) and (
             self._connlist_stopped(data)
@@ -84,6 +77,17 @@ class H11Tracking(UvicornCycle, _H11Base):
                     enforcer.totals.requests += 1
                     return
         self._connlist_events(_BETWEEN, cycle, len(data))
+
+    def _connlist_read(self, data: bytes, phase: int, cycle: Any) -> None:
+        """A read while a message is open (or after an upgrade)."""
+        if phase == _HEADERS and len(data) > self._connlist_room:
+            self._connlist_feed_in_parts(data)
+            return
+        record = self._connlist_record
+        if phase == _BODY and record is not None:
+            self._connlist_body_bytes(record, len(data))
+        self._connlist_base.data_received(self, data)
+        self._connlist_events(phase, cycle, len(data))
 
     def _connlist_tell(self, state: Any, loop: Any, keep_alive: float | None) -> Any:
         """Once per server and loop (``Tracking._connlist_tell``): also h11's own bound raised to connlist's.

@@ -283,6 +283,13 @@ class _Script:
         self.attributes(plain)
         plain.connection_lost(None)
         self.steps.append("uvicorn's own protocol, and what connlist reads of it")
+        await self.requests()
+        await self.expect_100_continue()
+        await self.upgrade_and_loss()
+        await self.headers_timeout()
+
+    async def requests(self) -> None:
+        """Whole, split and pipelined requests, bodies in parts and answered early, on one connection."""
         # A whole request, then one split over reads, then a body in two reads.
         protocol, transport = self.connect()
         record = self.record(protocol)
@@ -323,7 +330,9 @@ class _Script:
         self.expect("both pipelined responses", record, "idle", 6)
         if self.responses(transport) != 6:
             raise CheckFailed(f"{self.responses(transport)} responses were written for 6 requests")
-        await self.expect_100_continue()
+
+    async def upgrade_and_loss(self) -> None:
+        """A websocket upgrade held and let go; a connection lost mid-request."""
         # A websocket upgrade: held as upgraded by the websocket protocol
         # uvicorn hands the transport to (connlist.servers.uvicorn.websocket), until it is lost.
         upgraded, upgraded_transport = self.connect()
@@ -346,6 +355,9 @@ class _Script:
         await self.settle()
         if lost_record.tracked:
             raise CheckFailed("a connection lost mid-request stayed in the list")
+
+    async def headers_timeout(self) -> None:
+        """A headers timeout: only the silent connection expires, with a 408."""
         # A headers timeout: only the silent connection expires, with a 408.
         silent, silent_transport = self.connect()
         silent_record = self.record(silent)
