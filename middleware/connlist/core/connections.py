@@ -21,9 +21,8 @@ A connection moves through these events (the clock is monotonic)::
     headers_complete   headers_completed = True
     message_complete   request fully received: leaves active, clock reset to 0
                        (idle until the next message_begin)
-    message            the three above at one instant, on an idle connection:
-                       a whole request in one read.  Nothing moves, no clock
-                       is read; it stays idle, one request more, responding
+    message            the three above at one instant (a whole request in one
+                       read): on an idle connection nothing moves, no clock read
     response_begin     a received request went to the app: responding
     response_complete  no response unfinished: not responding
     upgrade            left HTTP (a websocket accepted for its handshake):
@@ -31,10 +30,9 @@ A connection moves through these events (the clock is monotonic)::
                        ``upgraded``; it still counts in ``occupied``
     remove             closed: leaves every list it is in
 
-A connection is *expired* when it is in ``active`` and either its headers are incomplete and its
-message started more than ``headers_timeout`` ago, or its message started more than
-``request_timeout`` ago.  Expired ones leave ``active`` (each is reported once) and stay in
-``all`` until removed.
+A connection is *expired* when it is in ``active`` and its message started more than
+``headers_timeout`` ago with its headers incomplete, or more than ``request_timeout`` ago.
+Expired ones leave ``active`` (each is reported once) and stay in ``all`` until removed.
 
 Five more lists serve what Node does not do, each ordered by the time that matters to it
 (``connlist.core.queues``); a request that arrives whole touches none::
@@ -48,16 +46,15 @@ Five more lists serve what Node does not do, each ordered by the time that matte
                 until they close, for the view and the budget (Node drops them)
     idle_queue  idle connections by when their idle time began, for the
                 keep-alive and the budget's choice of what to close (``idle()``
-                is Node's view): a heap, whose keys the sweep corrects late
+                is Node's view): a heap, whose keys the sweep corrects late;
+                a response's end that queues one tells the owner (``idle_joined``)
 
 A record is in at most one of ``stalled``, ``closing`` and ``upgraded`` (one link, ``out_state``
 says which).  One closed to make room (``evict``) leaves ``active``, ``body`` and the idle
 queue, counts as timed out until removed, and no longer counts in ``occupied``.
 
 ``all`` and ``active`` are intrusive, circular and doubly linked, like CPython's pure-Python
-``OrderedDict``: each ``Connection`` carries its own links, each list has a sentinel root, and
-the events a request runs write their links out (docs/benchmarks.md, "Where the remaining
-instructions go").
+``OrderedDict``: each ``Connection`` carries its own links, each list has a sentinel root.
 
 Invariants:
 
@@ -82,10 +79,8 @@ Invariants:
   removal updates one count), and idle is ``all - active - timed_out`` (a request updates one
   count).  ``headers_completed`` and ``last_message_start`` therefore change only through the
   list's events.
-* The feeder's own writes: no count and no link depends on ``responding``, ``requests`` and
-  ``body_received``, so a feeder's hot path may write them itself (``message`` says which).  The
-  idle connections still responding are counted when the view asks, by a walk of ``all``
-  (``idle_responding_count``).
+* No count and no link depends on ``responding``, ``requests`` and ``body_received``: the idle
+  connections still responding are counted when the view asks (``idle_responding_count``).
 """
 
 from __future__ import annotations
@@ -108,8 +103,7 @@ from connlist.core.records import (
     ConnectionHandle,
 )
 
-# The states and phases are the views' (re-exported: the debug endpoint's
-# documentation names connlist.core.connections.connection_state).
+# The views' states and phases, re-exported (the debug endpoint's docs name connection_state here).
 from connlist.core.views import PHASES, STATES, ListViews, connection_state
 
 __all__ = ["PHASES", "STATES", "Connection", "ConnectionHandle", "ConnectionsList", "connection_state"]
@@ -119,6 +113,10 @@ __all__ = ["PHASES", "STATES", "Connection", "ConnectionHandle", "ConnectionsLis
 # writes the links and the start itself, once.
 _new = object.__new__
 _fields = Connection._fields
+
+
+def _nothing(conn: Connection) -> None:
+    """``idle_joined`` of a list whose owner times nothing."""
 
 
 class ListState(ListViews):
@@ -134,6 +132,7 @@ class ListState(ListViews):
         "_n_timed_out",
         "body",
         "closing",
+        "idle_joined",
         "idle_queue",
         "occupied",
         "received",
@@ -141,8 +140,13 @@ class ListState(ListViews):
         "upgraded",
     )
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        idle_joined: Callable[[Connection], None] | None = None,
+    ) -> None:
         self._clock = clock
+        self.idle_joined = idle_joined or _nothing  # the owner's: see idle_queue in the module docstring
         # Sentinels: an empty list is a root linked to itself.
         self._all_root = root = Connection()
         root._all_prev = root._all_next = root
@@ -150,8 +154,7 @@ class ListState(ListViews):
         root._active_prev = root._active_next = root
         # The counts (see the invariants; ``all``'s is ``_n_all``).
         self._n_evicted = self._n_active = self._n_timed_out = self._n_headers_pending = 0
-        # Those that count against the budget: in ``all``, not evicted.  Read-only outside the list.
-        self.occupied = 0
+        self.occupied = 0  # in ``all``, not evicted: the budget's count (read-only outside the list)
         self.body: Queue[Connection] = Queue("_body_link", "body_started")
         self.stalled: Queue[Connection] = Queue("_out_link", "out_sampled")
         self.closing: Queue[Connection] = Queue("_out_link", "out_since")
@@ -192,8 +195,7 @@ class ListState(ListViews):
         return None if best == math.inf else best
 
     @property
-    def _n_all(self) -> int:
-        """The records in ``all``: ``occupied``, less the upgraded, plus the evicted (see the invariants)."""
+    def _n_all(self) -> int:  # occupied, less the upgraded, plus the evicted (see the invariants)
         return self.occupied - len(self.upgraded) + self._n_evicted
 
     def __len__(self) -> int:
@@ -292,8 +294,7 @@ class ConnectionsList(ListState):
         conn = _new(Connection)  # Connection(...), without the class's call (see _fields)
         _fields(conn, client, server, handle, now, id)
         conn.last_message_start = now
-        # Appended to all and to active.
-        root = self._all_root
+        root = self._all_root  # appended to all, then to active
         last = root._all_prev
         conn._all_prev = last
         conn._all_next = root
@@ -349,11 +350,10 @@ class ConnectionsList(ListState):
             self.response_begin(conn)
 
     def message(self, conn: Connection) -> None:
-        """A whole request received at one instant and handed to the app: four events in one.
+        """A whole request at one instant, handed to the app: four events in one, no clock read.
 
-        No clock is read.  On an idle connection nothing moves (what a feeder's
-        hot path writes itself).  A new one (its first request whole in its
-        first read) leaves ``active``; ``response_complete`` queues it idle.
+        On an idle connection nothing moves; a new one (its first request whole in its first read)
+        leaves ``active``, and ``response_complete`` queues it idle.
         """
         if conn.last_message_start == 0.0 and conn._all_next is not None:
             conn.headers_completed = True
@@ -392,6 +392,7 @@ class ConnectionsList(ListState):
         conn.responded_at = now = self._clock()
         if conn._idle_entry is None and conn.last_message_start == 0.0 and conn._all_next is not None:
             self.idle_queue.push(conn, now)
+            self.idle_joined(conn)
 
     def message_complete(self, conn: Connection) -> None:
         """The request is fully received: the connection leaves ``active`` and is idle."""

@@ -176,7 +176,7 @@ class Enforcer(Budget, Timer):
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(loop)
-        self.connections = ConnectionsList(clock)
+        self.connections = ConnectionsList(clock, self._idle_joined)
         self.settings = Settings() if settings is None else settings
         self.on_timeout = on_timeout
         self.totals = Totals()
@@ -362,14 +362,12 @@ class Enforcer(Budget, Timer):
         connections.response_begin(record)
         self.totals.requests += 1
 
-    def response_complete(self, record: Connection) -> None:
-        """No response is unfinished on the connection: it is idle from now (the server layer's call).
+    def _idle_joined(self, record: Connection) -> None:
+        """A response's end put ``record`` in the idle queue: the timer fires by the end of its keep-alive.
 
-        ``ConnectionsList.response_complete``, and where the list times the
-        keep-alive (``keep_alive_timed``), the timer brought forward to the
-        end of this idle time if it would fire later.
+        (Not called for a record already queued: the timer, armed while the
+        queue holds any, fires by the end of its oldest idle time already.)
         """
-        self.connections.response_complete(record)
         if self.keep_alive_timed:
             due = record.responded_at + self.keep_alive
             if due < self.timer_at:

@@ -387,7 +387,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             # Not a connection going idle (module docstring): gunicorn's timer, as on gunicorn.
             _Gunicorn._arm_keepalive_timer(self)
             return
-        enforcer.response_complete(record)
+        enforcer.connections.response_complete(record)
         if not enforcer.keep_alive_timed:
             _Gunicorn._arm_keepalive_timer(self)
 

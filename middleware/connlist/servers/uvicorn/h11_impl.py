@@ -27,6 +27,7 @@ from connlist.servers.seam import HEADERS as _HEADERS
 from connlist.servers.seam import UPGRADED as _UPGRADED
 from connlist.servers.uvicorn import websocket as _websocket
 from connlist.servers.uvicorn.cycle import UvicornCycle
+from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
 
 try:
     from uvicorn.protocols.http import h11_impl
@@ -64,6 +65,8 @@ class H11Tracking(UvicornCycle, _H11Base):
             self._connlist_stopped(data)
         ):
             return
+        if self.timeout_keep_alive_task is TIMED_BY_LIST:
+            self.timeout_keep_alive_task = None  # the read ends the idle time (keepalive.TIMED_BY_LIST)
         self._connlist_base.data_received(self, data)
         # The common case: a whole request in this read, nothing after it.
         if self.cycle is not cycle:
@@ -153,7 +156,7 @@ class H11Tracking(UvicornCycle, _H11Base):
         # A finished response lets h11 go on to what it held.
         self._connlist_events(phase, cycle)
         if not self._connlist_responding():
-            self._connlist.response_complete(self._connlist_record)  # type: ignore[arg-type]  # made
+            self._connlist.connections.response_complete(self._connlist_record)  # type: ignore[arg-type]  # made
         if self._connlist_unread is not None:
             self._connlist_release()  # the read held behind the response
 

@@ -56,6 +56,7 @@ from connlist.servers.seam import REFUSED as _REFUSED
 from connlist.servers.seam import UPGRADED as _UPGRADED
 from connlist.servers.uvicorn import websocket as _websocket
 from connlist.servers.uvicorn.cycle import UvicornCycle
+from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
 
 try:
     from uvicorn.protocols.http import httptools_impl
@@ -217,6 +218,8 @@ if httptools_impl is not None:
                 len(data) > self._connlist_room or (cycle is not None and not cycle.response_complete)
             ) and self._connlist_stopped(data):
                 return
+            if self.timeout_keep_alive_task is TIMED_BY_LIST:
+                self.timeout_keep_alive_task = None  # the read ends the idle time (keepalive.TIMED_BY_LIST)
             self._connlist_base.data_received(self, data)
             # The common case: no message was open, and one request began,
             # got its headers and completed in this read, with none queued.
@@ -356,7 +359,7 @@ if httptools_impl is not None:
             # self.cycle is the newest request's: if uvicorn has just
             # started a pipelined one, or any is still queued, it is not complete.
             if self.cycle.response_complete:
-                self._connlist.response_complete(self._connlist_record)  # type: ignore[arg-type]  # made
+                self._connlist.connections.response_complete(self._connlist_record)  # type: ignore[arg-type]  # made
             if self._connlist_unread is not None:
                 self._connlist_release()  # the read held behind the response
 

@@ -30,7 +30,13 @@ __all__ = ["TIMED_BY_LIST", "ListTimedLoop"]
 
 
 class _TimedByList:
-    """``timeout_keep_alive_task`` while the list times the connection's keep-alive."""
+    """``timeout_keep_alive_task`` while the list times the connection's keep-alive.
+
+    Not None, so that what uvicorn reads there (armed or not) stays true.  A
+    read at rest drops it before uvicorn's own ``data_received`` would
+    cancel it (the protocols' ``data_received``): the read ends the idle
+    time by itself, and uvicorn's cancel is then a None test, not a call.
+    """
 
     __slots__ = ()
 
