@@ -544,30 +544,33 @@ class Tracking(HeadBound, TransportHandle):
         if record is not None:
             transport = self.transport
             if transport is not None and transport.is_closing() and sending.unsent(transport):
-                return  # a close waits for the rest: still timed (_connlist_closed_unsent)
+                return  # a close waits for the rest: still timed (_connlist_closed)
             self._connlist.connections.unstall(record)
 
-    def _connlist_closed_unsent(self) -> None:
-        """The transport was closed with response bytes it has not sent: a stall, for the send timeout.
+    def _connlist_closed(self) -> None:
+        """The server closed the transport: nothing unfinished will be answered, and unsent bytes are timed.
 
-        A transport's close waits for its buffer to drain.  A client that
-        stopped reading before it did would hold the connection, and its
-        place in the budget, for good, in no list a sweep walks: a tail
-        under the transport's high-water mark never paused writing.  As a
-        stall it is sampled, and aborted once it makes no progress for the
-        send timeout; a slow reader that keeps reading gets every byte.
-        The server layer calls it after a close (a response's end that
-        closes, the keep-alive's close).
+        The record is no longer ``responding``.  A transport's close waits for
+        its buffer to drain.  A client that stopped reading before it did would
+        hold the connection, and its place in the budget, for good, in no list
+        a sweep walks: a tail under the transport's high-water mark never
+        paused writing.  As a stall it is sampled, and aborted once it makes no
+        progress for the send timeout; a slow reader that keeps reading gets
+        every byte.  The server layer calls it after each close of its own (a
+        response's end that closes, the keep-alive's close).
         """
+        # (None where the server closes a protocol never made, as gunicorn's own tests do.)
+        record = getattr(self, "_connlist_record", None)
+        if record is None:
+            return
+        record.responding = False
         # ``sending.unsent``, written out: every response that closes asks, and holds nothing.
         try:
             if not self.transport.get_write_buffer_size():
                 return
         except (AttributeError, NotImplementedError):
             return
-        # (None too where the server closes a protocol never made, as gunicorn's own tests do.)
-        record = getattr(self, "_connlist_record", None)
-        if record is not None and self._connlist.settings.send_timeout:
+        if self._connlist.settings.send_timeout:
             enforcer = self._connlist
             enforcer.connections.stall(record, self.connlist_pending(), self.connlist_acked())
             enforcer.watch()

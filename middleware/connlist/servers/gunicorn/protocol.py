@@ -402,9 +402,9 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
     def _close_transport(self) -> None:
         # Every close of gunicorn's (a response's end that closes, its
         # keep-alive handler): bytes the client has not taken hold it, the
-        # send timeout's (seam's _connlist_closed_unsent).
+        # send timeout's (seam's _connlist_closed).
         _Gunicorn._close_transport(self)
-        self._connlist_closed_unsent()
+        self._connlist_closed()
 
     # The closes connlist decides outside a timeout wake gunicorn's connection
     # loop, as its own close does: else it waits for the next request until

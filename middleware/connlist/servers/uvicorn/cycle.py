@@ -96,17 +96,7 @@ class UvicornCycle(Tracking):
         the close: the send timeout times them.
         """
         self.timeout_keep_alive_handler()
-        self._connlist_closed_unsent()
-
-    def _connlist_response_closes(self) -> None:
-        """uvicorn's ``on_response_complete`` found the transport closing: the response's end closes.
-
-        Nothing is unfinished and no read follows; its unsent bytes are the send timeout's.
-        """
-        record = self._connlist_record
-        if record is not None:
-            record.responding = False
-        self._connlist_closed_unsent()
+        self._connlist_closed()
 
     def _connlist_stopped(self, data: bytes) -> bool:
         """Whether a read at rest goes no further as it is: held behind a response, or fed in parts.

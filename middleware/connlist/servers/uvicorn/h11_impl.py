@@ -151,7 +151,7 @@ class H11Tracking(UvicornCycle, _H11Base):
         cycle = self.cycle
         self._connlist_base.on_response_complete(self)
         if self.transport.is_closing():
-            self._connlist_response_closes()
+            self._connlist_closed()  # the response's end closes
             return
         # A finished response lets h11 go on to what it held.
         self._connlist_events(phase, cycle)
