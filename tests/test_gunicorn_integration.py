@@ -66,8 +66,11 @@ def passing(monkeypatch: pytest.MonkeyPatch) -> type[Any]:
 
 def test_the_self_check_passes_on_the_installed_gunicorn(gunicorn_parser: str) -> None:
     cls = gunicorn_asgi.prepare(GUNICORNS)
+    # A serving worker's enforcer, handed over: the check's protocols have a hand-over of their own.
+    serving = HANDOVER.enforcer = Enforcer()
     result = gunicorn_asgi_check.run_in_thread(cls, gunicorn_parser)
     assert result.passed, result.failure
+    assert HANDOVER.enforcer is serving and serving.fed_by is None and serving.totals.connections == 0
     assert "a headers timeout" in result.steps and "the keep-alive timeout" in result.steps
     assert result.seconds < 1.0
 

@@ -21,8 +21,9 @@ hand-over per worker:
 * the observers (``connlist.observe``) read it when they collect.
 
 A self-check, which can run while a real server of the process serves,
-gives its check protocols a ``HandOver`` of their own (an instance
-attribute ``connlist_handover``) and never touches ``HANDOVER``.
+gives its check protocols a ``HandOver`` of their own (their class's
+``connlist_handover``: ``connlist.servers.selfcheck.handed_over``) and never
+touches ``HANDOVER``.
 """
 
 from __future__ import annotations

@@ -429,7 +429,7 @@ class Tracking(HeadBound, TransportHandle):
     server: tuple[str, int | None] | None
 
     # Where the middleware hands the worker's enforcer over: this worker's (a
-    # self-check gives its protocols one of their own, as an instance attribute).
+    # self-check's protocols read one of their own: ``selfcheck.handed_over``).
     connlist_handover: HandOver = HANDOVER
     # Per worker: the enforcer and its list (shared by every connection).
     _connlist: Enforcer

@@ -11,7 +11,7 @@ of connlist's is handed to uvicorn, this module checks it, once per process:
 1. What can be read without running anything: the methods connlist's
    class overrides are there.
 2. A conversation, with no socket: the protocol built as uvicorn builds it
-   (a ``Config`` of its own, and a hand-over of its own, ``connlist_handover``,
+   (a ``Config`` of its own, and a hand-over of its own, ``handed_over``,
    holding a private ``Enforcer`` on a clock of its own: the process's
    ``HANDOVER`` is a real server's), on a ``MemoryTransport``, through
    a whole request, one split over reads, a body in two reads (the bytes
@@ -57,7 +57,7 @@ from connlist.core.handover import HandOver
 from connlist.core.kinds import resolve
 from connlist.core.records import Connection
 from connlist.core.views import connection_state
-from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, run_on_own_loop
+from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, handed_over, run_on_own_loop
 from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
 from connlist.servers.uvicorn.websocket import Held
 
@@ -180,7 +180,7 @@ class _Script:
             clock=lambda: self.now,
         )
         # The check's protocols' own hand-over: never HANDOVER, which a real server may be using.
-        self.handover = HandOver(self.enforcer)
+        self.made = handed_over(cls, HandOver(self.enforcer))
         self.gate = _Gate()
         self.state: dict[str, Any] = {"connlist.selfcheck.gate": self.gate}
         self.config = config
@@ -190,8 +190,9 @@ class _Script:
         self.steps: list[str] = []
 
     def connect(self, cls: type | None = None) -> tuple[Any, MemoryTransport]:
-        protocol = (cls or self.cls)(config=self.config, server_state=self.server_state, app_state=self.state)
-        protocol.connlist_handover = self.handover
+        protocol = (cls or self.made)(
+            config=self.config, server_state=self.server_state, app_state=self.state
+        )
         if self.logger_name is None:
             self.logger_name = getattr(getattr(protocol, "logger", None), "name", None)
         # Nothing of the check reaches the server's logs.
