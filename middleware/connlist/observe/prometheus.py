@@ -370,8 +370,8 @@ class MetricsMiddleware:
 
     Use it with ``ConnectionsMiddleware`` in the same app, in either order:
     it finds the worker's enforcer where ``ConnectionsMiddleware`` hands it
-    over (``connlist.core.handover``), once its lifespan (or, with the
-    lifespan off, its first request) started it.  ``interval`` is the period of the
+    over (``connlist.core.handover``), once a lifespan (or, with the lifespan
+    off, a first request) started it.  ``interval`` is the period of the
     background refresh in seconds (``0`` or ``None``: only at scrape time,
     enough with one process); ``path=None`` serves no endpoint (mount
     ``make_metrics_app()`` yourself, or use ``prometheus_client``'s own
