@@ -129,7 +129,7 @@ async def drive(
     from uvicorn.lifespan.on import LifespanOn
     from uvicorn.server import ServerState
 
-    from connlist.core.enforcer import STATE_KEY
+    from connlist.core.handover import HANDOVER
 
     loop = asyncio.get_running_loop()
     config = Config(
@@ -173,7 +173,7 @@ async def drive(
         "spacing": (idle - started) / count,
         "closing": closed.last - closed.first,
         "closed": closed.lost,
-        "enforcer": lifespan.state.get(STATE_KEY),
+        "enforcer": HANDOVER.enforcer,
     }
 
 

@@ -146,7 +146,7 @@ async def drive(
     """Serve ``requests`` requests of ``workload`` (see ``WORKLOADS``) on in-memory connections.
 
     ``report`` (for the tests) receives the number of responses, the
-    connlist enforcer the lifespan handed over, if any, and the number of
+    connlist enforcer the lifespan handed over (``HANDOVER``), if any, and the number of
     connections made.
     """
     from uvicorn.config import Config
@@ -200,11 +200,11 @@ async def drive(
             protocol.connection_lost(None)
             responses += 1
     if report is not None:
-        from connlist.core.enforcer import STATE_KEY
+        from connlist.core.handover import HANDOVER
 
         report["responses"] = responses
         report["connections"] = made
-        report["enforcer"] = lifespan.state.get(STATE_KEY)
+        report["enforcer"] = HANDOVER.enforcer
     for protocol in idle:
         protocol.connection_lost(None)
     await lifespan.shutdown()

@@ -144,10 +144,10 @@ async def drive(
     if not transport.writes or not transport.writes[0].startswith(b"HTTP/1.1 200 "):
         raise SystemExit(f"{setup}: unexpected answer {transport.writes[:1]!r}")
     if report is not None:
-        from connlist.core.enforcer import STATE_KEY
+        from connlist.core.handover import HANDOVER
 
         report["responses"] = served
-        report["enforcer"] = worker.state.get(STATE_KEY)
+        report["enforcer"] = HANDOVER.enforcer
     await lifespan.shutdown()
 
 

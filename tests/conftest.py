@@ -4,6 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from connlist.core.handover import HANDOVER
 from connlist.servers import integration
 from tests.fakes import FakeClock, MockLoop
 from tests.servers import GUNICORN_PARSERS, PARSERS, close_sockets
@@ -56,3 +57,27 @@ def loop(clock: FakeClock) -> MockLoop:
 def _close_client_sockets() -> Iterator[None]:
     yield
     close_sockets()
+
+
+@pytest.fixture(autouse=True)
+def _own_handover() -> Iterator[None]:
+    """The worker's hand-over (``HANDOVER``) as it was before the test, after it (in any order of tests).
+
+    A middleware's lifespan, or a protocol's fallback, hands an enforcer over
+    for the process; the next test must not find it.
+    """
+    saved = HANDOVER.enforcer
+    try:
+        yield
+    finally:
+        HANDOVER.enforcer = saved
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _own_handover_per_module() -> Iterator[None]:
+    """The same around a module: a module's server (a module-scoped fixture) hands over past its tests."""
+    saved = HANDOVER.enforcer
+    try:
+        yield
+    finally:
+        HANDOVER.enforcer = saved

@@ -96,7 +96,7 @@ class FakeServerProtocol(Tracking, asyncio.Protocol):
 
     connlist_mode = MODE
 
-    def __init__(self, state: dict[str, Any], loop: Any = None) -> None:
+    def __init__(self, loop: Any = None) -> None:
         self.transport = None
         self.client = ("203.0.113.7", 50000)
         self.server = ("127.0.0.1", 8000)
@@ -105,7 +105,7 @@ class FakeServerProtocol(Tracking, asyncio.Protocol):
         self.path: str | None = None
         self.body_left = self.body_seen = 0
         self.responding = self.response_started = self.cut = False
-        self._connlist_setup(state, loop, None)
+        self._connlist_setup(loop, None)  # the enforcer handed over (HANDOVER), or a fallback
 
     # -- the server's own work, and the list's events it tells from it ----------
 

@@ -17,6 +17,7 @@ import pytest
 
 from connlist import ConnectionsMiddleware
 from connlist.core.connections import Connection
+from connlist.core.handover import HANDOVER
 from tests.servers import (
     EARLY,
     INTEGRATED,
@@ -527,7 +528,7 @@ def test_totals_stay_exact_when_the_integration_takes_over(parser: str) -> None:
     with serve(mw, INTEGRATED[parser]) as running:
         serve_requests(running.port)
         assert mw.mode == f"uvicorn-{parser}"
-        assert running.server.lifespan.state["connlist.enforcer"] is mw.enforcer
+        assert HANDOVER.enforcer is mw.enforcer
     # The server stopped: every connection was counted, and is gone.
     assert totals() == {**totals(), "connections": 4 + 2, "requests": 4 + 4}
     assert sum(value for name, value in totals().items() if name.endswith("_timeouts")) == 0

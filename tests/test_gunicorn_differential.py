@@ -26,7 +26,8 @@ pytest.importorskip("gunicorn.workers.gasgi")
 from gunicorn.asgi.protocol import ASGIProtocol as Gunicorns
 from gunicorn.config import Config
 
-from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.enforcer import Enforcer
+from connlist.core.handover import HANDOVER
 from connlist.core.kinds import resolve
 from connlist.servers.gunicorn import start as gunicorn_asgi_start
 from connlist.servers.gunicorn.selfcheck import _SilentLog, _Transport
@@ -76,7 +77,9 @@ class Worker:
         self.log = _SilentLog()
         self.asgi = app
         self.loop = loop
-        self.state: dict[str, Any] = {STATE_KEY: Enforcer(resolve(headers_timeout=300, request_timeout=600))}
+        self.state: dict[str, Any] = {}
+        # A fresh enforcer for each conversation's worker, handed over as the middleware's lifespan does.
+        HANDOVER.enforcer = Enforcer(resolve(headers_timeout=300, request_timeout=600))
         self.nr_conns = 0
         self.nr = 0
         self.max_requests = sys.maxsize

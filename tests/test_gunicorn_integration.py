@@ -22,7 +22,8 @@ from gunicorn.workers import gasgi
 from starlette.requests import ClientDisconnect
 
 from connlist.core import logs
-from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.enforcer import Enforcer
+from connlist.core.handover import HANDOVER
 from connlist.servers import integration, seam
 from connlist.servers.gunicorn import protocol as gunicorn_asgi
 from connlist.servers.gunicorn import selfcheck as gunicorn_asgi_check
@@ -65,8 +66,11 @@ def passing(monkeypatch: pytest.MonkeyPatch) -> type[Any]:
 
 def test_the_self_check_passes_on_the_installed_gunicorn(gunicorn_parser: str) -> None:
     cls = gunicorn_asgi.prepare(GUNICORNS)
+    # A serving worker's enforcer, handed over: the check's protocols have a hand-over of their own.
+    serving = HANDOVER.enforcer = Enforcer()
     result = gunicorn_asgi_check.run_in_thread(cls, gunicorn_parser)
     assert result.passed, result.failure
+    assert HANDOVER.enforcer is serving and serving.fed_by is None and serving.totals.connections == 0
     assert "a headers timeout" in result.steps and "the keep-alive timeout" in result.steps
     assert result.seconds < 1.0
 
@@ -252,10 +256,10 @@ def test_a_cut_request_leaves_its_client_disconnect_out_of_gunicorns_log() -> No
     assert logged == ["Error in ASGI application", "kept"]
 
 
-def test_a_worker_without_a_lifespan_state_keeps_its_enforcer_to_itself(
+def test_a_worker_without_a_lifespan_state_takes_the_enforcer_handed_over(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(gunicorn_asgi, "STATELESS", {STATE_KEY: Enforcer()})
+    HANDOVER.enforcer = Enforcer()
     cls = passing(monkeypatch)
     from gunicorn.config import Config
 
@@ -271,7 +275,7 @@ def test_a_worker_without_a_lifespan_state_keeps_its_enforcer_to_itself(
         protocol = cls(worker)
         protocol.connection_made(_Transport())
         assert not hasattr(worker, "state")
-        assert protocol._connlist is gunicorn_asgi.STATELESS[STATE_KEY]
+        assert protocol._connlist is HANDOVER.enforcer
         assert protocol.connlist_request() == (None, None)
         assert protocol.connlist_reading_paused() is False
         assert protocol._connlist_responding() is False
@@ -287,9 +291,7 @@ def test_a_protocol_lost_before_it_was_made_is_gunicorns_to_clean(monkeypatch: p
 
     async def main() -> None:
         enforcer = Enforcer()
-        worker = gunicorn_asgi_check._Worker(
-            Config(), _body_app, {STATE_KEY: enforcer}, asyncio.get_running_loop()
-        )
+        worker = _worker(Config(), _body_app, enforcer)
         worker.nr_conns = 1
         protocol = cls(worker)
         protocol.connection_lost(None)
@@ -304,8 +306,8 @@ def test_closes_decided_by_connlist_end_gunicorns_connection_loop(monkeypatch: p
     from gunicorn.config import Config
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        worker = gunicorn_asgi_check._Worker(Config(), _body_app, {STATE_KEY: Enforcer()}, loop)
+        enforcer = Enforcer()
+        worker = _worker(Config(), _body_app, enforcer)
         # Refused at the budget: 503, and the loop waiting for a first request ends.
         refused = cls(worker)
         refused_transport = gunicorn_asgi_check._Transport()
@@ -326,7 +328,7 @@ def test_closes_decided_by_connlist_end_gunicorns_connection_loop(monkeypatch: p
         assert refused._task.done() and idle._task.done()
         for protocol in (refused, idle):
             protocol.connection_lost(None)
-        worker.state[STATE_KEY].cancel()
+        enforcer.cancel()
 
     asyncio.run(main())
 
@@ -337,8 +339,8 @@ def test_connlist_adds_nothing_to_gunicorns_instance_dict(monkeypatch: pytest.Mo
     from gunicorn.config import Config
 
     async def attributes(protocol_class: type[Any]) -> set[str]:
-        loop = asyncio.get_running_loop()
-        worker = gunicorn_asgi_check._Worker(Config(), _body_app, {STATE_KEY: Enforcer()}, loop)
+        enforcer = Enforcer()
+        worker = _worker(Config(), _body_app, enforcer)
         protocol = protocol_class(worker)
         protocol.connection_made(gunicorn_asgi_check._Transport())
         protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -346,7 +348,7 @@ def test_connlist_adds_nothing_to_gunicorns_instance_dict(monkeypatch: pytest.Mo
             await asyncio.sleep(0)
         names = set(vars(protocol))
         protocol.connection_lost(None)
-        worker.state[STATE_KEY].cancel()
+        enforcer.cancel()
         return names
 
     async def main() -> tuple[set[str], set[str]]:
@@ -386,12 +388,18 @@ def _connected(cls: type[Any], cfg: Any, app: Any = _body_app, **options: Any) -
     from connlist.core.kinds import resolve
 
     enforcer = Enforcer(resolve(**options)) if options else Enforcer()
-    worker = gunicorn_asgi_check._Worker(cfg, app, {STATE_KEY: enforcer}, asyncio.get_running_loop())
+    worker = _worker(cfg, app, enforcer)
     protocol = cls(worker)
     transport = _Transport()
     transport.protocol = protocol
     protocol.connection_made(transport)
     return protocol, transport, enforcer
+
+
+def _worker(cfg: Any, app: Any, enforcer: Enforcer) -> Any:
+    """A worker as gunicorn's, on the running loop, with ``enforcer`` handed over (as the middleware does)."""
+    HANDOVER.enforcer = enforcer
+    return gunicorn_asgi_check._Worker(cfg, app, {}, asyncio.get_running_loop())
 
 
 def _close(protocol: Any, enforcer: Enforcer) -> None:
@@ -542,9 +550,7 @@ def test_the_keep_alive_falls_back_to_gunicorns_timer(monkeypatch: pytest.Monkey
         _close(protocol, enforcer)
         # A worker's keep-alive that is not a number: gunicorn's timer, not the list.
         cfg = Config()
-        worker = gunicorn_asgi_check._Worker(
-            cfg, _body_app, {STATE_KEY: Enforcer()}, asyncio.get_running_loop()
-        )
+        worker = _worker(cfg, _body_app, Enforcer())
         worker.cfg = type(
             "Cfg", (), {"keepalive": "2", "__getattr__": lambda self, name: getattr(cfg, name)}
         )()
@@ -563,9 +569,7 @@ def test_a_reused_enforcer_forgets_a_timer_of_another_loop(monkeypatch: pytest.M
     enforcer = Enforcer()
 
     async def serve() -> None:
-        worker = gunicorn_asgi_check._Worker(
-            Config(), _body_app, {STATE_KEY: enforcer}, asyncio.get_running_loop()
-        )
+        worker = _worker(Config(), _body_app, enforcer)
         protocol = cls(worker)
         protocol.connection_made(gunicorn_asgi_check._Transport())
         assert enforcer.timer_at < float("inf")  # the new connection's headers clock
@@ -852,9 +856,7 @@ def test_addresses_as_asgi_has_them(monkeypatch: pytest.MonkeyPatch) -> None:
 
     async def main() -> None:
         enforcer = Enforcer()
-        worker = gunicorn_asgi_check._Worker(
-            Config(), _body_app, {STATE_KEY: enforcer}, asyncio.get_running_loop()
-        )
+        worker = _worker(Config(), _body_app, enforcer)
         for peer, own, client, server in [
             (("10.0.0.1", 5000), ("10.0.0.2", 8000), ("10.0.0.1", 5000), ("10.0.0.2", 8000)),
             (("::1", 5000, 0, 0), ["::1", 8000, 0, 0], ("::1", 5000), ("::1", 8000)),

@@ -85,7 +85,7 @@ def imports(module: str) -> set[str]:
             ]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             match = BY_STRING.match(node.value)
-            # Only a whole module's name: "connlist.enforcer" (a key of the lifespan state) names none.
+            # Only a whole module's name: "connlist.selfcheck.gate" (a key of a check's state) names none.
             name = match and (match.group(1) or match.group(2))
             if name in MODULES:
                 targets = [name]

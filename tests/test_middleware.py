@@ -18,7 +18,8 @@ from starlette.types import Message
 from connlist import ConnectionsMiddleware
 from connlist.core.checks import default_max_connections
 from connlist.core.connections import Connection
-from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.enforcer import Enforcer
+from connlist.core.handover import HANDOVER
 from connlist.core.kinds import Settings
 from connlist.servers.selfcheck import CheckFailed
 from connlist.servers.uvicorn.selfcheck import check_static
@@ -159,7 +160,7 @@ def test_protocol_without_middleware_enforces_defaults(parser: str, caplog: pyte
             sock = connect(running.port)
             sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             assert read_response(sock).endswith(b"ok 0")
-        enforcer = running.server.lifespan.state[STATE_KEY]
+        enforcer = HANDOVER.enforcer  # the protocol's fallback, handed over for the worker
         assert isinstance(enforcer, Enforcer)
         assert (enforcer.headers_timeout, enforcer.request_timeout) == (60.0, 300.0)
         assert enforcer.mode == f"uvicorn-{parser}"
@@ -205,7 +206,7 @@ def test_lifespan_off_middleware_adopts_the_protocols_list(
         # From the first request on, the middleware's settings rule the server's list.
         assert mw.mode == f"uvicorn-{parser}"
         assert (mw.settings.headers_timeout, mw.settings.request_timeout) == (0.5, 1.0)
-        assert mw.enforcer is running.server.lifespan.state[STATE_KEY]
+        assert mw.enforcer is HANDOVER.enforcer
         assert mw.connections is mw.enforcer.connections
         started = time.monotonic()
         silent = connect(running.port)
@@ -285,7 +286,8 @@ def test_other_scopes_pass_through() -> None:
     asyncio.run(mw({"type": "websocket", "path": "/_connections"}, fake_receive, fake_send))
     asyncio.run(mw({"type": "lifespan", "state": state}, fake_receive, fake_send))
     assert seen == ["websocket", "lifespan"]
-    assert state[STATE_KEY] is mw.enforcer
+    # Handed over, and nothing written into the app's lifespan state.
+    assert HANDOVER.enforcer is mw.enforcer and state == {}
 
 
 def test_slow_on_timeout_is_warned_about_once(caplog: pytest.LogCaptureFixture) -> None:

@@ -26,7 +26,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from connlist import ConnectionsMiddleware
-from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.enforcer import Enforcer
+from connlist.core.handover import HANDOVER
 from connlist.observe import otel
 from connlist.otel import MetricsMiddleware, instruments_for
 from tests.servers import (
@@ -235,7 +236,7 @@ def test_counters_survive_a_lifespan_restart_and_sources_add_up() -> None:
     app = _Lifespan(reader)
     first = MetricsMiddleware(app, meter_provider=meter_provider)
     second = MetricsMiddleware(app, meter_provider=meter_provider)
-    # Its lifespan state has no enforcer (no ConnectionsMiddleware): it adds nothing.
+    # No enforcer handed over in its worker (no ConnectionsMiddleware): it adds nothing.
     alone = MetricsMiddleware(app, meter_provider=meter_provider)
     assert first.instruments is second.instruments  # no instrument registered twice
     one, two, three = Enforcer(), Enforcer(), Enforcer()
@@ -244,14 +245,15 @@ def test_counters_survive_a_lifespan_restart_and_sources_add_up() -> None:
     three.totals.requests, three.totals.send_timeouts = 1, 4
     one.connections.connect()
 
-    async def lifespan(middleware: MetricsMiddleware, enforcer: Enforcer) -> None:
-        await middleware({"type": "lifespan", "state": {STATE_KEY: enforcer}}, None, None)
+    async def lifespan(middleware: MetricsMiddleware, enforcer: Enforcer | None) -> None:
+        HANDOVER.enforcer = enforcer  # as ConnectionsMiddleware's lifespan hands it over
+        await middleware({"type": "lifespan", "state": {}}, None, None)
 
     async def run() -> None:
         await lifespan(first, one)
         await lifespan(first, two)  # a restart: a new enforcer, from 0
         await lifespan(second, three)
-        await alone({"type": "lifespan", "state": {}}, None, None)
+        await lifespan(alone, None)
 
     asyncio.run(run())
     # Inside the first lifespan: one connection reading, one's totals.

@@ -28,7 +28,8 @@ from uvicorn.protocols.http import h11_impl, httptools_impl
 from uvicorn.server import ServerState
 
 from connlist.core.connections import Connection, connection_state
-from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.enforcer import Enforcer
+from connlist.core.handover import HANDOVER
 from connlist.core.kinds import resolve
 from connlist.servers.uvicorn.cycle import UvicornCycle
 from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
@@ -140,7 +141,7 @@ class ReferenceHttpTools(_ReferenceBody, httptools_impl.HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
+        self._connlist_setup(self.loop, self.timeout_keep_alive)
         self._ref_phase = _BETWEEN
         self._ref_entered_body = False
         self._ref_unread = b""
@@ -219,7 +220,7 @@ class ReferenceH11(_ReferenceBody, h11_impl.H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
+        self._connlist_setup(self.loop, self.timeout_keep_alive)
         self._ref_phase = _BETWEEN
         self._ref_entered_body = False
         self._ref_upgraded = False
@@ -309,7 +310,10 @@ def make_side(name: str, cls: type, clock: FakeClock) -> Side:
     enforcer = Enforcer(
         resolve(headers_timeout=HEADERS_TIMEOUT, request_timeout=REQUEST_TIMEOUT), clock=clock
     )
-    protocol = cls(config=config, server_state=ServerState(), app_state={STATE_KEY: enforcer})
+    # Each side's own enforcer, handed over as the middleware's lifespan does: the side's protocol
+    # takes it at its setup, here (the reference's __init__, connlist's connection_made).
+    HANDOVER.enforcer = enforcer
+    protocol = cls(config=config, server_state=ServerState(), app_state={})
     hooks = BodyHooks()
     protocol._hooks = hooks
     transport = MemoryTransport()

@@ -21,6 +21,8 @@ import uvicorn
 from uvicorn.protocols.http import h11_impl, httptools_impl
 
 from connlist import __version__
+from connlist.core.enforcer import Enforcer
+from connlist.core.handover import HANDOVER
 from connlist.servers import integration
 from connlist.servers.seam import UPGRADED
 from connlist.servers.uvicorn import classes as uvicorn_classes
@@ -38,6 +40,8 @@ def built(parser: str, base: type) -> type:
 
 def test_the_installed_uvicorn_passes_quietly(parser: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
+    # A serving worker's enforcer, handed over: the check's protocols have a hand-over of their own.
+    serving = HANDOVER.enforcer = Enforcer()
     started = time.perf_counter()
     result = uvicorn_selfcheck.run_in_thread(built(parser, BASES[parser]), BASES[parser], parser)
     elapsed = time.perf_counter() - started
@@ -50,6 +54,8 @@ def test_the_installed_uvicorn_passes_quietly(parser: str, caplog: pytest.LogCap
     assert [r for r in caplog.records if r.name.startswith(("uvicorn", "connlist"))] == []
     # Milliseconds, once per process (docs/deployment.md states the cost).
     assert elapsed < 1.0
+    # The worker's hand-over untouched, its enforcer fed nothing.
+    assert HANDOVER.enforcer is serving and serving.fed_by is None and serving.totals.connections == 0
 
 
 def test_the_names_give_checked_classes() -> None:

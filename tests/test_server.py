@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from connlist.core.connections import Connection, ConnectionHandle
-from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.enforcer import Enforcer
+from connlist.core.handover import HANDOVER, HandOver
 from connlist.core.sweep import lingered
 from connlist.servers import seam as server
 from connlist.servers import sending
@@ -24,10 +25,14 @@ from tests.fakes import FakeClock, MockLoop
 from tests.servers import wait_for
 
 
-def test_enforcer_in_the_lifespan_state() -> None:
+def test_the_protocols_read_the_workers_hand_over() -> None:
+    # One per worker, the protocols' by default; a hand-over holds an enforcer and nothing else.
+    assert server.Tracking.connlist_handover is HANDOVER and server.HANDOVER is HANDOVER
+    assert HandOver().enforcer is None
     enforcer = Enforcer()
-    assert server.enforcer_in({STATE_KEY: enforcer}) is enforcer
-    assert server.enforcer_in({}) is None
+    assert HandOver(enforcer).enforcer is enforcer
+    with pytest.raises(AttributeError):
+        HandOver().state = {}  # type: ignore[attr-defined]
 
 
 def _handle_methods() -> list[str]:

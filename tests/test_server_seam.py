@@ -18,7 +18,8 @@ import pytest
 from connlist.asgi.middleware import ConnectionsMiddleware
 from connlist.core import logs
 from connlist.core.connections import Connection
-from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.enforcer import Enforcer
+from connlist.core.handover import HANDOVER, HandOver
 from connlist.core.kinds import resolve
 from connlist.servers import integration, selection
 from connlist.servers import seam as server
@@ -48,7 +49,8 @@ def enforcer(clock: FakeClock, loop: MockLoop) -> Enforcer:
 
 
 def connect(enforcer: Enforcer) -> FakeServerProtocol:
-    protocol = FakeServerProtocol({STATE_KEY: enforcer})
+    HANDOVER.enforcer = enforcer  # as the middleware's lifespan hands it over
+    protocol = FakeServerProtocol()
     protocol.connection_made(Transport())
     return protocol
 
@@ -115,13 +117,13 @@ def test_the_made_up_server_feeds_the_list_through_the_seam(
 def test_the_made_up_server_without_a_middleware_gets_a_fallback_enforcer(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    state: dict[str, Any] = {}
-    protocol = FakeServerProtocol(state)
-    assert isinstance(state[STATE_KEY], Enforcer) and protocol._connlist is state[STATE_KEY]
+    assert HANDOVER.enforcer is None  # nothing handed over
+    protocol = FakeServerProtocol()
+    assert isinstance(HANDOVER.enforcer, Enforcer) and protocol._connlist is HANDOVER.enforcer
     assert "no ConnectionsMiddleware in the ASGI lifespan state" in caplog.text
     # The next connection of the worker takes it, silently.
     caplog.clear()
-    assert FakeServerProtocol(state)._connlist is protocol._connlist and caplog.text == ""
+    assert FakeServerProtocol()._connlist is protocol._connlist and caplog.text == ""
 
 
 def test_the_middleware_turns_the_made_up_server_on_at_the_lifespan(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,7 +151,9 @@ def test_tracking_requires_what_only_the_server_can_answer(enforcer: Enforcer) -
         server = None
 
     protocol = Incomplete()
-    protocol._connlist_setup({STATE_KEY: enforcer}, None, None)
+    protocol.connlist_handover = HandOver(enforcer)  # a hand-over of its own, as a self-check's protocols
+    protocol._connlist_setup(None, None)
+    assert HANDOVER.enforcer is None  # the worker's untouched
     record = protocol._connlist_record = enforcer.join(handle=protocol)
     with pytest.raises(NotImplementedError):
         protocol._connlist_settle(record, server.BODY, True)  # asks _connlist_body_begin

@@ -3,7 +3,7 @@
 With the server integration (turned on at the lifespan startup where the
 server is uvicorn: ``connlist.servers.uvicorn.start``; or named by ``--http
 connlist.uvicorn:HttpToolsProtocol``) the protocol feeds the list, and the
-middleware only hands it over (through the ASGI lifespan state) and serves the
+middleware only hands it over (``connlist.core.handover``) and serves the
 debug endpoint: from its first request with the integration the middleware's
 route awaits the app, with nothing else per request (``_pass``).  A handler that was
 awaiting the body of a request connlist cut off gets Starlette's
@@ -34,7 +34,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from connlist.asgi.asgi_only import AsgiOnly
 from connlist.core.checks import nearest
 from connlist.core.connections import ConnectionsList
-from connlist.core.enforcer import STATE_KEY, Enforcer, OnTimeout
+from connlist.core.enforcer import Enforcer, OnTimeout
+from connlist.core.handover import HANDOVER
 from connlist.core.kinds import OPTIONS, Options, Settings, option_parameters, resolve
 from connlist.core.logs import PREFIX, log, route_to_server
 from connlist.observe.debug import DEFAULT_LIMIT, DebugEndpoint, not_found, snapshot, snapshot_cooperatively
@@ -360,14 +361,14 @@ class ConnectionsMiddleware(ListOwner):
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A server is starting: forget a timer left on the loop of an earlier run, hand the enforcer over.
 
-        uvicorn passes the lifespan's state dict to every protocol; its
-        protocols announce their mode before the first request.
+        The server's protocols find it in the worker's hand-over
+        (``HANDOVER``) and announce their mode before the first request.
+        Nothing of connlist's goes into the lifespan state: it is the app's.
         """
         _route(self, self._general)
         self._enforcer.cancel()
+        HANDOVER.enforcer = self._enforcer
         state = scope.get("state")
-        if state is not None:
-            state[STATE_KEY] = self._enforcer
         route_to_server()
         refusal = self._integration_at_start(receive, state)
         if refusal is not None:
@@ -450,8 +451,7 @@ class ConnectionsMiddleware(ListOwner):
         if workers is not None and not workers.started:
             # The lifespan is off: serve the siblings from now on.
             self._starting = asyncio.get_running_loop().create_task(workers.start())
-        state = scope.get("state")
-        found = None if state is None else state.get(STATE_KEY)
+        found = HANDOVER.enforcer
         if found is not None and found is not self._enforcer:
             # The lifespan was off, so the protocol made a fallback enforcer
             # of its own: give it our settings and serve its list.

@@ -11,6 +11,7 @@
 - ``sweep``: the steps of the one timer, in the order they run;
 - ``timer``: the worker's one timer on the server's loop;
 - ``enforcer``: the cuts, the totals, and what the servers' feeders call;
+- ``handover``: where the worker's one enforcer passes from the middleware to the servers;
 - ``logs``: what connlist writes to the log;
 - ``version``: the package's version.
 

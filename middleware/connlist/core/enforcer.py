@@ -81,15 +81,10 @@ __all__ = [
     "LINGER",
     "PRESSURE_FLOOR",
     "PRESSURE_WATERMARK",
-    "STATE_KEY",
     "Enforcer",
     "OnTimeout",
     "shrink",
 ]
-
-# The key under which the middleware hands its enforcer to the server's
-# protocols, in the ASGI lifespan state (uvicorn gives every protocol it).
-STATE_KEY = "connlist.enforcer"
 
 # How long a connection connlist closed may take to go (long enough for a
 # well-behaved client to read the 408) before it is aborted.

@@ -37,7 +37,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.enforcer import Enforcer
+from connlist.core.handover import HANDOVER
 from connlist.core.kinds import ROOM_KINDS, TIMEOUT_KINDS, Totals
 from connlist.core.version import __version__
 from connlist.core.views import PHASES
@@ -87,7 +88,8 @@ class _Source:
     """One middleware's worker: its enforcer, its event loop, and what earlier enforcers counted."""
 
     def __init__(self) -> None:
-        self.state: dict[str, Any] | None = None
+        # Whether a lifespan (or, with the lifespan off, a first request) bound it to its worker.
+        self.bound = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.serving = False
         self._lock = threading.Lock()
@@ -100,9 +102,7 @@ class _Source:
 
     @property
     def enforcer(self) -> Enforcer | None:
-        state = self.state
-        found = None if state is None else state.get(STATE_KEY)
-        return found if isinstance(found, Enforcer) else None
+        return HANDOVER.enforcer if self.bound else None
 
     def _take(self, enforcer: Enforcer, reading: Reading) -> None:
         with self._lock:
@@ -117,7 +117,7 @@ class _Source:
         with contextlib.suppress(RuntimeError):
             if asyncio.get_running_loop() is loop:
                 return read(enforcer)
-        assert loop is not None  # set with the state
+        assert loop is not None  # set when bound
         future: concurrent.futures.Future[Reading] = concurrent.futures.Future()
 
         def on_loop() -> None:
@@ -321,8 +321,8 @@ class MetricsMiddleware:
     """Reports this worker's connections through OpenTelemetry's metrics API.
 
     Use it with ``ConnectionsMiddleware`` in the same app, in either order:
-    it finds the worker's enforcer in the ASGI lifespan state, where
-    ``ConnectionsMiddleware`` puts it.  ``meter_provider`` is the provider
+    it finds the worker's enforcer where ``ConnectionsMiddleware`` hands it
+    over (``connlist.core.handover``).  ``meter_provider`` is the provider
     the instruments are registered with; ``None`` (the default) takes the
     API's global one (``opentelemetry.metrics.set_meter_provider``), so the
     service's own readers and exporters collect them.  Nothing runs per
@@ -335,23 +335,21 @@ class MetricsMiddleware:
         self.source = _Source()
         self.instruments.add(self.source)
 
-    def _bind(self, state: dict[str, Any] | None) -> None:
-        self.source.state = state
+    def _bind(self) -> None:
+        self.source.bound = True
         self.source.loop = asyncio.get_running_loop()
         self.source.serving = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            # uvicorn gives the lifespan and every protocol this same dict;
-            # ConnectionsMiddleware puts the enforcer in it (before or after us).
-            self._bind(scope.get("state"))
+            # ConnectionsMiddleware hands the enforcer over (before or after us).
+            self._bind()
             try:
                 await self.app(scope, receive, send)
             finally:
                 self.source.close()
             return
-        if scope["type"] == "http" and self.source.state is None:
-            # The lifespan is off: the request's state is a copy of the
-            # server's, with the enforcer the protocol made.
-            self._bind(scope.get("state"))
+        if scope["type"] == "http" and not self.source.bound:
+            # The lifespan is off: the enforcer handed over is the one the protocol made.
+            self._bind()
         await self.app(scope, receive, send)

@@ -41,7 +41,8 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from connlist.core.checks import check_number
-from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.enforcer import Enforcer
+from connlist.core.handover import HANDOVER
 from connlist.core.kinds import ROOM_KINDS, TIMEOUT_KINDS, Totals
 from connlist.core.logs import log
 from connlist.core.views import PHASES
@@ -368,8 +369,9 @@ class MetricsMiddleware:
     """Exports this worker's connections to Prometheus and serves ``/metrics``.
 
     Use it with ``ConnectionsMiddleware`` in the same app, in either order:
-    it finds the worker's enforcer in the ASGI lifespan state, where
-    ``ConnectionsMiddleware`` puts it.  ``interval`` is the period of the
+    it finds the worker's enforcer where ``ConnectionsMiddleware`` hands it
+    over (``connlist.core.handover``), once a lifespan (or, with the lifespan
+    off, a first request) started it.  ``interval`` is the period of the
     background refresh in seconds (``0`` or ``None``: only at scrape time,
     enough with one process); ``path=None`` serves no endpoint (mount
     ``make_metrics_app()`` yourself, or use ``prometheus_client``'s own
@@ -395,17 +397,16 @@ class MetricsMiddleware:
         self.metrics = metrics_for(registry)
         self.exporter = Exporter(self.metrics)
         self._endpoint = make_metrics_app(registry) if path is not None else None
-        self._state: dict[str, Any] | None = None
+        # Whether a lifespan (or, with the lifespan off, a first request) started it.
+        self._started = False
         self._task: asyncio.Task[None] | None = None
 
     # -- the worker's enforcer ------------------------------------------------
 
     @property
     def enforcer(self) -> Enforcer | None:
-        """The worker's enforcer, once the lifespan (or a first request) handed it over."""
-        state = self._state
-        found = None if state is None else state.get(STATE_KEY)
-        return found if isinstance(found, Enforcer) else None
+        """The worker's enforcer handed over, once the lifespan (or a first request) started this."""
+        return HANDOVER.enforcer if self._started else None
 
     def refresh(self) -> None:
         """Copy this worker's view into the metrics now (on the server's event loop)."""
@@ -440,9 +441,8 @@ class MetricsMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope_type = scope["type"]
         if scope_type == "lifespan":
-            # uvicorn gives the lifespan and every protocol this same dict;
-            # ConnectionsMiddleware puts the enforcer in it (before or after us).
-            self._state = scope.get("state")
+            # ConnectionsMiddleware hands the enforcer over (before or after us).
+            self._started = True
             self._start()
             try:
                 await self.app(scope, receive, send)
@@ -450,10 +450,9 @@ class MetricsMiddleware:
                 await self._stop()
             return
         if scope_type == "http":
-            if self._state is None:
-                # The lifespan is off: the request's state is a copy of the
-                # server's, with the enforcer the protocol made.
-                self._state = scope.get("state")
+            if not self._started:
+                # The lifespan is off: the enforcer handed over is the one the protocol made.
+                self._started = True
                 self._start()
             if self._endpoint is not None and scope["path"] == self.path:
                 self.refresh()

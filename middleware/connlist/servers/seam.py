@@ -7,8 +7,9 @@ taking.  ``connlist.servers.uvicorn.protocols`` is the one connlist ships; an in
 another asyncio server (hypercorn, zttp) implements the same contract,
 ``Feeder``, and takes the rest from here:
 
-* ``enforcer_in``: the enforcer ``ConnectionsMiddleware`` hands over in the
-  ASGI lifespan state, under ``STATE_KEY``;
+* ``HANDOVER`` (``connlist.core.handover``): where ``ConnectionsMiddleware``
+  hands its enforcer over, one per worker; a protocol reads its class's
+  ``connlist_handover``;
 * ``RESPONSE_408`` and ``RESPONSE_503``: what a connection cut at a timeout,
   or refused at ``max_connections``, is answered before it is closed;
 * ``TransportHandle``: the handle methods the enforcer calls to close a
@@ -33,12 +34,13 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
-from collections.abc import Callable, MutableMapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from starlette.requests import ClientDisconnect
 
-from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.enforcer import Enforcer
+from connlist.core.handover import HANDOVER, HandOver
 from connlist.core.logs import log
 from connlist.core.records import Address, Connection, ConnectionHandle
 from connlist.servers import sending
@@ -56,6 +58,7 @@ from connlist.servers.phases import (
 __all__ = [
     "BETWEEN",
     "BODY",
+    "HANDOVER",
     "HEADERS",
     "OVERFLOWED",
     "REFUSED",
@@ -63,15 +66,14 @@ __all__ = [
     "RESPONSE_431",
     "RESPONSE_503",
     "SLOTS",
-    "STATE_KEY",
     "UPGRADED",
     "AfterCut",
     "Feeder",
+    "HandOver",
     "ListOwner",
     "Tracking",
     "TransportHandle",
     "declares_middleware",
-    "enforcer_in",
     "fallback_enforcer",
     "move",
 ]
@@ -89,14 +91,11 @@ RESPONSE_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nConten
 _LINGER_ZERO = struct.pack("ii", 1, 0)
 
 
-def enforcer_in(state: MutableMapping[str, Any]) -> Enforcer | None:
-    """The enforcer ``ConnectionsMiddleware`` put in the lifespan ``state``; None without one."""
-    # (Not checked: it runs for every connection, and only the middleware writes the key.)
-    return cast("Enforcer | None", state.get(STATE_KEY))
+def fallback_enforcer(handover: HandOver, lifespan: object, app: object) -> Enforcer:
+    """No middleware handed an enforcer over: this worker's own, put in ``handover``, and one line why.
 
-
-def fallback_enforcer(state: MutableMapping[str, Any], lifespan: object, app: object) -> Enforcer:
-    """No middleware handed an enforcer over: this worker's own, put in ``state``, and one line why.
+    Later connections, and the middleware at its first request (the
+    lifespan was off), find it there.
 
     Which case it is comes from the server's ``lifespan`` setting ("on",
     "off", "auto" or None where the server does not tell) and from the
@@ -110,7 +109,7 @@ def fallback_enforcer(state: MutableMapping[str, Any], lifespan: object, app: ob
     every request will fail the same way.
     """
     enforcer = Enforcer()
-    state[STATE_KEY] = enforcer
+    handover.enforcer = enforcer
     declared = declares_middleware(app)
     defaults = (
         f"the server enforces the default timeouts (headers {enforcer.headers_timeout:g}s, "
@@ -151,7 +150,7 @@ def fallback_enforcer(state: MutableMapping[str, Any], lifespan: object, app: ob
 
 
 class ListOwner:
-    """What owns the worker's list and hands it to the server in its lifespan state: the middleware.
+    """What owns the worker's list and hands it over to the server (``HANDOVER``): the middleware.
 
     The servers look for it in the app they loaded (``declares_middleware``)
     without importing the ASGI side, which sits above them.
@@ -191,8 +190,9 @@ class Feeder(ConnectionHandle, Protocol):
     1. **Mode.**  When the server starts using it, it sets
        ``enforcer.mode`` to its ``connlist_mode`` (the view's ``mode``: any
        value but ``"asgi"`` says the integration is in use), and takes the
-       enforcer from the lifespan state (``enforcer_in``) or, without one,
-       makes its own and says so once.
+       enforcer handed over (its ``connlist_handover``, this worker's
+       ``HANDOVER``) or, without one, makes its own, puts it there and
+       says so once.
     2. **Connections.**  At connect: ``enforcer.join(client, server,
        self)`` (the list, the count, the budget and the timer in one call).
        When the connection is lost: ``connections.remove(record)``.  An
@@ -428,6 +428,9 @@ class Tracking(HeadBound, TransportHandle):
     client: tuple[str, int] | None
     server: tuple[str, int | None] | None
 
+    # Where the middleware hands the worker's enforcer over: this worker's (a
+    # self-check's protocols read one of their own: ``selfcheck.handed_over``).
+    connlist_handover: HandOver = HANDOVER
     # Per worker: the enforcer and its list (shared by every connection).
     _connlist: Enforcer
     # Per connection: this connection's record (None until connection_made),
@@ -440,18 +443,16 @@ class Tracking(HeadBound, TransportHandle):
     _connlist_room: int
     _connlist_unread: bytes | None
 
-    def _connlist_setup(
-        self, state: MutableMapping[str, Any], loop: Any, keep_alive: float | None
-    ) -> Enforcer:
-        """At the connection's start, before ``join``: its enforcer (the lifespan ``state``'s, or a fallback).
+    def _connlist_setup(self, loop: Any, keep_alive: float | None) -> Enforcer:
+        """At the connection's start, before ``join``: its enforcer (the one handed over, or a fallback).
 
         What the protocol tells the enforcer (``_connlist_tell``) is the same
         for every protocol of a server: told once, it costs a connection
         three tests.
         """
-        enforcer = state.get(STATE_KEY)
+        enforcer = self.connlist_handover.enforcer
         if enforcer is None or enforcer.fed_by is not self.__class__ or enforcer.attached_loop is not loop:
-            enforcer = self._connlist_tell(state, loop, keep_alive)
+            enforcer = self._connlist_tell(loop, keep_alive)
         self._connlist = enforcer
         self._connlist_record = None
         self._connlist_phase = BETWEEN
@@ -459,13 +460,12 @@ class Tracking(HeadBound, TransportHandle):
         self._connlist_unread = None
         return enforcer
 
-    def _connlist_tell(
-        self, state: MutableMapping[str, Any], loop: Any, keep_alive: float | None
-    ) -> Enforcer:
+    def _connlist_tell(self, loop: Any, keep_alive: float | None) -> Enforcer:
         """The server's first protocol of this class on this loop: the enforcer learns its mode and loop."""
-        enforcer = enforcer_in(state)
+        handover = self.connlist_handover
+        enforcer = handover.enforcer
         if enforcer is None:
-            enforcer = fallback_enforcer(state, *self._connlist_without_middleware())
+            enforcer = fallback_enforcer(handover, *self._connlist_without_middleware())
         enforcer.mode = self.connlist_mode
         # Once per loop: the loop's accept failures, and the server's keep-alive time.
         if loop is not None and enforcer.attached_loop is not loop:

@@ -7,9 +7,11 @@ self-check (``connlist.servers.uvicorn.selfcheck``,
 in memory, once per process.  What those checks share is here, and knows
 no server: the failure a check raises (``CheckFailed``, one sentence), the
 outcome it returns (``Result``), the transport its protocols write to
-(``MemoryTransport``: no socket), and the short-lived thread with an event
-loop of its own that it runs on (``run_on_own_loop``: the server's loop is
-already running where the class is looked up).
+(``MemoryTransport``: no socket), the class its protocols are built from
+(``handed_over``: the hand-over they read is the check's own), and the
+short-lived thread with an event loop of its own that it runs on
+(``run_on_own_loop``: the server's loop is already running where the class
+is looked up).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CheckFailed", "MemoryTransport", "Result", "run_on_own_loop"]
+from connlist.core.handover import HandOver
+
+__all__ = ["CheckFailed", "MemoryTransport", "Result", "handed_over", "run_on_own_loop"]
 
 
 class CheckFailed(Exception):
@@ -42,6 +46,22 @@ class Result:
     @property
     def passed(self) -> bool:
         return self.failure is None
+
+
+def handed_over(cls: type, handover: HandOver) -> type:
+    """``cls`` as a check builds its protocols: the same class, but the hand-over it reads is ``handover``.
+
+    A check can run while a real server of the process serves, so its
+    protocols must not read (or, with a fallback, write) the worker's
+    ``HANDOVER``.  A subclass that adds nothing but its class attribute
+    ``connlist_handover`` (no slot, no method), because an instance
+    attribute needs a ``__dict__``, which a server's protocol with
+    ``__slots__`` has not.  What the check writes on the class it checks
+    (``connlist_keepalive``) goes on ``cls``, not on this.
+    """
+    return type(
+        cls.__name__, (cls,), {"__slots__": (), "__module__": cls.__module__, "connlist_handover": handover}
+    )
 
 
 class MemoryTransport(asyncio.Transport):

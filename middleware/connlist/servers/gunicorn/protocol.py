@@ -99,18 +99,13 @@ from connlist.servers.seam import (
     UPGRADED,
     Tracking,
     TransportHandle,
-    enforcer_in,
     move,
 )
 
-__all__ = ["STATELESS", "ASGIProtocol", "mode_of_parser", "prepare"]
+__all__ = ["ASGIProtocol", "mode_of_parser", "prepare"]
 
 _CRLF = b"\r\n"
 _BLANK = (13, 10)  # CR, LF
-
-# The lifespan state of the workers that have none (gunicorn's always has one): where their
-# fallback enforcer is kept, once per process.
-STATELESS: dict[str, Any] = {}
 
 
 def mode_of_parser(python: bool) -> str:
@@ -195,18 +190,18 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
     _connlist_base_lost = _Gunicorn.connection_lost
     _connlist_base_feed = _Gunicorn._feed_callback_parser
 
-    def _connlist_tell(self, state: Any, loop: Any, keep_alive: float | None) -> Any:
+    def _connlist_tell(self, loop: Any, keep_alive: float | None) -> Any:
         """Once per loop (``Tracking._connlist_setup``): also what of gunicorn's settings the list can use."""
-        enforcer = enforcer_in(state)
+        enforcer = self.connlist_handover.enforcer
         if enforcer is not None and enforcer.attached_loop not in (None, loop):
             # A timer armed on another loop (this process's earlier server) never fires on this one.
             enforcer.cancel()
         if isinstance(keep_alive, bool) or not isinstance(keep_alive, (int, float)):
             keep_alive = None  # not a setting connlist can read: gunicorn times its keep-alive itself
-        return Tracking._connlist_tell(self, state, loop, keep_alive)
+        return Tracking._connlist_tell(self, loop, keep_alive)
 
     def _connlist_without_middleware(self) -> tuple[object, object]:
-        """No enforcer in the lifespan state: gunicorn's lifespan setting and the app it loaded."""
+        """No enforcer handed over: gunicorn's lifespan setting and the app it loaded."""
         route_to_server()
         return getattr(self.cfg, "asgi_lifespan", None), self.app
 
@@ -214,11 +209,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
 
     def connection_made(self, transport: Any) -> None:
         # No __init__ of connlist's: this is a connection's first call, and its setup.
-        state = getattr(self.worker, "state", STATELESS)
-        if state.__class__ is not dict and not isinstance(state, dict):
-            # A worker without gunicorn's lifespan state (an embedder's): the process's, kept out of scopes.
-            state = STATELESS
-        enforcer = Tracking._connlist_setup(self, state, self.worker.loop, self._keepalive)
+        enforcer = Tracking._connlist_setup(self, self.worker.loop, self._keepalive)
         self._connlist_last = self._connlist_answered = None
         self._connlist_base_made(transport)
         # The addresses are read from the transport when a view or a cut

@@ -12,8 +12,9 @@ class is put in gunicorn's worker, this module checks it, once per process:
 
 1. The methods connlist overrides or calls are there.
 2. A conversation with no socket: the protocol built as gunicorn's worker
-   builds it (a stand-in worker with gunicorn's own ``Config``, the lifespan
-   state holding a private ``Enforcer`` on a clock of its own), on a
+   builds it (a stand-in worker with gunicorn's own ``Config``; a hand-over
+   of its own, ``handed_over``, holding a private ``Enforcer`` on a
+   clock of its own: the process's ``HANDOVER`` is a real server's), on a
    memory transport, through a request split over reads, a whole one, a
    body in two reads (timed by the minimum rate), a response written before
    the body is read, two pipelined requests, a websocket upgrade, a
@@ -38,11 +39,12 @@ import sys
 import time
 from typing import Any, cast
 
-from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.enforcer import Enforcer
+from connlist.core.handover import HandOver
 from connlist.core.kinds import resolve
 from connlist.core.records import Connection
 from connlist.core.views import connection_state
-from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, run_on_own_loop
+from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, handed_over, run_on_own_loop
 
 __all__ = ["HOOKS", "check_static", "run_in_thread"]
 
@@ -160,12 +162,14 @@ class _Script:
         cfg.set("keepalive", KEEP_ALIVE)
         cfg.set("http_parser", parser)
         cfg.set("accesslog", None)
-        self.worker = _Worker(cfg, _app, {STATE_KEY: self.enforcer}, asyncio.get_running_loop())
+        # The check's protocols' own hand-over: never HANDOVER, which a real server may be using.
+        self.made = handed_over(cls, HandOver(self.enforcer))
+        self.worker = _Worker(cfg, _app, {}, asyncio.get_running_loop())
         self.protocols: list[tuple[Any, _Transport]] = []
         self.steps: list[str] = []
 
     def connect(self) -> tuple[Any, _Transport]:
-        protocol = self.cls(self.worker)
+        protocol = self.made(self.worker)
         transport = _Transport()
         transport.protocol = protocol
         protocol.connection_made(transport)

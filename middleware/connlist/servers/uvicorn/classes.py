@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 __all__ = ["HOOKS", "PARSERS", "Parser", "h11_protocol", "httptools_protocol"]
 
+# The slots connlist's uvicorn classes add: the seam's, and UvicornCycle's own.
+UVICORN_SLOTS = (*SLOTS, "_connlist_running")
+
 # The methods of uvicorn's protocols that connlist overrides (the self-check
 # looks for them before a class is built on them).
 HOOKS = (
@@ -53,7 +56,7 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
         # Declared here, on the one class with uvicorn's as a base, so that a
         # uvicorn protocol with ``__slots__`` of its own is no layout conflict
         # (connlist.servers.seam.Tracking says why slots).
-        __slots__ = SLOTS
+        __slots__ = UVICORN_SLOTS
         _connlist_base = base
 
     return HttpToolsProtocol
@@ -66,7 +69,7 @@ def h11_protocol(base: type[UvicornH11]) -> type[H11Tracking]:
         __doc__ = H11Tracking.__doc__
         __qualname__ = "H11Protocol"
         # As HttpToolsProtocol's.
-        __slots__ = SLOTS
+        __slots__ = UVICORN_SLOTS
         _connlist_base = base
 
     return H11Protocol

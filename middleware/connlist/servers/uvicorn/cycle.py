@@ -3,7 +3,7 @@
 uvicorn's httptools and h11 protocols share their cycle's attributes
 (``body``, ``more_body``, ``waiting_for_100_continue``, ``response_started``,
 ``response_complete``, ``scope``, ``logger``, ``disconnected``,
-``message_event``) and their own (``cycle``, ``app_state``, ``config``,
+``message_event``) and their own (``cycle``, ``config``,
 ``loop``, ``timeout_keep_alive``, ``flow``); the self-check reads each of
 them before a class is handed to uvicorn (``connlist.servers.uvicorn.selfcheck``).
 
@@ -62,7 +62,6 @@ class UvicornCycle(Tracking):
     timeout_keep_alive_handler: Callable[[], None]
     timeout_keep_alive_task: Any
 
-    app_state: Any
     loop: Any
     timeout_keep_alive: int
 
@@ -75,11 +74,14 @@ class UvicornCycle(Tracking):
     # it overrides, rather than through ``super()``, which makes an object per call on
     # Python 3.11 (the request path calls three).
     _connlist_base: ClassVar[Any]
+    # The request running ahead of those queued behind it (httptools' pipelining; None: none).
+    _connlist_running: Any
     connlist_keepalive_not = ""
 
     def connection_made(self, transport: Any) -> None:
         # Tracking's, with uvicorn's state: the enforcer, and the loop's stand-in for the keep-alive.
-        enforcer = self._connlist_setup(self.app_state, self.loop, self.timeout_keep_alive)
+        enforcer = self._connlist_setup(self.loop, self.timeout_keep_alive)
+        self._connlist_running = None
         if enforcer.keep_alive_timed:
             self.loop = keepalive.for_loop(self.loop)
         self._connlist_base.connection_made(self, transport)
@@ -169,7 +171,7 @@ class UvicornCycle(Tracking):
             self.transport.resume_reading()
 
     def _connlist_without_middleware(self) -> tuple[object, object]:
-        """No enforcer in the lifespan state: uvicorn's lifespan setting and loaded app, once per worker."""
+        """No enforcer handed over: uvicorn's lifespan setting and loaded app, once per worker."""
         route_to_server()
         config = getattr(self, "config", None)
         return getattr(config, "lifespan", None), getattr(config, "loaded_app", None)

@@ -92,7 +92,7 @@ class H11Tracking(UvicornCycle, _H11Base):
         self._connlist_base.data_received(self, data)
         self._connlist_events(phase, cycle, len(data))
 
-    def _connlist_tell(self, state: Any, loop: Any, keep_alive: float | None) -> Any:
+    def _connlist_tell(self, loop: Any, keep_alive: float | None) -> Any:
         """Once per server and loop (``Tracking._connlist_tell``): also h11's own bound raised to connlist's.
 
         h11 stops an incomplete head at ``max_incomplete_event_size``
@@ -102,7 +102,7 @@ class H11Tracking(UvicornCycle, _H11Base):
         for this connection's h11, so that the raise takes effect.  A
         lower one leaves h11's as it is: connlist's count comes first.
         """
-        enforcer = UvicornCycle._connlist_tell(self, state, loop, keep_alive)
+        enforcer = UvicornCycle._connlist_tell(self, loop, keep_alive)
         limit = enforcer.settings.max_header_size
         config = self.config
         if limit > (config.h11_max_incomplete_event_size or _H11_DEFAULT_LIMIT):

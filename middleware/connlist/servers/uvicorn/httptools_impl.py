@@ -189,9 +189,6 @@ if httptools_impl is not None:
         __slots__ = ()
 
         connlist_mode = "uvicorn-httptools"
-        # The request running ahead of those queued behind it (None: none).  Written only
-        # with pipelining: a connection without has none of its own, and reads the class's.
-        _connlist_running: Any = None
 
         def on_headers_complete(self) -> None:
             running = self.cycle

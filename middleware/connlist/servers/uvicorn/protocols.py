@@ -25,8 +25,9 @@ uvicorn's (the connection joining the list and leaving it, flow control,
 the handle's transport methods).  This module is the decision: which class
 each name and each server gets (``Outcome``, one per parser and process).
 
-The ``ConnectionsMiddleware`` owns the list and hands it over in the ASGI
-lifespan state, which uvicorn gives every protocol it creates.  With no
+The ``ConnectionsMiddleware`` owns the list and hands it over to the
+protocols (``connlist.core.handover``: one per worker), at its lifespan
+startup, before uvicorn accepts a connection.  With no
 middleware (or with the lifespan off) the protocol still enforces the default
 timeouts on a list of its own and logs once that it does so.
 

@@ -11,8 +11,9 @@ of connlist's is handed to uvicorn, this module checks it, once per process:
 1. What can be read without running anything: the methods connlist's
    class overrides are there.
 2. A conversation, with no socket: the protocol built as uvicorn builds it
-   (a ``Config`` of its own, the lifespan state holding a private
-   ``Enforcer`` on a clock of its own), on a ``MemoryTransport``, through
+   (a ``Config`` of its own, and a hand-over of its own, ``handed_over``,
+   holding a private ``Enforcer`` on a clock of its own: the process's
+   ``HANDOVER`` is a real server's), on a ``MemoryTransport``, through
    a whole request, one split over reads, a body in two reads (the bytes
    of the headers' read counted toward the rate), a response written
    before its body is read, two pipelined requests, two requests that
@@ -51,11 +52,12 @@ import logging
 import time
 from typing import Any
 
-from connlist.core.enforcer import STATE_KEY, Enforcer
+from connlist.core.enforcer import Enforcer
+from connlist.core.handover import HandOver
 from connlist.core.kinds import resolve
 from connlist.core.records import Connection
 from connlist.core.views import connection_state
-from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, run_on_own_loop
+from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, handed_over, run_on_own_loop
 from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
 from connlist.servers.uvicorn.websocket import Held
 
@@ -177,8 +179,10 @@ class _Script:
             resolve(headers_timeout=HEADERS_TIMEOUT, request_timeout=REQUEST_TIMEOUT),
             clock=lambda: self.now,
         )
+        # The check's protocols' own hand-over: never HANDOVER, which a real server may be using.
+        self.made = handed_over(cls, HandOver(self.enforcer))
         self.gate = _Gate()
-        self.state: dict[str, Any] = {STATE_KEY: self.enforcer, "connlist.selfcheck.gate": self.gate}
+        self.state: dict[str, Any] = {"connlist.selfcheck.gate": self.gate}
         self.config = config
         self.server_state = ServerState()
         self.protocols: list[tuple[Any, MemoryTransport]] = []
@@ -186,7 +190,9 @@ class _Script:
         self.steps: list[str] = []
 
     def connect(self, cls: type | None = None) -> tuple[Any, MemoryTransport]:
-        protocol = (cls or self.cls)(config=self.config, server_state=self.server_state, app_state=self.state)
+        protocol = (cls or self.made)(
+            config=self.config, server_state=self.server_state, app_state=self.state
+        )
         if self.logger_name is None:
             self.logger_name = getattr(getattr(protocol, "logger", None), "name", None)
         # Nothing of the check reaches the server's logs.
@@ -238,7 +244,7 @@ class _Script:
 
     def connection_attributes(self, protocol: Any) -> None:
         """What connlist reads of a connection before any request: there (uvicorn sets them up front)."""
-        names: tuple[str, ...] = ("transport", "client", "server", "app_state", "cycle", "flow")
+        names: tuple[str, ...] = ("transport", "client", "server", "cycle", "flow")
         names += ("scope", "pipeline") if self.parser == "httptools" else ("conn",)
         _has(protocol, names, "uvicorn's protocol")
 
