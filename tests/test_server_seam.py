@@ -120,7 +120,7 @@ def test_the_made_up_server_without_a_middleware_gets_a_fallback_enforcer(
     assert HANDOVER.enforcer is None  # nothing handed over
     protocol = FakeServerProtocol()
     assert isinstance(HANDOVER.enforcer, Enforcer) and protocol._connlist is HANDOVER.enforcer
-    assert "no ConnectionsMiddleware in the ASGI lifespan state" in caplog.text
+    assert "no ConnectionsMiddleware started in the ASGI lifespan" in caplog.text
     # The next connection of the worker takes it, silently.
     caplog.clear()
     assert FakeServerProtocol()._connlist is protocol._connlist and caplog.text == ""

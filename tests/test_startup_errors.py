@@ -199,7 +199,7 @@ def test_auto_lifespan_without_the_middleware_is_a_warning(
     # A Starlette app with no ConnectionsMiddleware declared: nothing failed, it has none.
     lines = first_connection_log(Starlette(), parser, "auto", caplog)
     assert [re.sub(r" \(.*", "", line) for line in lines] == [
-        "WARNING connlist: no ConnectionsMiddleware in the ASGI lifespan state; "
+        "WARNING connlist: no ConnectionsMiddleware started in the ASGI lifespan; "
         "the server enforces the default timeouts"
     ], lines
 
@@ -211,7 +211,7 @@ def test_auto_lifespan_of_an_app_that_cannot_be_told_says_both(
     lines = first_connection_log(echo_app, parser, "auto", caplog)
     assert len(lines) == 1, lines
     assert lines[0].startswith(
-        "ERROR connlist: no ConnectionsMiddleware in the ASGI lifespan state: the app has "
+        "ERROR connlist: no ConnectionsMiddleware started in the ASGI lifespan: the app has "
         "none, or its lifespan failed"
     ), lines
     assert "Serve with --lifespan on to see the exception and stop at start." in lines[0]

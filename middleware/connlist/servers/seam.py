@@ -125,7 +125,7 @@ def fallback_enforcer(handover: HandOver, lifespan: object, app: object) -> Enfo
     elif declared is False or lifespan == "on":
         # (With --lifespan on, a failed lifespan would have stopped the server.)
         log.warning(
-            "no ConnectionsMiddleware in the ASGI lifespan state; %s. Add "
+            "no ConnectionsMiddleware started in the ASGI lifespan; %s. Add "
             "ConnectionsMiddleware to the app, with the lifespan on, to configure them and serve the "
             "debug endpoint.",
             defaults,
@@ -140,7 +140,7 @@ def fallback_enforcer(handover: HandOver, lifespan: object, app: object) -> Enfo
         )
     else:
         log.error(
-            "no ConnectionsMiddleware in the ASGI lifespan state: the app has none, or its "
+            "no ConnectionsMiddleware started in the ASGI lifespan: the app has none, or its "
             "lifespan failed (uvicorn's --lifespan auto takes an exception at startup, such as a "
             "middleware that cannot be built, for a lifespan the app does not support); %s. Serve "
             "with --lifespan on to see the exception and stop at start.",
