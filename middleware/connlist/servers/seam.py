@@ -203,17 +203,14 @@ class Feeder(ConnectionHandle, Protocol):
        past ``max_upgraded`` (False: hand nothing over; the app never sees
        it).
     3. **Requests.**  The list's events in order, each at the instant the
-       server saw it: ``message_begin`` (a request's first byte),
-       ``headers_complete`` then ``response_begin`` (the request goes to the
-       app), ``message_complete`` (its last byte), ``response_complete`` (no
-       response unfinished); or ``message`` for a whole request seen at
-       once.  On a hot path, two of them may be the feeder's own writes
-       (``connlist.core.connections``): ``record.requests += 1`` and
-       ``record.responding = True`` for a whole request on an idle record,
-       ``record.responding = False`` for ``response_complete``.  ``totals.requests +=
-       1`` once per request whose headers are complete.  ``enforcer.watch()`` after
-       ``message_begin`` and a stall (nothing after ``message_complete``:
-       the timer, once armed, finds for itself that nothing is due).
+       server saw it, each called, never written out: ``message_begin`` (a
+       request's first byte), ``enforcer.request_received`` (headers
+       complete: the request goes to the app, counted), ``message_complete``
+       (its last byte), ``response_complete`` (no response unfinished); or
+       ``message`` for a whole request seen at once, with ``totals.requests
+       += 1``.  ``enforcer.watch()`` after ``message_begin`` and a stall
+       (nothing after ``message_complete``: the timer, once armed, finds
+       for itself that nothing is due).
     4. **Bodies and stalls.**  ``body_begin`` / ``body_bytes`` where the
        minimum rate applies; ``stall`` when the transport asks it to pause
        writing, ``unstall`` when it resumes.
