@@ -124,7 +124,7 @@ class NoKeepAliveTimerProtocol(HttpToolsProtocol):
 
 
 # Iterations of PaddedProtocol's loop: a little more than connlist's own
-# instruction count per connection (docs/benchmarks.md, "What end to end measures").
+# instruction count per connection (benchmarks/README.md, "CPU time end to end").
 PADDING = 31
 
 

@@ -20,7 +20,7 @@ instructions alone: a miss of the first level cache costs about ten cycles,
 a mispredicted branch about fifteen, where an instruction costs a third of
 one.  ``padded`` adds about connlist's own instruction count per connection
 as a loop that misses nothing, so the two, side by side, tell what connlist's
-code costs beyond its count (docs/benchmarks.md, "What end to end measures").
+code costs beyond its count (benchmarks/README.md, "CPU time end to end").
 The simulated caches are one process's; on a CPU shared with other work the
 misses are more.
 

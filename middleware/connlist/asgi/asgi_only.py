@@ -12,8 +12,7 @@ says what each mode can enforce.
   (``ConnectionsList.received``), from its arrival until the app returns;
   the list hands it to the view as a record in the ``handling`` state, and
   counts it like any other connection.  ``AsgiOnly.__call__`` writes the
-  entry itself, with no call into the list: it runs for most requests
-  (docs/benchmarks.md, "The request path's tricks, each measured").
+  entry itself, with no call into the list: it runs for most requests.
 * A request with a body (``Content-Length`` other than 0, or
   ``Transfer-Encoding``) is a record of its own, active, and
   timed, until its last chunk arrives: ``serve_with_body`` wraps the app's
@@ -76,8 +75,7 @@ class AsgiOnly:
     increment; a record made by ``serve_with_body`` takes its number too),
     unique among this mode's records.  Drawing it from the process's id
     counter (``records.next_id``) instead would cost a call per
-    request (docs/benchmarks.md, "Where the remaining instructions go"),
-    and matter only to a list fed by both modes at once: a server switched
+    request, and matter only to a list fed by both modes at once: a server switched
     while requests were in flight.  So a request without a body costs two
     increments, a clock reading and an entry in and out of a dict.
     """
@@ -121,8 +119,7 @@ class AsgiOnly:
         received = self.received
         # The clock and the app are loaded before they are called: called
         # as ``self.clock()``, a callable held in a slot is a method call
-        # that CPython 3.11 cannot specialize (docs/benchmarks.md, "What
-        # the slot loads took off").
+        # that CPython 3.11 cannot specialize.
         clock = self.clock
         received[key] = (clock(), scope)
         app = self.app

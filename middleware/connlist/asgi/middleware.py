@@ -301,7 +301,7 @@ class ConnectionsMiddleware(ListOwner):
     # integration may serve the app next).  A slot rather than a method:
     # the server's call finds the slot on the class and calls what it holds,
     # all in C, where a method that called the route would be one more
-    # Python frame per request (docs/benchmarks.md, "The request path's tricks, each measured").
+    # Python frame per request.
     # A subclass may still define its own ``__call__`` and call
     # ``super().__call__``, which reads the slot (see _route).  Servers tell
     # ASGI 3 apps from ASGI 2 ones by whether ``app.__call__`` is a coroutine

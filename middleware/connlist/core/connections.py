@@ -109,7 +109,7 @@ from connlist.core.views import PHASES, STATES, ListViews, connection_state
 __all__ = ["PHASES", "STATES", "Connection", "ConnectionHandle", "ConnectionsList", "connection_state"]
 
 # ``connect`` makes its record with these, not ``Connection(...)``, whose ``__init__`` runs called
-# from C, not inline (docs/benchmarks.md, "The record built without the class's call"); and it
+# from C, not inline; and it
 # writes the links and the start itself, once.
 _new = object.__new__
 _fields = Connection._fields

@@ -123,8 +123,7 @@ class Connection:
     # response or a view needs are the class's below: a record takes them
     # from the class until it writes its own, which go to its ``__dict__``,
     # made at its first such write.  So a connection that never needs
-    # them pays no write for them (docs/benchmarks.md, "uvicorn's
-    # constructor, and the calls around uvicorn's methods").
+    # them pays no write for them.
     __slots__ = (
         "__dict__",
         "_active_next",

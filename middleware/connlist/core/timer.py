@@ -23,8 +23,7 @@ connection per request would arm and cancel one each): the timer fires, the
 sweep finds nothing, and arms none, so a worker with nothing to watch has no
 timer after at most ``Settings.shortest``, and a loop with no timer of ours
 in its heap does less at each iteration (asyncio's loop reads its clock at
-every iteration while any timer is scheduled: docs/benchmarks.md,
-"Instructions per request, observing uvicorn").  A clock started outside a
+every iteration while any timer is scheduled).  A clock started outside a
 sweep that can be due sooner (a close's linger) brings the timer forward
 (``bring_forward``).
 
@@ -48,8 +47,7 @@ a sweep at every iteration would put a batch of closes, or their
 close, in front of each of them.  With the pause, the losses run at once,
 the loop rests until the sweep carries on, and a request waits behind
 one batch, as behind bare uvicorn's timers, which close at each
-iteration what fell due since the last (docs/benchmarks.md, "The stall
-in a mass close").  A sweep that carries on runs only the steps that did
+iteration what fell due since the last.  A sweep that carries on runs only the steps that did
 not finish (a mass close: the keep-alive's), with every other step once
 ``CARRY_ON_WHOLE`` has passed since the last whole sweep: what else falls
 due during a mass close of thousands, which takes seconds, is cut at most

@@ -401,8 +401,7 @@ class Tracking(HeadBound, TransportHandle):
     # that has ``__slots__`` too ("multiple bases have instance lay-out
     # conflict").  Slots, not instance attributes, because two more keys
     # in uvicorn's instance dict unshare its keys and slow down every
-    # attribute access of uvicorn's own code (docs/benchmarks.md,
-    # "The request path's tricks, each measured").
+    # attribute access of uvicorn's own code.
     if TYPE_CHECKING:
         __slots__ = SLOTS
     else:

@@ -171,8 +171,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
     # connlist's attributes (``seam.SLOTS``), the last request whose headers
     # came in (its method and path, for the view), and the last request a
     # response was begun for (gunicorn's request objects, compared by
-    # identity): slots, as on uvicorn's (docs/benchmarks.md, "The request
-    # path's tricks, each measured").
+    # identity): slots, as on uvicorn's (seam.Tracking says why).
     __slots__ = (*SLOTS, "_connlist_last", "_connlist_answered")
 
     connlist_mode = "gunicorn-python"
@@ -184,7 +183,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
 
     # gunicorn's methods that a connection or a read calls, named on this
     # class: a bound method found on the type, where ``super()`` or a look-up
-    # on gunicorn's class costs more per call (docs/benchmarks.md).  The
+    # on gunicorn's class costs more per call.  The
     # rarer ones are called through gunicorn's class (``_Gunicorn.x(self)``).
     _connlist_base_made = _Gunicorn.connection_made
     _connlist_base_lost = _Gunicorn.connection_lost
