@@ -67,7 +67,6 @@ def test_uvicorn_protocols_take_the_transport_handle_from_the_seam(parser: str) 
         "pause_writing",
         "resume_writing",
         "_connlist_setup",
-        "_connlist_remove",
         "_connlist_settle",
     ):
         assert getattr(cls, name) is getattr(server.Tracking, name), name

@@ -157,12 +157,11 @@ async def serve_with_body(
         if not handle.cut:
             raise  # not connlist's doing
     finally:
+        # (The list lets go of the handle, which holds the server's send: a
+        # server may hold the connection open until that is freed.)
         connections.remove(conn)
         if handle.task is not None:
             await handle.task
-        # Break the record <-> handle cycle: the handle holds the server's
-        # send, and a server may hold the connection open until that is freed.
-        conn.handle = None
 
 
 def _tracked(

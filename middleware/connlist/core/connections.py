@@ -159,8 +159,7 @@ class ListState(ListViews):
         self.stalled: Queue[Connection] = Queue("_out_link", "out_sampled")
         self.closing: Queue[Connection] = Queue("_out_link", "out_since")
         self.upgraded: Queue[Connection] = Queue("_out_link", "out_since")
-        # ``idle()`` is Node's view; this is the keep-alive's and the budget's (connlist.core.sweep).
-        self.idle_queue: Heap[Connection] = Heap("_idle_entry", "idle_since")
+        self.idle_queue: Heap[Connection] = Heap("_idle_entry", "idle_since")  # keep-alive, budget
         # ASGI-only mode's requests without a body (see Received).
         self.received: dict[int, tuple[float, Any]] = {}
 
@@ -428,11 +427,12 @@ class ConnectionsList(ListState):
             self.idle_queue.push(conn, started)
 
     def remove(self, conn: Connection) -> None:
-        """Closed: leaves every list it is in, for good.  Idempotent, safe in any state.
+        """Closed: leaves every list it is in, for good, and lets go of its handle.  Idempotent.
 
-        Its links are cleared (``NO_LINK``), not linked to itself: that is a reference cycle,
-        which only the cyclic collector frees; cleared, it goes with its last reference.
+        Its links (``NO_LINK``) and handle (which holds the record) are cleared: no cycle is left
+        for the cyclic collector, and the record goes with its last reference.
         """
+        conn.handle = None
         last = conn._all_next
         if last is None:
             if conn.out_state == OUT_UPGRADED:

@@ -484,15 +484,10 @@ class Tracking(HeadBound, TransportHandle):
         self._connlist_record = self._connlist.join(self.client, self.server, self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._connlist_remove()
-        super().connection_lost(exc)  # type: ignore[misc]
-
-    def _connlist_remove(self) -> None:
         record = self._connlist_record
         if record is not None:
             self._connlist.connections.remove(record)
-            # Break the protocol <-> record cycle; a removed record needs no handle.
-            record.handle = None
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def connlist_request(self) -> tuple[str | None, str | None]:
         raise NotImplementedError

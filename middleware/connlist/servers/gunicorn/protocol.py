@@ -227,7 +227,9 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         except AttributeError:
             pass  # lost before it was made (as gunicorn's own tests lose one): it never joined
         else:
-            self._connlist_remove()
+            record = self._connlist_record
+            if record is not None:
+                self._connlist.connections.remove(record)
         self._connlist_base_lost(exc)
 
     def _connlist_untimed(self, record: Connection) -> None:

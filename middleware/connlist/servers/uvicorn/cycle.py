@@ -83,12 +83,18 @@ class UvicornCycle(Tracking):
         enforcer = self._connlist_setup(self.loop, self.timeout_keep_alive)
         self._connlist_running = None
         if enforcer.keep_alive_timed:
-            self.loop = keepalive.for_loop(self.loop)
+            # The stand-in of the last connection's loop, where it is this one's (every connection's).
+            timed = keepalive.last
+            self.loop = (
+                timed if timed is not None and timed.loop is self.loop else keepalive.for_loop(self.loop)
+            )
         self._connlist_base.connection_made(self, transport)
         self._connlist_record = enforcer.join(self.client, self.server, self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._connlist_remove()
+        record = self._connlist_record
+        if record is not None:
+            self._connlist.connections.remove(record)
         self._connlist_base.connection_lost(self, exc)
 
     def connlist_close_keepalive(self) -> None:

@@ -79,13 +79,14 @@ class ListTimedLoop:
         return f"<{self.loop!r}, keep-alive timed by connlist's list>"
 
 
-_last: ListTimedLoop | None = None
+# The stand-in made last: every connection of a worker's server shares it.
+last: ListTimedLoop | None = None
 
 
 def for_loop(loop: Any) -> ListTimedLoop:
-    """The stand-in for ``loop`` (the same object for every connection on it)."""
-    global _last
-    found = _last
+    """The stand-in for ``loop``, made anew where the last one is another loop's."""
+    global last
+    found = last
     if found is None or found.loop is not loop:
-        found = _last = ListTimedLoop(loop)
+        found = last = ListTimedLoop(loop)
     return found
