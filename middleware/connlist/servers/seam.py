@@ -539,9 +539,9 @@ class Tracking(HeadBound, TransportHandle):
             self._connlist.connections.unstall(record)
 
     def _connlist_closed(self) -> None:
-        """The server closed the transport: nothing unfinished will be answered, and unsent bytes are timed.
+        """The server closed the transport: the bytes it has not sent are the send timeout's.
 
-        The record is no longer ``responding``.  A transport's close waits for
+        A transport's close waits for
         its buffer to drain.  A client that stopped reading before it did would
         hold the connection, and its place in the budget, for good, in no list
         a sweep walks: a tail under the transport's high-water mark never
@@ -554,7 +554,6 @@ class Tracking(HeadBound, TransportHandle):
         record = getattr(self, "_connlist_record", None)
         if record is None:
             return
-        record.responding = False
         # ``sending.unsent``, written out: every response that closes asks, and holds nothing.
         try:
             if not self.transport.get_write_buffer_size():

@@ -151,6 +151,7 @@ class H11Tracking(UvicornCycle, _H11Base):
         cycle = self.cycle
         self._connlist_base.on_response_complete(self)
         if self.transport.is_closing():
+            self._connlist_record.responding = False  # type: ignore[union-attr]  # made: nothing unfinished
             self._connlist_closed()  # the response's end closes
             return
         # A finished response lets h11 go on to what it held.

@@ -349,6 +349,7 @@ if httptools_impl is not None:
             queued = pipeline[-1][0] if pipeline else None
             self._connlist_base.on_response_complete(self)
             if self.transport.is_closing():
+                self._connlist_record.responding = False  # type: ignore[union-attr]  # made: nothing unfinished
                 self._connlist_closed()  # the response's end closes
                 return
             if queued is not None and not (pipeline and pipeline[-1][0] is queued):
