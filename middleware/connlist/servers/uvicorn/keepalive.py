@@ -84,9 +84,7 @@ last: ListTimedLoop | None = None
 
 
 def for_loop(loop: Any) -> ListTimedLoop:
-    """The stand-in for ``loop``, made anew where the last one is another loop's."""
+    """A new stand-in for ``loop``, kept as ``last``: called where ``last`` is another loop's, or none."""
     global last
-    found = last
-    if found is None or found.loop is not loop:
-        found = last = ListTimedLoop(loop)
-    return found
+    last = ListTimedLoop(loop)
+    return last
