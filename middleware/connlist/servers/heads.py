@@ -1,15 +1,6 @@
 """The request head's bound, and a read held behind a response: what a protocol does before its parser.
 
-docs/how-it-works.md, "The request head and pipelining", has the rules.
-``HeadBound``, a base of
-``connlist.servers.seam.Tracking``, counts what a read leaves a head
-(``_connlist_counted``), cuts a head past ``max_header_size``
-(``_connlist_overflow``: ``431``, ``Enforcer.overflow``) and holds a read
-that came behind a response still under way (``_connlist_hold``).  When the
-held read is fed again is each server's (its ``_connlist_release``): the
-end of a response, in its own terms.  ``head_end`` finds where a head may
-end in a read (the first blank line), for a server that must stop its
-parser there; whether it did end is the parser's to say.
+The rules are in docs/how-it-works.md, "The request head and pipelining".
 """
 
 from __future__ import annotations
@@ -26,13 +17,9 @@ __all__ = ["HeadBound", "head_end"]
 def head_end(data: bytes, room: int, continuing: bool) -> int:
     """Where the head at ``data``'s start can end within its first ``room`` bytes: the index after; or -1.
 
-    The head is the request line and the header lines, through the blank
-    line that ends them (CRLF or a bare LF, as the parsers accept).  A read
-    at rest begins a head (``continuing`` False): the blank lines a client
-    may send before a request (RFC 9112, 2.2) are not its.  A read of a head
-    already open (``continuing``) may begin with the rest of its end: then
-    that is where it may end, and the parser tells (the count after the
-    read, ``room``, decides).
+    The end is the first blank line (CRLF or a bare LF, as the parsers accept); whether
+    it did end is the parser's to say.  Blank lines before a request (RFC 9112, 2.2)
+    are not its; a head already open (``continuing``) may end at the read's start.
     """
     start = 0
     if continuing:
@@ -51,12 +38,7 @@ def head_end(data: bytes, room: int, continuing: bool) -> int:
 
 
 class HeadBound:
-    """The head's cut and the held read, on a server protocol (through ``Tracking``).
-
-    The protocol provides ``transport``, ``_connlist``, ``_connlist_record``,
-    ``_connlist_phase``, ``_connlist_unread`` (``Tracking``'s slots) and
-    ``connlist_close_overflow`` (``TransportHandle``'s).
-    """
+    """The head's cut and the held read, on a server protocol (through ``Tracking``)."""
 
     if TYPE_CHECKING:
         transport: Any
@@ -71,11 +53,7 @@ class HeadBound:
         __slots__ = ()
 
     def _connlist_overflow(self) -> None:
-        """The head being received passed ``max_header_size`` (``head_end``): 431 and close.
-
-        Called from the read of a head that has no room left, before the
-        parser has seen a byte past the limit.
-        """
+        """The head being received has no room left, before the parser saw a byte past it: 431 and close."""
         record = self._connlist_record
         self._connlist_phase = move(self._connlist_phase, OVERFLOWED)
         if record is not None:
@@ -84,11 +62,8 @@ class HeadBound:
     def _connlist_counted(self, head_ended: bool, head_open: bool, at_rest: bool, n: int) -> None:
         """The room the head has left after a read of ``n`` bytes (never below 0: longer reads go in parts).
 
-        ``head_ended``: a head ended in the read, or the read began in a body:
-        the next head is counted from the next read (one begun after another
-        message in the same read, from there).  Else, with a head ``head_open``
-        after the read, the read is all its: from the whole limit if the read
-        began ``at_rest``, from what was left if the head was open before.
+        After a head ended (or a read begun in a body) the next starts afresh; a head still open is
+        charged the whole read, from the limit if the read began ``at_rest``, else from what was left.
         """
         enforcer = self._connlist
         if head_ended:
@@ -97,13 +72,7 @@ class HeadBound:
             self._connlist_room = (enforcer.head_limit if at_rest else self._connlist_room) - n
 
     def _connlist_hold(self, data: bytes) -> None:
-        """A read that came behind a response still under way: held unparsed, reading paused, until it ends.
-
-        So pipelined requests are read no faster than they are answered.
-        Reading resumes only when the server says the response is over
-        (its ``_connlist_release``); a read that comes meanwhile (the server
-        resumed reading for its own reasons) joins the held one.
-        """
+        """A read behind a response under way: held unparsed (with any held before), reading paused."""
         unread = self._connlist_unread
         self._connlist_unread = data if unread is None else unread + data
         self.transport.pause_reading()

@@ -1,25 +1,7 @@
 """The server integration at the server's start, for any server: the policy, and what the server says.
 
-At the ASGI lifespan startup ``ConnectionsMiddleware`` asks the server's
-integration (``connlist.servers.selection.find``) to turn itself on, by the ``server_integration``
-option.  Where the option is ``"off"`` the server is never touched.
-``"required"`` turns "off" into a refusal to start.  The environment
-variable ``CONNLIST_REQUIRE_INTEGRATION`` is the operator's override and
-wins when set: ``1`` makes it ``"required"``, ``0`` makes ``"required"``
-``"auto"``.
-
-A server's start-up side is a module that implements ``Server``
-(``connlist.servers.uvicorn.start`` is uvicorn's); its protocol classes record
-here whether their self-check passed (``record_pass``, ``record_failure``),
-so that a server that does not tell its protocol can still be told about.
-gunicorn's start builds and checks its class once per process through
-``check_once``, whose outcome is kept here too; uvicorn's protocols keep
-theirs with the class a ``--http`` flag resolved to
-(``connlist.servers.uvicorn.protocols.outcome``).
-
-Where the integration is off, every line that says so (the middleware's
-WARNING, a failed check's ERROR line, uvicorn-worker's) says what is lost
-in the same words: ``asgi_only``, composed from the table of timeout kinds.
+``server_integration`` decides, unless ``CONNLIST_REQUIRE_INTEGRATION`` overrides it.  The
+protocol classes record their self-checks here, for a server that does not tell its protocol.
 """
 
 from __future__ import annotations
@@ -56,16 +38,11 @@ __all__ = [
 ]
 
 REQUIRE_ENV = "CONNLIST_REQUIRE_INTEGRATION"
-
-# The server_integration option's values.
 POLICIES = ("auto", "required", "off")
-
 
 # What failed, by the class the server was given instead (its own).
 _failures: dict[type, str] = {}
-# connlist's protocol classes that passed their check.
 _passed: set[type] = set()
-# Each server's build and check of its class, by the server's key (``check_once``).
 _checked: dict[str, Checked] = {}
 _lock = threading.RLock()
 
@@ -106,12 +83,11 @@ def require_integration() -> bool:
 
 def check_policy(value: object) -> str:
     """The ``server_integration`` option, checked."""
+    choices = ", ".join(map(repr, POLICIES))
     if not isinstance(value, str):
-        raise TypeError(
-            f"server_integration must be one of {', '.join(map(repr, POLICIES))}, got {type(value).__name__}"
-        )
+        raise TypeError(f"server_integration must be one of {choices}, got {type(value).__name__}")
     if value not in POLICIES:
-        raise ValueError(f"server_integration must be one of {', '.join(map(repr, POLICIES))}, got {value!r}")
+        raise ValueError(f"server_integration must be one of {choices}, got {value!r}")
     return value
 
 
@@ -149,16 +125,12 @@ def checked() -> bool | str | None:
     return None
 
 
-# The advice where connlist's protocol failed its check (its ERROR line says what to do).
 FELL_BACK = "connlist's protocol fell back to uvicorn's (see connlist's ERROR line)"
 OFF = 'server_integration is "off"'
 NO_LIFESPAN = (
     "the ASGI lifespan did not reach this middleware before its first request (the lifespan is off, or "
     "the middleware is on a mounted app), and connlist turns the integration on at the lifespan's startup"
 )
-
-
-# What a server integration enforces beyond the timeouts' table, and ASGI-only mode cannot.
 BUDGET = "connection budget"
 
 
@@ -168,15 +140,10 @@ def asgi_only_kept() -> list[str]:
 
 
 def asgi_only_lost() -> list[str]:
-    """What only the server integration enforces: the timeouts ASGI-only mode cannot, and the budget.
-
-    The server's keep-alive (no setting of connlist's) is left out: in
-    ASGI-only mode the server times it itself.
-    """
+    """What only the server integration enforces; the keep-alive is left out, as the server then times it."""
     return [kind.label for kind in TIMEOUT_KINDS if not kind.asgi and kind.setting is not None] + [BUDGET]
 
 
-# What bounds a request head in ASGI-only mode, which sees a request once the server parsed its head.
 SERVERS_HEAD = (
     "a request head is bounded by the server's own limits alone, not max_header_size "
     "(uvicorn's httptools: none; h11: 16 KiB, answered 400; gunicorn: its --limit-request-* options)"
@@ -198,7 +165,6 @@ class Start(NamedTuple):
     mode: str | None
     reason: str | None = None
     advice: str | None = None
-    # The refusal's words where the policy is "required" and the integration is off.
     refusal: str | None = None
 
 

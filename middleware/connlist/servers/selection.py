@@ -1,10 +1,4 @@
-"""The servers connlist integrates with, in the order they are asked, and the one whose lifespan is starting.
-
-Each is the start-up side of a server, a module that implements
-``connlist.servers.integration.Server``.  They are named by string and
-imported when the middleware's lifespan starts, so that a worker imports
-only what its server needs.
-"""
+"""The servers connlist integrates with, in the order asked, and the one whose lifespan is starting."""
 
 from __future__ import annotations
 
@@ -15,8 +9,7 @@ from connlist.servers.integration import Server
 
 __all__ = ["SERVERS", "find", "servers"]
 
-# The modules of connlist's server integrations' start-up side (each a ``Server``),
-# asked in this order; the first is the default, whose advice a server that tells nothing gets.
+# Each a ``Server``, named by string so that a worker imports only its own; the first is the default.
 SERVERS = ["connlist.servers.uvicorn.start", "connlist.servers.gunicorn.start"]
 
 

@@ -1,18 +1,6 @@
 """What a connection still has to send, as its transport and the kernel say: the send timeout's readings.
 
-The send timeout (``connlist.core.sweep``, its ``send`` step) samples a
-stalled connection for progress.  Three readings, each of one system's:
-
-* ``unsent``: the bytes the transport holds (``get_write_buffer_size``),
-  which a close waits for; 0 where a transport cannot say (a test's);
-* ``pending``: those, and the bytes in the socket's send queue the peer has
-  not acknowledged (Linux's ``SIOCOUTQ``);
-* ``acked``: the bytes the peer acknowledged and the window it advertises
-  now (Linux's ``TCP_INFO``), the progress of a reader whose window opens
-  in steps.
-
-Each is asked only of a connection that stalls, or that closes with bytes
-unsent: never on a request's path.
+Asked only of a connection that stalls or closes with bytes unsent, never on a request's path.
 """
 
 from __future__ import annotations
@@ -32,10 +20,7 @@ except (ImportError, AttributeError):  # pragma: no cover - not Linux
 
 __all__ = ["acked", "pending", "unsent"]
 
-# Linux's TCP_INFO (include/uapi/linux/tcp.h, struct tcp_info): the bytes the
-# peer acknowledged (tcpi_bytes_acked, a __u64 at offset 120, since Linux
-# 4.1) and the window it advertises now (tcpi_snd_wnd, a __u32 at offset
-# 228, in newer kernels; 0 where the kernel's struct is shorter).
+# The offsets of tcpi_bytes_acked and tcpi_snd_wnd in Linux's struct tcp_info.
 _TCP_INFO: int | None = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
 _TCP_INFO_LEN = 232
 _BYTES_ACKED = struct.Struct("=Q")

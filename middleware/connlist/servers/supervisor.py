@@ -1,9 +1,7 @@
 """Which server master supervises this worker, as the server tells it (for the workers' view).
 
-uvicorn's supervisor (``--workers``, ``--reload``) spawns its workers with
-``multiprocessing``, which says who the parent is.  gunicorn forks its
-workers: connlist's worker classes, and the middleware when gunicorn's own
-ASGI worker tells its master, call ``supervised_by`` in the worker.
+uvicorn spawns its workers with ``multiprocessing``, which knows the parent; gunicorn
+forks them, so its workers declare their master (``supervised_by``).
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ import os
 
 __all__ = ["supervised_by", "supervisor_pid"]
 
-# Set by connlist.servers.gunicorn.workers's worker classes, in the worker, before the app loads.
+# Set in a gunicorn worker before the app loads.
 _master_pid: int | None = None
 
 
@@ -31,7 +29,6 @@ def supervisor_pid() -> int | None:
     if _master_pid is not None:
         return ppid if _master_pid == ppid else None
     parent = multiprocessing.parent_process()
-    # uvicorn --workers (and --reload) spawn their workers with multiprocessing.
     if parent is not None and parent.pid == ppid:
         return ppid
     return None
