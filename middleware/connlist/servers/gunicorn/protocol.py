@@ -93,7 +93,6 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
 
     # The last request whose headers came in (for the view), the last one a response was begun for.
     __slots__ = (*SLOTS, "_connlist_last", "_connlist_answered")
-
     connlist_mode = "gunicorn-python"
     connlist_keepalive = True
     connlist_keepalive_not = ""

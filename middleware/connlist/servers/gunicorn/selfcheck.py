@@ -47,7 +47,6 @@ HEADERS_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 30.0
 KEEP_ALIVE = 2
 LIMIT = 10.0
-
 GET = b"GET /a?x=1 HTTP/1.1\r\nHost: t\r\n\r\n"
 POST = b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
 EARLY = b"POST /early HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
