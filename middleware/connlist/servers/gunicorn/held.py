@@ -1,16 +1,10 @@
-"""What connlist's gunicorn protocol holds back from gunicorn's parser: long reads, reads behind a response.
+"""The reads connlist's gunicorn protocol keeps from gunicorn's parser: long ones, those behind a response.
 
-gunicorn's HTTP/1 parser stops at a message's end and keeps what follows
-in its buffer; gunicorn's connection loop feeds that tail again after the
-response, and reads on meanwhile.  A pipelining client could so make a
-worker keep and re-feed all it sends, and the fast parser (gunicorn_h1c)
-keeps no more than 64 KiB of it: past that gunicorn closes the connection
-after the response, the rest unanswered.  ``Held`` is the part of
-``connlist.servers.gunicorn.protocol.ASGIProtocol`` that prevents both: a
-read that comes while a response is under way is held (``_connlist_stop``),
-a long read is fed ``FEED_SLICE`` bytes at a time (``_connlist_feed_slices``),
-and the held read is fed once gunicorn's loop has reset its parser (``_resume_reading``,
-``_connlist_release``).
+gunicorn's HTTP/1 parser stops at a message's end and is fed what follows
+again after each response, so a pipelining client could make a worker buffer
+and re-parse all it sends; past the fast parser's buffer, gunicorn closes the
+connection with requests unanswered.  So a read behind a response is held
+until the parser is reset, and a long read is fed a part at a time.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ __all__ = ["Held"]
 
 
 class Held:
-    """A base of connlist's gunicorn protocol: its reads held back from gunicorn's parser (see the module)."""
+    """A base of ``connlist.servers.gunicorn.protocol.ASGIProtocol``: the reads it holds back."""
 
     if TYPE_CHECKING:
         # gunicorn's protocol's, and connlist's (``Tracking``, ``HeadBound``).
@@ -39,7 +33,6 @@ class Held:
         _connlist_phase: int
         _connlist_room: int
         _connlist_unread: bytes | None
-
         _feed_callback_parser: Callable[[Any], bool]
         _connlist_base_feed: Callable[[Any], bool]
         data_received: Callable[[Any], None]
@@ -49,16 +42,7 @@ class Held:
         __slots__ = ()
 
     def _connlist_stop(self, data: Any) -> bool | None:
-        """A read not fed as it is: held or fed in parts (what the feed returns); None: fed as it is.
-
-        Called only where the read is longer than the room its head has
-        left (at rest, or in a body, the enforcer's ``whole_read``), or, at
-        rest, comes while the parser holds a complete message whose response
-        is under way: then it is held (``HeadBound._connlist_hold``), where
-        gunicorn would buffer it in its parser and feed its whole buffer
-        again after each response, until gunicorn's loop has reset its
-        parser (``_resume_reading``, ``_connlist_release``).
-        """
+        """A read longer than its head's room, or behind a response: held (True) or fed in parts."""
         phase = self._connlist_phase
         if phase == BETWEEN and self._callback_parser.is_complete:
             self._connlist_hold(data)
@@ -66,17 +50,9 @@ class Held:
         return self._connlist_feed_in_parts(data)
 
     def _connlist_feed_in_parts(self, data: Any) -> bool:
-        """A read fed a part at a time, no part longer than its rule; what ``_feed_callback_parser`` returns.
+        """A read fed a part at a time, so that the parser keeps at most one part past a message's end.
 
-        At rest, ``whole_read`` bytes: no more than a head may take, so the
-        parser says whether a head ended within them; in a head, the room
-        it has left (none left and more to come: past ``max_header_size``,
-        431); in a body, ``FEED_SLICE`` bytes.  gunicorn's parser stops at a
-        message's end and keeps what follows (the fast one, 64 KiB of it:
-        past that gunicorn closes the connection after the response, a
-        pipelined burst unanswered); fed in parts, it keeps at most one, and
-        once a message is complete the rest waits, unparsed, for its
-        response (``_connlist_hold``).
+        A part is no longer than a head may take at rest, the room left in a head, ``FEED_SLICE`` in a body.
         """
         start = 0
         while start < len(data):
@@ -104,14 +80,9 @@ class Held:
         return True
 
     def _connlist_resume(self) -> bool:
-        """gunicorn resumes reading (``_resume_reading``): False while a read is held, which keeps it paused.
+        """Whether gunicorn's ``_resume_reading`` may resume the transport: not before a held read is fed.
 
-        gunicorn resumes after each response, where it paused itself for a
-        body the app did not take: reading then would let a read in behind
-        the held one.  So gunicorn's own state says resumed, the transport
-        stays paused, and the held read is fed at the loop's next turn, once
-        gunicorn has reset its parser and fed it what it kept
-        (``_connlist_release``): it then resumes reading.
+        gunicorn's state says resumed; the held read is fed once its loop has reset the parser.
         """
         if self._connlist_unread is None:
             return True
@@ -120,11 +91,7 @@ class Held:
         return False
 
     def _connlist_hand_over(self) -> None:
-        """The connection leaves HTTP/1 (a websocket, h2c): a held read goes where gunicorn keeps the rest.
-
-        That is its parser's tail, after the upgrade request, where gunicorn
-        would have buffered it; reading resumes, as gunicorn's would.
-        """
+        """The connection leaves HTTP/1 (websocket, h2c): a held read goes to the parser's tail."""
         data = self._connlist_unread
         if data is None:
             return
@@ -134,11 +101,7 @@ class Held:
             self.transport.resume_reading()
 
     def _connlist_release(self) -> None:
-        """The read held behind the last response is fed, if the parser wants more; then reading resumes.
-
-        A parser still complete (what gunicorn kept held a whole request)
-        waits for that request's response, and its ``_resume_reading``.
-        """
+        """Feeds the held read once the parser wants more, then resumes reading."""
         data = self._connlist_unread
         if data is None or self._closed or self._callback_parser is None or self._callback_parser.is_complete:
             return

@@ -1,79 +1,10 @@
-"""gunicorn's own ASGI worker (``gunicorn -k asgi``): connlist's protocol, built on gunicorn's and checked.
+"""connlist's subclass of gunicorn's ASGI protocol (``gunicorn -k asgi``), which ``start`` installs.
 
-gunicorn's ``ASGIWorker`` serves every connection with the module global
-``gunicorn.workers.gasgi.ASGIProtocol``, which its ``_serve`` reads for each
-connection it accepts, after the ASGI lifespan startup.  So, as for uvicorn's
-config, ``ConnectionsMiddleware`` puts connlist's subclass there at the
-lifespan startup (``connlist.servers.gunicorn.start``), once the class passed
-its self-check (``connlist.servers.gunicorn.selfcheck``).
-
-``ASGIProtocol`` below is that subclass: ``Tracking`` (the feeder's duties
-that read nothing of gunicorn's) and gunicorn's own class are its bases,
-and each of gunicorn's methods it calls is named on it or called through
-gunicorn's class.  The start imports this module only once the methods it
-hooks were found on gunicorn's class (``selfcheck.HOOKS``), so a gunicorn
-that renamed one gets its own class back, not an import error.
-
-How it tells the list's events from gunicorn's state
-----------------------------------------------------
-
-gunicorn's HTTP/1 path feeds each read to a callback parser
-(``_feed_callback_parser``): ``PythonProtocol``, or ``gunicorn_h1c``'s
-``H1CProtocol`` (``--http-parser fast``).  The parser builds a new request
-object when the headers are complete (``_current_request``), sets
-``is_complete`` when the message is complete, and then stops: what follows
-(a pipelined request) stays in its buffer until the connection loop has
-finished the response, resets the parser and feeds it that tail again.  So,
-around gunicorn's ``_feed_callback_parser``:
-
-=================================  ===========================================
-before the feed, at rest, parser   ``message_begin`` (the read's first byte;
-ready for a message, a byte not    a read of blank lines only begins nothing:
-CR or LF                           RFC 9112 lets a server skip them)
-``_current_request`` replaced      ``headers_complete`` and ``response_begin``
-``is_complete`` after the feed     ``message_complete``
-=================================  ===========================================
-
-A whole request in one read is the list's ``message``.  What comes
-while a response is written waits unparsed (``connlist.servers.gunicorn.held``:
-``data_received`` holds it before gunicorn's runs), and a request in it is
-timed from the moment it is fed (as on uvicorn's h11).
-
-gunicorn arms its keep-alive timer (``_arm_keepalive_timer``) when a
-connection becomes idle: after the response, once the application's call
-has returned.  connlist's class writes the response's end there instead
-(``response_complete``: the record is no longer responding, and idle from
-now) and lets the list time the keep-alive (``--keep-alive``), closing the
-connection with gunicorn's own handler (``_keepalive_timeout``).  Two
-armings are not a connection going idle, and get gunicorn's own timer, as
-they would on gunicorn: one made while the next request is in already
-(``_request_ready`` set: an application call left running after its
-response ended just as that request arrived; gunicorn's loop cancels the
-timer at once), and one on a connection served untimed (HTTP/1 found by
-h2c's sniffing), which no list event marks busy again.
-
-Whether a response began matters only when a request is cut while its body
-arrives (rare): a response under way gets no ``408``, only the close.
-gunicorn says so by calling ``_send_response_start`` (the app's
-``http.response.start``) or ``_send_error_response`` (its own answer): the
-class notes, there, the request it is serving (``_current_request``), and a
-cut compares that with the request being served then.
-
-A cut marks the connection closed as gunicorn's own close does (``_closed``:
-the app's sends are dropped), tells the request's body receiver it is
-disconnected, wakes the connection loop and lets a send blocked on flow
-control go; the app's ``ClientDisconnect`` that follows is connlist's doing,
-and left out of gunicorn's log.
-
-HTTP/2 (over TLS, or h2c) and uWSGI connections are counted in the list and
-the budget as connections being served, and gunicorn's own rules time them:
-the headers, request, body-rate and keep-alive timeouts of connlist are
-HTTP/1's (the send timeout applies to all).  A websocket upgrade is the
-enforcer's to allow (``Enforcer.upgrade``): within ``max_upgraded`` the
-record is held as ``upgraded`` until the connection is lost (gunicorn keeps
-the same protocol object for the websocket, so its ``connection_lost``
-removes it, as for any connection); past it the request is answered ``503``
-and closed before gunicorn's websocket side runs, and the app never sees it.
+The list's events are read off gunicorn's callback parser around each feed:
+at rest, a read that is not blank lines begins a message; ``_current_request``
+replaced means the headers are complete; ``is_complete`` ends the message.
+A connection goes idle where gunicorn arms its keep-alive timer.  HTTP/2 and
+uWSGI connections are counted, and timed by gunicorn's own rules.
 """
 
 from __future__ import annotations
@@ -81,8 +12,6 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-# gunicorn ships no type hints: its names are Any to mypy.  This module is
-# imported once the self-check's static part passed (``connlist.servers.gunicorn.start``).
 from gunicorn.asgi import protocol as gunicorn_protocol  # type: ignore[import-untyped, import-not-found, unused-ignore]
 from gunicorn.asgi.parser import PythonProtocol  # type: ignore[import-untyped, import-not-found, unused-ignore]
 from starlette.requests import ClientDisconnect
@@ -114,12 +43,7 @@ def mode_of_parser(python: bool) -> str:
 
 
 class _AfterCutLog:
-    """gunicorn's logger, as a connection connlist cut off sees it (``seam.AfterCut``'s rule).
-
-    gunicorn logs an application's exception with ``log.exception`` inside its
-    ``except``: the app's ``ClientDisconnect`` there is connlist's doing (its
-    body was cut short), so it is left out; everything else is logged.
-    """
+    """gunicorn's logger once connlist cut the connection: the app's ``ClientDisconnect`` left out."""
 
     __slots__ = ("_log",)
 
@@ -138,7 +62,7 @@ class _AfterCutLog:
 if TYPE_CHECKING:
 
     class _Gunicorn:
-        """gunicorn's protocol as mypy sees it (untyped): the methods connlist's class calls, the rest Any."""
+        """gunicorn's untyped protocol as mypy sees it: the methods connlist's class calls, the rest Any."""
 
         _closed: bool
         _current_request: Any
@@ -160,43 +84,34 @@ if TYPE_CHECKING:
         async def _handle_h2c_upgrade(self, request: Any) -> None: ...
         def __getattr__(self, name: str) -> Any: ...
         def __setattr__(self, name: str, value: Any) -> None: ...
-
 else:
     _Gunicorn = gunicorn_protocol.ASGIProtocol
 
 
 class ASGIProtocol(Tracking, Held, _Gunicorn):
-    """gunicorn's ASGI protocol, feeding connlist from what each read changed (see the module)."""
+    """gunicorn's ASGI protocol, feeding connlist from what each read changed."""
 
-    # connlist's attributes (``seam.SLOTS``), the last request whose headers
-    # came in (its method and path, for the view), and the last request a
-    # response was begun for (gunicorn's request objects, compared by
-    # identity): slots, as on uvicorn's (seam.Tracking says why).
+    # The last request whose headers came in (for the view), the last one a response was begun for.
     __slots__ = (*SLOTS, "_connlist_last", "_connlist_answered")
-
     connlist_mode = "gunicorn-python"
     connlist_keepalive = True
     connlist_keepalive_not = ""
-
     _connlist_last: Any
     _connlist_answered: Any
 
-    # gunicorn's methods that a connection or a read calls, named on this
-    # class: a bound method found on the type, where ``super()`` or a look-up
-    # on gunicorn's class costs more per call.  The
-    # rarer ones are called through gunicorn's class (``_Gunicorn.x(self)``).
+    # On the class, as the hot path calls them; the rarer ones go through ``_Gunicorn.x(self)``.
     _connlist_base_made = _Gunicorn.connection_made
     _connlist_base_lost = _Gunicorn.connection_lost
     _connlist_base_feed = _Gunicorn._feed_callback_parser
 
     def _connlist_tell(self, loop: Any, keep_alive: float | None) -> Any:
-        """Once per loop (``Tracking._connlist_setup``): also what of gunicorn's settings the list can use."""
+        """Once per loop (``Tracking._connlist_setup``), with the gunicorn settings the list can use."""
         enforcer = self.connlist_handover.enforcer
         if enforcer is not None and enforcer.attached_loop not in (None, loop):
             # A timer armed on another loop (this process's earlier server) never fires on this one.
             enforcer.cancel()
         if isinstance(keep_alive, bool) or not isinstance(keep_alive, (int, float)):
-            keep_alive = None  # not a setting connlist can read: gunicorn times its keep-alive itself
+            keep_alive = None  # gunicorn times its keep-alive itself
         return Tracking._connlist_tell(self, loop, keep_alive)
 
     def _connlist_without_middleware(self) -> tuple[object, object]:
@@ -204,15 +119,12 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         route_to_server()
         return getattr(self.cfg, "asgi_lifespan", None), self.app
 
-    # -- the connection: joins the list; what is not HTTP/1 is served untimed --
-
     def connection_made(self, transport: Any) -> None:
-        # No __init__ of connlist's: this is a connection's first call, and its setup.
+        # The connection's setup: connlist adds no __init__.
         enforcer = Tracking._connlist_setup(self, self.worker.loop, self._keepalive)
         self._connlist_last = self._connlist_answered = None
         self._connlist_base_made(transport)
-        # The addresses are read from the transport when a view or a cut
-        # needs them (gunicorn keeps none; asking costs uvloop two system calls).
+        # Addresses are read from the transport only when needed: asking costs uvloop system calls.
         record = self._connlist_record = enforcer.join(FROM_HANDLE, FROM_HANDLE, self)
         parser = self._callback_parser
         if parser is None:
@@ -225,7 +137,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         try:
             self._connlist_record  # noqa: B018
         except AttributeError:
-            pass  # lost before it was made (as gunicorn's own tests lose one): it never joined
+            pass  # lost before it was made (gunicorn's own tests do that): it never joined
         else:
             record = self._connlist_record
             if record is not None:
@@ -233,18 +145,16 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         self._connlist_base_lost(exc)
 
     def _connlist_untimed(self, record: Connection) -> None:
-        """The connection leaves HTTP/1's timeouts: counted as one being served, never idle."""
+        """The connection leaves HTTP/1's timeouts: counted as being served, never idle."""
         connections = self._connlist.connections
         if record.last_message_start != 0.0:
             connections.message(record)  # out of ``active``, responding
         record.responding = True
         self._connlist_phase = move(self._connlist_phase, UPGRADED)
 
-    # -- the list's events, around gunicorn's feed of its callback parser ------
-
     def data_received(self, data: Any) -> None:
-        # A read that comes while connlist holds one (held.Held) joins it, unparsed.  Here, not
-        # in the hook: gunicorn's loop also feeds the parser's own pipelined tail through the hook.
+        # A read behind a held one joins it.  Here, not in the hook: gunicorn's loop also
+        # feeds the parser's own pipelined tail through the hook.
         if self._connlist_unread is not None:
             self._connlist_hold(data)
             return
@@ -255,7 +165,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         record = self._connlist_record
         if phase or record is None:
             return self._connlist_feed_open(record, phase, data)
-        # Between messages (every keep-alive request's read begins here).
+        # Between messages.
         if (len(data) > self._connlist_room or self._callback_parser.is_complete) and (
             stopped := self._connlist_stop(data)
         ) is not None:
@@ -282,7 +192,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         return fed
 
     def _connlist_feed_open(self, record: Connection | None, phase: int, data: Any) -> bool:
-        """A read fed while a message is open (its head or its body at ``phase``), or not timed at all."""
+        """A read fed while a message is open (at ``phase``), or on a connection not timed."""
         if record is None or phase >= UPGRADED:
             return self._connlist_base_feed(data)
         if len(data) > self._connlist_room and (stopped := self._connlist_stop(data)) is not None:
@@ -295,29 +205,19 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         return fed
 
     def _connlist_begun(self, record: Connection, request: Any, held: bool, data: Any, fed: object) -> None:
-        """A feed between messages that was not a whole request: the message it began, if any.
-
-        ``held``: the parser held the read behind a response (a pipelined
-        request, fed again once it is done).  A read of blank lines only
-        begins nothing either (RFC 9112 lets a server skip them).
-        """
+        """The message a feed at rest began, if any; blank lines begin none (RFC 9112)."""
         if held or not data or (data[0] in _BLANK and not data.strip(_CRLF)):
             return
         enforcer = self._connlist
         enforcer.connections.message_begin(record)
-        # The head begins at the read's first byte: all of the limit is its.
+        # The head begins at the read's first byte.
         self._connlist_room = enforcer.head_limit
         self._connlist_events(record, HEADERS, request, fed, len(data))
 
     def _connlist_events(self, record: Connection, phase: int, request: Any, fed: object, n: int) -> None:
-        """The events of a feed of ``n`` bytes: the open message (at ``phase``) got its headers, ended.
-
-        gunicorn's parser stops at a message's end (what follows is fed
-        again later, as a read between messages), so a head open after a
-        feed began at its first byte, or before it: ``n`` counts against it.
-        """
+        """A feed's events for the message open at ``phase``; all ``n`` bytes count against an open head."""
         if not fed or self._closed:
-            return  # a malformed request: gunicorn answered it and is closing the connection
+            return  # malformed: gunicorn answered it and is closing
         enforcer = self._connlist
         connections = enforcer.connections
         new = self._current_request
@@ -328,10 +228,9 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             phase = BODY
         parser = self._callback_parser
         if parser is None or self._h2c_upgrade_settings is not None:
-            # An upgrade to HTTP/2 (h2c): served on, untimed.
+            # Upgraded to HTTP/2 (h2c): served on, untimed.
             self._connlist_untimed(record)
             return
-        # (A head begun at rest had its room set to the whole limit: _connlist_begun.)
         self._connlist_counted(got_headers, phase == HEADERS, False, n)
         if phase == BODY:
             if parser.is_complete:
@@ -348,14 +247,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         self._connlist_settle(record, phase, got_headers and phase == BODY)
 
     def _connlist_body_begin(self, record: Connection) -> None:
-        """A read ended with the request's headers complete and its body not: the minimum rate times it.
-
-        The body bytes of this read count too (gunicorn's body receiver still
-        holds them: the app's task has not run yet).  A client that asked for
-        ``100 Continue`` sends its body once gunicorn says so, at the app's
-        first ``receive()``: its body is timed from its first bytes (a later
-        read, ``_connlist_events``), the request timeout alone until then.
-        """
+        """The minimum rate times the body from the bytes buffered; after ``100 Continue``, from its first."""
         enforcer = self._connlist
         if not enforcer.settings.body_min_rate:
             return
@@ -364,19 +256,13 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         if not receiver.expect_continue:
             enforcer.connections.body_begin(record, record.body_received)
 
-    # -- the response, and the keep-alive the list times -----------------------
-
     def _arm_keepalive_timer(self) -> None:
-        # The connection is idle from now (gunicorn's own moment): the response's end, and
-        # the list times the keep-alive (gunicorn's --keep-alive, closed by its handler)
-        # where the enforcer can (keep_alive_timed), else gunicorn's timer does.
-        # (Set by connection_made: a connection is idle only after a request.)
+        # The connection is idle from now: the response ended, and the list times the keep-alive.
         record: Connection = self._connlist_record  # type: ignore[assignment]
         enforcer = self._connlist
-        # (Only gunicorn's _finishing_call_done arms while its loop awaits a
-        # request, the next one maybe in already: its own loop never does.)
+        # Not going idle: the next request is in already (an app call that outlived its
+        # response; gunicorn cancels the timer at once), or the connection is not timed.
         if (self._awaiting_request and self._request_ready.is_set()) or self._connlist_phase >= UPGRADED:
-            # Not a connection going idle (module docstring): gunicorn's timer, as on gunicorn.
             _Gunicorn._arm_keepalive_timer(self)
             return
         enforcer.connections.response_complete(record)
@@ -384,7 +270,6 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             _Gunicorn._arm_keepalive_timer(self)
 
     def _resume_reading(self) -> None:
-        # gunicorn's loop, after each response: not while connlist holds a read (held.Held).
         if self._connlist_resume():
             _Gunicorn._resume_reading(self)
 
@@ -392,16 +277,11 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         self._keepalive_timeout()
 
     def _close_transport(self) -> None:
-        # Every close of gunicorn's (a response's end that closes, its
-        # keep-alive handler): bytes the client has not taken hold it, the
-        # send timeout's (seam's _connlist_closed).
+        # Any close of gunicorn's: unsent bytes hold it, under the send timeout.
         _Gunicorn._close_transport(self)
         self._connlist_closed()
 
-    # The closes connlist decides outside a timeout wake gunicorn's connection
-    # loop, as its own close does: else it waits for the next request until
-    # gunicorn's grace period after the loss cancels it.
-
+    # connlist's closes wake gunicorn's connection loop, as its own do: else it waits for a request.
     def connlist_close_idle(self) -> bool:
         closed = TransportHandle.connlist_close_idle(self)
         if closed:
@@ -419,14 +299,11 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
     def _connlist_wake(self) -> None:
         self._closed = True
         ready = self._request_ready
-        if ready is not None:  # (None: not HTTP/1, no loop waits for a request)
+        if ready is not None:  # None: not HTTP/1
             ready.set()
 
-    # -- upgrades --------------------------------------------------------------
-
     async def _handle_websocket(self, request: Any, sockname: Any, peername: Any) -> None:
-        # A websocket is never timed out (Node: its parser is freed): held as
-        # upgraded until the connection is lost, or refused with 503.
+        # Within the enforcer's ``max_upgraded``, upgraded until lost; past it, 503 and closed.
         self._connlist_phase = move(self._connlist_phase, UPGRADED)
         record = self._connlist_record
         if record is not None and not self._connlist.upgrade(record, request.method, request.path):
@@ -440,25 +317,18 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         self._connlist_hand_over()
         await _Gunicorn._handle_h2c_upgrade(self, request)
 
-    # -- what the enforcer's handle reads of gunicorn's state ------------------
-
     def _send_response_start(self, *args: Any, **kwargs: Any) -> None:
-        # The app's http.response.start: from here a cut gets no 408 (_connlist_response_written),
-        # though gunicorn holds the head back for the body's first write.
+        # From here a cut gets no 408, though gunicorn holds the head back until the body's first write.
         self._connlist_answered = self._current_request
         _Gunicorn._send_response_start(self, *args, **kwargs)
 
     def _send_error_response(self, *args: Any, **kwargs: Any) -> None:
-        # gunicorn's own answer, written at once: its 500 for an app that raised or returned
-        # before responding, a malformed request's 4xx.  (gunicorn's tests also call it on a
-        # protocol that was never set up: no request then.)
+        # gunicorn's own 500 or 4xx.  getattr: gunicorn's tests call it on a protocol never set up.
         self._connlist_answered = getattr(self, "_current_request", None)
         _Gunicorn._send_error_response(self, *args, **kwargs)
 
     def _connlist_response_written(self, record: Connection) -> bool:
-        # gunicorn reads a request only once the previous response is done: while headers
-        # arrive, nothing of a response is under way.  After them, the request being served
-        # (gunicorn's ``_current_request``) is the one a response was begun for, or not.
+        # Nothing is under way while headers arrive: gunicorn reads a request once the last response is done.
         request = self._current_request
         return record.headers_completed and request is not None and self._connlist_answered is request
 
@@ -483,7 +353,7 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             ready.set()  # the connection loop sees _closed and ends
         flow = self._flow_control
         if flow is not None:
-            flow.resume_writing()  # a send waiting to drain returns (and drops what follows)
+            flow.resume_writing()  # a send waiting to drain returns
 
     def connlist_request(self) -> tuple[str | None, str | None]:
         request = self._connlist_last
@@ -496,15 +366,9 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
 
 
 def prepare(base: type) -> type[ASGIProtocol]:
-    """connlist's class, once gunicorn's ``base`` (the class it is built on) filled its parser cache.
+    """connlist's class, once gunicorn's ``base`` filled its parser cache; TypeError for another base.
 
-    gunicorn caches whether gunicorn_h1c is there on the class it is
-    called on, and reads the cache on its own class (by name): called first
-    on a subclass, the cache would be the subclass's, and gunicorn's
-    ``--http-parser auto`` would take the python parser.  So gunicorn's own
-    class fills its cache first.  A ``base`` other than the class this
-    module was built on (gunicorn's module global replaced since) is a
-    ``TypeError``.
+    gunicorn reads the cache on its own class: filled on a subclass, ``auto`` would take the python parser.
     """
     if base is not _Gunicorn:
         raise TypeError(

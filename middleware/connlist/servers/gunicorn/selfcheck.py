@@ -1,35 +1,11 @@
 """The self-check of connlist's gunicorn class: gunicorn's ASGI protocol driven through a conversation.
 
-``connlist.servers.gunicorn.protocol`` leans on parts of gunicorn's protocol that are
-not public API: its methods ``_feed_callback_parser``,
-``_arm_keepalive_timer``, ``_keepalive_timeout``, ``_close_transport``,
-``_send_response_start``, ``_send_error_response``, ``_handle_websocket``
-(``HOOKS``); and its state (``_callback_parser`` and its ``is_complete``,
-``_current_request``, ``_body_receiver``, ``_closed``, ``_request_ready``,
-``_awaiting_request``, ``_keepalive_handle``, ``_keepalive``).  A gunicorn
-release may change any of them without failing loudly, so before connlist's
-class is put in gunicorn's worker, this module checks it, once per process:
-
-1. The methods connlist overrides or calls are there.
-2. A conversation with no socket: the protocol built as gunicorn's worker
-   builds it (a stand-in worker with gunicorn's own ``Config``; a hand-over
-   of its own, ``handed_over``, holding a private ``Enforcer`` on a
-   clock of its own: the process's ``HANDOVER`` is a real server's), on a
-   memory transport, through a request split over reads, a whole one, a
-   body in two reads (timed by the minimum rate), a response written before
-   the body is read, two pipelined requests, a websocket upgrade, a
-   connection lost mid-request, a headers timeout (a ``408``, the
-   connection loop ended) and the keep-alive the list times (no gunicorn
-   timer armed; gunicorn's own close at ``--keep-alive``).  After each step
-   the connection's record and what was written are compared with what must
-   be.
-
-Any difference is a failure, described in one sentence; an exception
-anywhere is one too.  The start (``connlist.servers.gunicorn.start``) then
-leaves gunicorn's own class in place (ASGI-only mode) with one ERROR line.
-The conversation runs on an event loop of its own in a short-lived thread
-(the lifespan's loop is running); it writes nothing to gunicorn's logs and
-leaves no timer behind.  It takes a few milliseconds, once per process.
+``protocol`` leans on gunicorn's private methods (``HOOKS``) and state, which a
+release may change without failing loudly.  So, once per process and before
+``start`` installs the class, the methods are looked for and a conversation
+with no socket is run on a loop of its own in a short-lived thread (the
+lifespan's loop is running), against a private enforcer and clock.  Any
+difference is a failure, in one sentence; ``start`` then keeps gunicorn's class.
 """
 
 from __future__ import annotations
@@ -48,8 +24,7 @@ from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, han
 
 __all__ = ["HOOKS", "check_static", "run_in_thread"]
 
-# The methods of gunicorn's protocol that connlist's class overrides or calls:
-# each is looked for before ``connlist.servers.gunicorn.protocol`` builds the class on them.
+# The methods of gunicorn's protocol that connlist's class overrides or calls.
 HOOKS = (
     "connection_made",
     "connection_lost",
@@ -72,7 +47,6 @@ HEADERS_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 30.0
 KEEP_ALIVE = 2
 LIMIT = 10.0
-
 GET = b"GET /a?x=1 HTTP/1.1\r\nHost: t\r\n\r\n"
 POST = b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
 EARLY = b"POST /early HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
@@ -83,7 +57,7 @@ UPGRADE = (
 
 
 class _SilentLog:
-    """gunicorn's logger as the check's protocols get it: nothing reaches the server's log."""
+    """gunicorn's logger for the check's protocols: nothing reaches the server's log."""
 
     access_log_enabled = False
 
@@ -119,7 +93,7 @@ class _Transport(MemoryTransport):
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """The check's application: reads the body and answers; /early answers without reading it."""
+    """Reads the body and answers; /early answers without reading it."""
     if scope["type"] != "http":
         return
     if scope["path"] != "/early":
@@ -137,7 +111,7 @@ def require(ok: object, failure: str) -> None:
 
 
 def check_static(base: type, hooks: tuple[str, ...]) -> None:
-    """What can be checked without running the protocol: the methods overridden or called are there."""
+    """The check without running the protocol: the methods in ``hooks`` are there."""
     missing = [name for name in hooks if not callable(getattr(base, name, None))]
     require(
         not missing,
@@ -162,7 +136,7 @@ class _Script:
         cfg.set("keepalive", KEEP_ALIVE)
         cfg.set("http_parser", parser)
         cfg.set("accesslog", None)
-        # The check's protocols' own hand-over: never HANDOVER, which a real server may be using.
+        # Never HANDOVER, which a real server may be using.
         self.made = handed_over(cls, HandOver(self.enforcer))
         self.worker = _Worker(cfg, _app, {}, asyncio.get_running_loop())
         self.protocols: list[tuple[Any, _Transport]] = []
@@ -183,7 +157,7 @@ class _Script:
         return cast("Connection", record)
 
     async def until(self, done: Any) -> None:
-        """Let the connection's task run until ``done()`` (a few rounds of the loop at most)."""
+        """Let the connection's task run until ``done()``, for a few rounds of the loop at most."""
         for _ in range(50):
             if done():
                 return
@@ -222,7 +196,6 @@ class _Script:
             enforcer.keep_alive == KEEP_ALIVE and enforcer.keep_alive_timed,
             "the list did not take gunicorn's keep-alive time (`_keepalive`) over",
         )
-        # A request split over two reads.
         await self.feed(protocol, GET[:12])
         self.expect("a request's first bytes", record, "reading_headers", 0)
         await self.feed(protocol, GET[12:], self.idle(protocol, record, transport, 1))
@@ -231,7 +204,6 @@ class _Script:
             (record.method, record.path) == ("GET", "/a"),
             f"the request's method and path read {record.method!r} {record.path!r}",
         )
-        # The keep-alive: the list's, not a gunicorn timer.
         require(
             getattr(protocol, "_keepalive_handle", None) is None,
             "gunicorn armed its own keep-alive timer at the end of a response",
@@ -240,10 +212,8 @@ class _Script:
             record.responded_at == self.now and enforcer.timer_at == self.now + KEEP_ALIVE,
             "the end of a response did not leave the keep-alive to connlist's list",
         )
-        # A whole request in one read.
         await self.feed(protocol, GET, self.idle(protocol, record, transport, 2))
         self.expect("a whole request", record, "idle", 2)
-        # A body in two reads, timed by the minimum rate.
         await self.feed(protocol, POST + b"0123")
         self.expect("a request whose body is incomplete", record, "reading_body", 2)
         require(
@@ -256,10 +226,8 @@ class _Script:
         )
         await self.feed(protocol, b"456789", self.idle(protocol, record, transport, 3))
         self.expect("the rest of the body", record, "idle", 3)
-        # Two pipelined requests in one read.
         await self.feed(protocol, GET + GET, self.idle(protocol, record, transport, 5))
         self.expect("two pipelined requests", record, "idle", 5)
-        # The keep-alive timeout, closed by gunicorn's handler.
         self.now += KEEP_ALIVE
         enforcer.sweep_now()
         require(
@@ -288,7 +256,7 @@ class _Script:
     async def upgrade(self) -> None:
         protocol, transport = self.connect()
         record = self.record(protocol)
-        # Until gunicorn's websocket side answered (the app, which accepts none, ran).
+        # Until gunicorn's websocket side answered: the app, which accepts none, ran.
         await self.feed(protocol, UPGRADE, lambda: bool(transport.written))
         upgraded = connection_state(record) == "upgraded"
         require(upgraded, "a websocket upgrade did not hold the connection as upgraded")

@@ -1,25 +1,11 @@
-"""gunicorn's ASGI worker at its start: connlist's class put in place, found in place, or off and why.
+"""gunicorn's ASGI worker at the lifespan startup: connlist's class put in place, found there, or off and why.
 
-gunicorn's ``ASGIWorker._serve`` runs the ASGI lifespan startup, then
-listens with ``loop.create_server(lambda: ASGIProtocol(self), ...)``: the
-lambda reads the module global ``gunicorn.workers.gasgi.ASGIProtocol`` for
-each connection.  The lifespan's ``receive`` is a method of gunicorn's
-``LifespanManager``, whose ``state`` is the worker's; the worker itself is
-the one whose ``_serve`` is the task awaiting the startup.  So at the
-lifespan startup ``ConnectionsMiddleware`` asks ``turn_on`` (through
-``connlist.servers.integration``, whose ``Server`` this module is), which reads that
-global and, by the ``server_integration`` policy:
-
-* connlist's class (``-k connlist.gunicorn.ASGIWorker`` put it there): on;
-* gunicorn's own ``ASGIProtocol``: connlist's class is built on it and
-  checked (``connlist.servers.gunicorn.selfcheck``) and put in its place; on a
-  failed check gunicorn's stays, with one ERROR line (or, ``"required"``,
-  the worker refuses to start);
-* any other class (an embedder's): left alone, off.
-
-Each worker process does this for itself (the global is the process's).
-Everything read here is gunicorn's, not public API, and read defensively:
-where it is not as expected, nothing is changed and the mode is ASGI-only.
+gunicorn's ``ASGIWorker._serve`` reads the module global
+``gunicorn.workers.gasgi.ASGIProtocol`` for each connection it accepts, after
+the lifespan startup, so ``turn_on`` (this module is ``integration``'s
+``Server``) replaces gunicorn's own class there with connlist's once it passed
+``selfcheck``; any other class is left alone.  All of it is gunicorn's private
+state, read defensively: where it is not as expected, connlist is ASGI-only.
 """
 
 from __future__ import annotations
@@ -45,15 +31,11 @@ __all__ = [
     "unconfirmed",
 ]
 
-# The gunicorn release connlist's class is tested with (its ASGI worker is stable since 25.1).
 TESTED_GUNICORN = "27.0.1"
-# The modules and names connlist builds on and swaps.
 PROTOCOL_MODULE = "gunicorn.asgi.protocol"
 WORKER_MODULE = "gunicorn.workers.gasgi"
 NAME = "ASGIProtocol"
-
-# The key of gunicorn's build and check in ``integration.check_once``.
-KEY = "gunicorn"
+KEY = "gunicorn"  # of ``integration.check_once``
 
 
 def _gunicorn_version() -> str:
@@ -61,13 +43,7 @@ def _gunicorn_version() -> str:
 
 
 def parser_name(cfg: Any) -> str:
-    """The HTTP/1 parser gunicorn's protocol will take for ``cfg``: "python" or "fast" (gunicorn_h1c).
-
-    gunicorn's own rule (``ASGIProtocol._setup_callback_parser``): ``python``,
-    ``fast``, or ``auto``: the fast one where gunicorn_h1c (with its limits)
-    is installed and no option it cannot honour is set.  The first
-    connection tells for sure, and sets the view's mode if this differs.
-    """
+    """The HTTP/1 parser gunicorn should take for ``cfg``: "python" or "fast" (gunicorn_h1c)."""
     setting = getattr(cfg, "http_parser", "auto")
     if setting == "python":
         return "python"
@@ -96,7 +72,6 @@ def _build() -> integration.Checked:
             raise CheckFailed(f"{PROTOCOL_MODULE} has no class {NAME}")
         gunicorn_asgi_check.check_static(base, gunicorn_asgi_check.HOOKS)
         try:
-            # connlist's class statement runs here, at its module's first import.
             from connlist.servers.gunicorn import protocol as gunicorn_asgi
 
             cls = gunicorn_asgi.prepare(base)
@@ -113,13 +88,13 @@ def _build() -> integration.Checked:
 
 
 class _FastConfig:
-    """A config that asks for the fast parser where it is installed (``parser_name``'s ``auto``)."""
+    """A config that asks for the fast parser where it is installed."""
 
     http_parser = "auto"
 
 
 def checked() -> integration.Checked:
-    """``_build``'s outcome, built once per process (the worker class and the lifespan share it)."""
+    """``_build``'s outcome, once per process: the worker class and the lifespan share it."""
     return integration.check_once(KEY, _build)
 
 
@@ -167,13 +142,13 @@ def for_server(*, required: bool) -> tuple[type[Any] | None, str | None]:
     return None, _reason(failure)
 
 
-# The exit status of a refusal to start: gunicorn's for a worker that failed to boot (its master stops).
+# gunicorn's status for a worker that failed to boot: its master stops.
 REFUSAL_STATUS = 3
 
 
 def resolve() -> type[Any]:
     """The class ``connlist.gunicorn.ASGIProtocol`` names: connlist's, or gunicorn's in its place."""
-    integration.require_integration()  # a bad value stops the start here, naming the variable
+    integration.require_integration()  # a bad value stops the start here
     cls, base, result = checked()
     if cls is not None:
         return cls
@@ -196,21 +171,15 @@ def resolve() -> type[Any]:
 
 
 def _route() -> None:
-    """connlist's lines go where gunicorn's worker writes its own (its error log)."""
+    """connlist's lines go to gunicorn's error log."""
     follow_uvicorn_logger("gunicorn.error")
     route_to_server()
 
 
-# -- the Server of connlist.servers.integration ----------------------------------------
-
-
 def server_config(receive: Any, state: object = None) -> Any:
-    """The gunicorn ASGI worker whose lifespan is starting, or None.
+    """The gunicorn ASGI worker whose lifespan is starting (its ``_serve`` task's ``self``), or None.
 
-    The lifespan's ``receive`` is a method of gunicorn's ``LifespanManager``;
-    its ``state`` (or the scope's, where an app between the server and the
-    middleware wrapped ``receive``) is the worker's.  The worker is the
-    ``self`` of the ``_serve`` task that awaits the startup.
+    ``state`` is the scope's where an app wrapped ``receive``, else its owner's (``LifespanManager``).
     """
     gasgi = sys.modules.get(WORKER_MODULE)
     if gasgi is None:
@@ -282,7 +251,7 @@ def turn_on(config: Any, policy: str) -> Start:
 
 
 def _warn_untimed(cfg: Any) -> None:
-    """One WARNING where gunicorn serves HTTP/2 or uWSGI too: what connlist does not time there."""
+    """One WARNING where gunicorn serves HTTP/2 or uWSGI too, which connlist does not time."""
     others = []
     if "h2" in (getattr(cfg, "http_protocols", None) or ()):
         others.append("HTTP/2")
