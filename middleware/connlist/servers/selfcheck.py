@@ -1,17 +1,7 @@
 """What every server's self-check is made of: its failure, its result, a memory transport, its own loop.
 
-A server's protocol class leans on parts of the server that are not public
-API, so before connlist's class is handed to the server, the server's own
-self-check (``connlist.servers.uvicorn.selfcheck``,
-``connlist.servers.gunicorn.selfcheck``) drives it through a conversation
-in memory, once per process.  What those checks share is here, and knows
-no server: the failure a check raises (``CheckFailed``, one sentence), the
-outcome it returns (``Result``), the transport its protocols write to
-(``MemoryTransport``: no socket), the class its protocols are built from
-(``handed_over``: the hand-over they read is the check's own), and the
-short-lived thread with an event loop of its own that it runs on
-(``run_on_own_loop``: the server's loop is already running where the class
-is looked up).
+A server's self-check drives connlist's protocol class through a conversation in memory, once per
+process, before the server gets it. What the checks share is here, and knows no server.
 """
 
 from __future__ import annotations
@@ -36,10 +26,8 @@ class CheckFailed(Exception):
 class Result:
     """The outcome of one protocol class's check."""
 
-    # None if the check passed, else what failed, in one sentence.
-    failure: str | None
-    # The name of the logger the server's protocol writes to ("uvicorn.error"), if the check got that far.
-    logger_name: str | None = None
+    failure: str | None  # None if the check passed
+    logger_name: str | None = None  # what the server's protocol logs to, if the check got that far
     seconds: float = 0.0
     steps: list[str] = field(default_factory=list)
 
@@ -49,15 +37,9 @@ class Result:
 
 
 def handed_over(cls: type, handover: HandOver) -> type:
-    """``cls`` as a check builds its protocols: the same class, but the hand-over it reads is ``handover``.
+    """A subclass of ``cls`` whose protocols read ``handover``, not the worker's (a real server's).
 
-    A check can run while a real server of the process serves, so its
-    protocols must not read (or, with a fallback, write) the worker's
-    ``HANDOVER``.  A subclass that adds nothing but its class attribute
-    ``connlist_handover`` (no slot, no method), because an instance
-    attribute needs a ``__dict__``, which a server's protocol with
-    ``__slots__`` has not.  What the check writes on the class it checks
-    (``connlist_keepalive``) goes on ``cls``, not on this.
+    A class attribute, as a protocol with ``__slots__`` has no ``__dict__``.
     """
     return type(
         cls.__name__, (cls,), {"__slots__": (), "__module__": cls.__module__, "connlist_handover": handover}
@@ -99,12 +81,7 @@ class MemoryTransport(asyncio.Transport):
 
 
 def run_on_own_loop(check: Callable[[], Awaitable[Result]], limit: float, name: str) -> Result:
-    """A server's check (``check()``) on a new event loop in a short-lived thread named ``name``.
-
-    Within ``limit`` seconds, or its result says it did not finish; what
-    it leaves running is cancelled, and the loop closed.  Its ``seconds``
-    are the whole run's.
-    """
+    """``check()`` within ``limit`` seconds, on a loop of its own: the server's may be running here."""
     results: list[Result] = []
     started = time.perf_counter()
 

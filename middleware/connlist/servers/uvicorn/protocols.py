@@ -1,49 +1,10 @@
 """uvicorn protocols that feed the worker's ConnectionsList, as Node.js's HTTP server does.
 
-``ConnectionsMiddleware`` puts them in place of uvicorn's own at the ASGI
-lifespan startup (``connlist.servers.uvicorn.start``), so an app served as usual
-(``uvicorn app:app``, ``fastapi run``) runs them.  They can also be named
-outright as uvicorn's HTTP implementation::
-
-    uvicorn app:app --http connlist.uvicorn:HttpToolsProtocol
-    uvicorn.run(app, http=connlist.uvicorn.HttpToolsProtocol)
-
-They subclass uvicorn's own protocols and *observe* them: everything
-(parsing, keep-alive, pipelining, flow control, websockets) stays uvicorn's,
-and connlist looks at uvicorn's state after each ``data_received`` to tell
-which of the list's events happened in that read.  No parser callback is
-overridden: httptools calls four of them for every request, and each Python
-frame added there costs more than all of connlist's bookkeeping.
-
-The classes are ``class`` statements of ``connlist.servers.uvicorn.classes``.
-Their mixins say how each tells the list's events from uvicorn's state:
-``connlist.servers.uvicorn.httptools_impl`` (what each read changed in the
-protocol's scope, cycle and pipeline) and ``connlist.servers.uvicorn.h11_impl``
-(h11's state machine); ``connlist.servers.uvicorn.cycle`` has what both read of
-uvicorn's request cycle, and ``connlist.servers.seam`` what reads nothing of
-uvicorn's (the connection joining the list and leaving it, flow control,
-the handle's transport methods).  This module is the decision: which class
-each name and each server gets (``Outcome``, one per parser and process).
-
-The ``ConnectionsMiddleware`` owns the list and hands it over to the
-protocols (``connlist.core.handover``: one per worker), at its lifespan
-startup, before uvicorn accepts a connection.  With no
-middleware (or with the lifespan off) the protocol still enforces the default
-timeouts on a list of its own and logs once that it does so.
-
-When uvicorn changes
---------------------
-
-The protocols read parts of uvicorn that are not public API.  So the
-names ``HttpToolsProtocol``, ``H11Protocol`` and ``AutoProtocol`` are not
-plain classes: the first lookup of each (uvicorn's ``Config.load``, before
-the server starts) builds connlist's class on uvicorn's and checks it in
-memory (``connlist.servers.uvicorn.selfcheck``).  If the check fails, the name is uvicorn's
-own class: the server serves as with ``--http httptools`` (ASGI-only mode),
-and one ERROR line says what failed, what is lost and what to do
-(``CONNLIST_REQUIRE_INTEGRATION=1``: the import fails instead).  The classes
-that pass are exactly the protocols' code; nothing of the check runs per
-request.
+They subclass uvicorn's and only observe it: connlist reads uvicorn's state after each
+``data_received`` and overrides no parser callback (a Python frame there costs more than all of
+connlist's bookkeeping). This module decides which class each name and server gets, once per parser
+and process (``Outcome``): connlist's, built on uvicorn's and checked in memory
+(``connlist.servers.uvicorn.selfcheck``), or uvicorn's own and one ERROR line (ASGI-only mode).
 """
 
 from __future__ import annotations
@@ -81,32 +42,17 @@ __all__ = [
     "parser_of",
 ]
 
-# -- the classes handed to uvicorn: built, checked, or uvicorn's own ----------
-#
-# ``connlist.uvicorn:HttpToolsProtocol`` and the others are looked up by
-# uvicorn (``Config.load``) before the server starts, and the middleware
-# asks for the class of the server's parser at the lifespan startup
-# (``for_server``).  The first of either builds connlist's class on uvicorn's
-# (``connlist.servers.uvicorn.classes``) and checks it
-# (``connlist.servers.uvicorn.selfcheck``); if anything fails, the name gives
-# uvicorn's own class instead, and one ERROR line says what failed and what
-# is lost.  So each class is checked once per process, when it is first
-# used, and only the ones used are checked.
-
 
 @dataclass
 class Outcome:
     """One parser's build and check, once per process: the one record of the decision."""
 
-    # connlist's class if it passed, uvicorn's if found, and the check's result.
-    cls: type[Any] | None
-    base: type | None
+    cls: type[Any] | None  # connlist's, if it passed
+    base: type | None  # uvicorn's, if found
     result: uvicorn_selfcheck.Result
-    # What a ``--http connlist.uvicorn:...`` flag gets, once asked (connlist's, or uvicorn's in its place).
-    flag: type[Any] | None = None
+    flag: type[Any] | None = None  # what a ``--http connlist.uvicorn:...`` flag gets, once asked
 
 
-# Each parser's outcome, once built and checked: the flag and the automatic path share it.
 _outcomes: dict[str, Outcome] = {}
 _lock = threading.RLock()
 
@@ -142,7 +88,7 @@ def _build(parser: str) -> Outcome:
             raise uvicorn_selfcheck.CheckFailed(
                 f"connlist's class cannot be built on uvicorn's {where.uvicorn_name}: {exc}"
             ) from None
-        # Where its name gives it (its repr says so, and pickle finds it there).
+        # Where its name gives it: its repr says so, and pickle finds it there.
         cls.__module__ = __name__
     except uvicorn_selfcheck.CheckFailed as failed:
         result = uvicorn_selfcheck.Result(str(failed))
@@ -186,11 +132,7 @@ def _integrate(parser: str) -> type[Any]:
 def for_server(parser: str, *, required: bool) -> tuple[type[Any] | None, str | None]:
     """The automatic path: connlist's class for the server's own ``parser`` protocol, or why not.
 
-    The middleware calls it at the lifespan startup when the server runs
-    uvicorn's own ``parser`` class (``connlist.servers.uvicorn.start.turn_on``).  On a
-    failed check the reason is recorded for the view, and the ERROR line is
-    logged unless ``required``, where the middleware's refusal to start
-    says it instead.
+    On a failed check the ERROR line is logged unless ``required``: the refusal to start says it then.
     """
     done = outcome(parser)
     if done.cls is not None:
@@ -225,7 +167,7 @@ def _warn_if_newer() -> None:
 
 
 def _warn_keepalive(cls: type[Any], parser: str) -> None:
-    """One WARNING where uvicorn keeps its timer per response (the self-check found it arms it otherwise)."""
+    """One WARNING where the self-check found uvicorn arms its keep-alive otherwise, so keeps its timer."""
     if getattr(cls, "connlist_keepalive", False):
         return
     route_to_server()
@@ -241,8 +183,7 @@ def _warn_keepalive(cls: type[Any], parser: str) -> None:
     )
 
 
-# The exit status of a refusal to start: uvicorn's own for a failed startup,
-# and gunicorn's for a worker that failed to boot (its master then stops).
+# uvicorn's exit status for a failed startup, and gunicorn's for a worker that failed to boot.
 REFUSAL_STATUS = 3
 
 
@@ -262,7 +203,7 @@ def _failure_text(parser: str, failure: str) -> tuple[str, str]:
 def _fall_back(parser: str, base: type | None, failure: str) -> type[Any]:
     """uvicorn's own class instead of connlist's, and the one ERROR line (or the refusal to start)."""
     if integration.require_integration():
-        # One line, the server's own exit status for a failed start, no traceback.
+        # One line and no traceback.
         what, advice = _failure_text(parser, failure)
         route_to_server()
         log.error(
@@ -313,9 +254,7 @@ def _needs_httptools(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - ht
 
 
 if TYPE_CHECKING:
-    # What the names give when the check passes, as mypy sees it: the
-    # parser's mixin, which mypy checks on uvicorn's class (the class
-    # statements are connlist.servers.uvicorn.classes's).
+    # What the names give when the check passes: the parser's mixin, which mypy checks on uvicorn's class.
     from connlist.servers.uvicorn.h11_impl import H11Tracking as H11Protocol
     from connlist.servers.uvicorn.httptools_impl import HttpToolsTracking as HttpToolsProtocol
 
@@ -329,6 +268,6 @@ else:
         if name == "H11Protocol":
             return _integrate("h11")
         if name == "AutoProtocol":
-            # httptools when it is installed, else h11, as uvicorn's ``--http auto``.
+            # As uvicorn's ``--http auto``.
             return _integrate("h11" if httptools_impl is None else "httptools")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

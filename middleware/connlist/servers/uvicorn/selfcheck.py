@@ -1,47 +1,10 @@
-"""The server integration's self-check: uvicorn's protocols driven through a scripted conversation in memory.
+"""uvicorn's self-check: connlist's protocol class driven through a scripted conversation in memory.
 
-``connlist.servers.uvicorn.protocols`` leans on about twenty parts of uvicorn that are not
-public API (the protocol's ``cycle``, ``scope``, ``pipeline``, ``flow``,
-h11's ``conn``, the keep-alive armed with the protocol's ``loop``,
-the class layout, ...).  A uvicorn release may change any of them, and
-most changes would not fail loudly: the server would start and then reset
-connections, or cut clients nobody should cut.  So before a protocol class
-of connlist's is handed to uvicorn, this module checks it, once per process:
-
-1. What can be read without running anything: the methods connlist's
-   class overrides are there.
-2. A conversation, with no socket: the protocol built as uvicorn builds it
-   (a ``Config`` of its own, and a hand-over of its own, ``handed_over``,
-   holding a private ``Enforcer`` on a clock of its own: the process's
-   ``HANDOVER`` is a real server's), on a ``MemoryTransport``, through
-   a whole request, one split over reads, a body in two reads (the bytes
-   of the headers' read counted toward the rate), a response written
-   before its body is read, two pipelined requests, two requests that
-   expect ``100 Continue`` (the body's clock starts at the app's first
-   ``receive()``, when uvicorn writes ``100 Continue``, or at its answer
-   without reading; not before), a websocket upgrade (held as ``upgraded``
-   by the websocket protocol uvicorn hands the transport to, and removed
-   when that protocol loses the connection), a connection lost
-   mid-request, and a headers timeout.  At the end of the first response,
-   uvicorn's duties there (its count of requests, reading resumed) and the
-   keep-alive: the list's, where uvicorn arms it with the protocol's
-   ``loop`` (``connlist.servers.uvicorn.keepalive``); else uvicorn's timer
-   stays, and the class says why (``connlist_keepalive_not``).  After each step the connection's
-   record (state, requests, method and path, the body's clock) and what
-   was written are compared with what must be; after the first request
-   every attribute connlist reads (on the protocol, its cycle, its flow
-   control, h11's connection) is looked at.
-
-Any difference is a failure, described in one sentence; an exception
-anywhere is one too.  ``connlist.servers.uvicorn.protocols`` then serves uvicorn's own class
-instead (ASGI-only mode) and logs one ERROR line.
-
-The conversation runs on an event loop of its own, in a short-lived thread:
-uvicorn imports the ``--http`` class while its own loop is already running
-in the main thread.  It writes nothing to uvicorn's logs (the check's
-protocols get a silent logger, and no access log) and leaves no timer
-behind.  It costs a few milliseconds, once per process (docs/deployment.md,
-"When uvicorn changes"); nothing of it runs per request.
+connlist leans on parts of uvicorn that are not public API, and most changes to them would not fail
+loudly: the server would start, then reset or cut connections. So each class is checked once per
+process: whole, split, pipelined and ``100 Continue`` requests, an upgrade, a loss and a headers
+timeout, the connection's record and what was written compared after each step. Any difference or
+exception is a failure, in one sentence. Its protocols log nothing, and it leaves no timer behind.
 """
 
 from __future__ import annotations
@@ -71,13 +34,11 @@ __all__ = [
     "run_in_thread",
 ]
 
-# The check's own timeouts: long enough that nothing expires unless the
-# script moves the clock past them.
+# Nothing expires unless the script moves its clock past them.
 HEADERS_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 30.0
 
-# How long the conversation may take before it counts as failed (it takes milliseconds).
-LIMIT = 10.0
+LIMIT = 10.0  # the whole conversation's, in seconds
 
 
 class _StubWebSocket(asyncio.Protocol):
@@ -86,14 +47,10 @@ class _StubWebSocket(asyncio.Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.lost = False
 
-    def data_received(self, data: bytes) -> None:
-        pass
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
 
 
-# The check's protocols write here: nothing reaches the server's log.
 _silent = logging.getLogger("connlist.selfcheck")
 _silent.addHandler(logging.NullHandler())
 _silent.propagate = False
@@ -103,17 +60,11 @@ _silent.setLevel(logging.CRITICAL + 1)
 class _Gate:
     def __init__(self) -> None:
         self.event = asyncio.Event()
-        # Set by the /wait request's app when it waits: what the script waits for.
-        self.reached = False
+        self.reached = False  # the /wait app is waiting
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """The check's application (HTTP only).
-
-    It reads the body, then answers; /early answers without reading it;
-    /hold waits for the script after reading, /wait before reading (and,
-    with ``?answer``, answers without reading).
-    """
+    """Reads the body and answers; /early does not read; /hold waits after reading, /wait (?answer) before."""
     path = scope["path"]
     if path == "/wait":
         gate = scope["state"]["connlist.selfcheck.gate"]
@@ -136,8 +87,6 @@ GET = b"GET /a?x=1 HTTP/1.1\r\nHost: t\r\n\r\n"
 POST = b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
 EARLY = b"POST /early HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
 HOLD = b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n"
-# A client that waits for 100 Continue before it sends the body; the app
-# works before it reads it (CONTINUE), or answers without reading (ANSWER).
 EXPECT = b"Host: t\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n"
 CONTINUE = b"POST /wait HTTP/1.1\r\n" + EXPECT
 ANSWER = b"POST /wait?answer HTTP/1.1\r\n" + EXPECT
@@ -165,10 +114,8 @@ def check_static(base: type, hooks: tuple[str, ...], parser: str) -> None:
 
 
 class _Script:
-    """One protocol class's conversation, on the running loop."""
-
     def __init__(self, cls: type, base: type, parser: str, config: Any) -> None:
-        # Imported here: a uvicorn that moved them fails the check, not the import.
+        # Here: a uvicorn that moved it fails the check, not the import.
         from uvicorn.server import ServerState
 
         self.cls = cls
@@ -179,7 +126,6 @@ class _Script:
             resolve(headers_timeout=HEADERS_TIMEOUT, request_timeout=REQUEST_TIMEOUT),
             clock=lambda: self.now,
         )
-        # The check's protocols' own hand-over: never HANDOVER, which a real server may be using.
         self.made = handed_over(cls, HandOver(self.enforcer))
         self.gate = _Gate()
         self.state: dict[str, Any] = {"connlist.selfcheck.gate": self.gate}
@@ -195,7 +141,6 @@ class _Script:
         )
         if self.logger_name is None:
             self.logger_name = getattr(getattr(protocol, "logger", None), "name", None)
-        # Nothing of the check reaches the server's logs.
         for name, value in (("logger", _silent), ("access_log", False)):
             with contextlib.suppress(AttributeError):  # not one of uvicorn's attributes any more
                 setattr(protocol, name, value)
@@ -217,7 +162,7 @@ class _Script:
             await asyncio.sleep(0)
 
     async def until(self, done: Any) -> None:
-        """Let the app's task run until ``done()``, for as long as ``settle`` at most."""
+        """``settle``, but only until ``done()``: that keeps the check's cost small."""
         for _ in range(20):
             if done():
                 return
@@ -228,7 +173,6 @@ class _Script:
         await self.settle()
 
     def expect(self, step: str, record: Connection, state: str, requests: int | None = None) -> None:
-        """The record's state, and its count of requests fully received, after ``step``."""
         self.steps.append(step)
         got = connection_state(record)
         if got != state:
@@ -243,21 +187,19 @@ class _Script:
         return bytes(transport.written).count(b"HTTP/1.1 200 ")
 
     def connection_attributes(self, protocol: Any) -> None:
-        """What connlist reads of a connection before any request: there (uvicorn sets them up front)."""
+        """What connlist reads of a connection before any request (uvicorn sets them up front)."""
         names: tuple[str, ...] = ("transport", "client", "server", "cycle", "flow")
         names += ("scope", "pipeline") if self.parser == "httptools" else ("conn",)
         _has(protocol, names, "uvicorn's protocol")
 
     def attributes(self, protocol: Any) -> None:
-        """Every attribute connlist reads, after a request: there, and what connlist takes them for."""
+        """Every attribute connlist reads after a request: there, and what connlist takes it for."""
         cycle = protocol.cycle
         if cycle is None:
             raise CheckFailed("uvicorn's protocol has no `cycle` after a request")
         names: tuple[str, ...] = ("scope", "response_started", "response_complete", "disconnected")
         names += ("message_event", "logger", "body", "waiting_for_100_continue", "receive", "send")
         _has(cycle, names, "uvicorn's request cycle (`cycle`)")
-        # The body bytes a read brought (counted toward the rate), and whether
-        # the client waits for 100 Continue (the body is not timed until then).
         if not isinstance(cycle.body, (bytes, bytearray)):
             raise CheckFailed(f"uvicorn's request cycle's `body` is a {type(cycle.body).__name__}, not bytes")
         if cycle.waiting_for_100_continue is not False:
@@ -281,8 +223,7 @@ class _Script:
             raise CheckFailed(f"the request's method and path read {(method, path)!r} from `cycle.scope`")
 
     async def run(self) -> None:
-        # What connlist reads, on uvicorn's own protocol (so that a missing
-        # attribute is named, not met as an exception of connlist's code).
+        # On uvicorn's own protocol, a missing attribute is named, not met as an exception of connlist's.
         plain, _ = self.connect(self.base)
         self.connection_attributes(plain)
         await self.feed(plain, GET)
@@ -296,7 +237,6 @@ class _Script:
 
     async def requests(self) -> None:
         """Whole, split and pipelined requests, bodies in parts and answered early, on one connection."""
-        # A whole request, then one split over reads, then a body in two reads.
         protocol, transport = self.connect()
         record = self.record(protocol)
         self.expect("a connection", record, "new", 0)
@@ -310,7 +250,6 @@ class _Script:
         self.expect("the rest of that request", record, "idle", 2)
         await self.feed(protocol, POST + b"0123")
         self.expect("headers and part of a body", record, "reading_body", 2)
-        # The body bytes of the headers' read count toward the rate (the cycle's `body`).
         if not record.receiving_body or record.body_received != 4:
             raise CheckFailed(
                 f"the body's clock counts {record.body_received} bytes of the 4 that came with the headers "
@@ -318,12 +257,10 @@ class _Script:
             )
         await self.feed(protocol, b"456789")
         self.expect("the rest of the body", record, "idle", 3)
-        # A response written before the body is read.
         await self.feed(protocol, EARLY + b"012")
         self.expect("a response written before its body was read", record, "reading_body", 3)
         await self.feed(protocol, b"3456789")
         self.expect("the rest of a body already answered", record, "idle", 4)
-        # Two pipelined requests in one read, the first held by the app.
         await self.feed(protocol, HOLD + GET)
         self.expect("two pipelined requests", record, "handling")
         if self.parser == "httptools":
@@ -338,9 +275,6 @@ class _Script:
             raise CheckFailed(f"{self.responses(transport)} responses were written for 6 requests")
 
     async def upgrade_and_loss(self) -> None:
-        """A websocket upgrade held and let go; a connection lost mid-request."""
-        # A websocket upgrade: held as upgraded by the websocket protocol
-        # uvicorn hands the transport to (connlist.servers.uvicorn.websocket), until it is lost.
         upgraded, upgraded_transport = self.connect()
         upgraded_record = self.record(upgraded)
         await self.feed(upgraded, UPGRADE)
@@ -352,7 +286,6 @@ class _Script:
         websocket.connection_lost(None)
         if upgraded_record.tracked or not websocket.lost:
             raise CheckFailed("a websocket's connection lost did not take it out of the list")
-        # A connection lost mid-request.
         lost, _ = self.connect()
         lost_record = self.record(lost)
         await self.feed(lost, POST + b"0123")
@@ -363,8 +296,6 @@ class _Script:
             raise CheckFailed("a connection lost mid-request stayed in the list")
 
     async def headers_timeout(self) -> None:
-        """A headers timeout: only the silent connection expires, with a 408."""
-        # A headers timeout: only the silent connection expires, with a 408.
         silent, silent_transport = self.connect()
         silent_record = self.record(silent)
         await self.feed(silent, GET[:10])
@@ -382,13 +313,7 @@ class _Script:
         self.steps.append("a headers timeout")
 
     def keep_alive(self, protocol: Any, record: Connection, served: int) -> None:
-        """The end of a response on an idle connection: uvicorn's duties done, and the keep-alive timed.
-
-        uvicorn's duties there must be done, and the list must have taken the
-        keep-alive over (``connlist.servers.uvicorn.keepalive``); where
-        uvicorn armed a timer of its own instead, the class keeps it and says
-        why (``connlist_keepalive``).
-        """
+        """uvicorn's duties at the end of a response done; the keep-alive the list's, or uvicorn's and why."""
         if self.server_state.total_requests != served + 1:
             raise CheckFailed("a response did not count in uvicorn's `server_state.total_requests`")
         if protocol.flow.read_paused:
@@ -401,7 +326,6 @@ class _Script:
         if record.responded_at != self.now:
             raise CheckFailed("the end of a response did not start the connection's idle time in the list")
         if task is not TIMED_BY_LIST:
-            # uvicorn armed its timer otherwise than with its loop's call_later: it keeps it.
             task.cancel()
             cls: Any = self.cls
             cls.connlist_keepalive = False
@@ -414,26 +338,13 @@ class _Script:
         self.steps.append("the keep-alive after a response")
 
     async def expect_100_continue(self) -> None:
-        """Bodies behind ``Expect: 100-continue``: timed from the app's first receive(), or its answer.
-
-        uvicorn writes ``100 Continue`` when the app first calls the cycle's
-        ``receive``, and drops it when the app answers first (the cycle's
-        ``send``): connlist's wrappers of both start the body's clock.  The
-        script's clock moves while the app works, so a clock started at the
-        headers is told from one started then.
-        """
+        """Bodies behind ``Expect: 100-continue``: timed from the app's first receive(), or its answer."""
         await self.body_after_continue(
             CONTINUE, "the app's first receive(), when uvicorn sent `100 Continue`", "receive"
         )
         await self.body_after_continue(ANSWER, "the app's answer without reading the body", "send")
 
     async def body_after_continue(self, request: bytes, step: str, hook: str) -> None:
-        """One of ``expect_100_continue``'s requests, on a connection of its own.
-
-        The script waits only until what it waits for is there (``until``),
-        not for ``settle``'s full round of the loop: that keeps the check's
-        cost small.
-        """
         protocol, transport = self.connect()
         record = self.record(protocol)
         gate = self.gate
@@ -448,7 +359,7 @@ class _Script:
             )
         if record.receiving_body or b" 100 " in transport.written:
             raise CheckFailed("a body that waits for `100 Continue` was timed before the app asked for it")
-        self.now += 1.0
+        self.now += 1.0  # a clock started at the headers is told apart
         self.gate.event.set()
         await self.until(lambda: bool(transport.written))  # 100 Continue, or the answer
         continued = bytes(transport.written).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -466,7 +377,6 @@ class _Script:
         protocol.connection_lost(None)
 
     async def close(self) -> None:
-        """Lose every connection still in the list, and leave no timer behind."""
         self.enforcer.cancel()
         for protocol, _transport in self.protocols:
             record = getattr(protocol, "_connlist_record", None)
@@ -477,13 +387,10 @@ class _Script:
 
 
 def make_config(cls: type) -> Any:
-    """The check's uvicorn ``Config``, loaded (in the caller's thread: loading may import modules).
-
-    No logging configuration (``log_config=None``, ``log_level=None``): the
-    server's stays as it is.
-    """
+    """The check's uvicorn ``Config``, loaded in the caller's thread (loading may import modules)."""
     from uvicorn.config import Config
 
+    # No logging configuration: the server's stays as it is.
     config = Config(_app, http=cls, ws=_StubWebSocket, lifespan="off", log_config=None, log_level=None)
     config.load()
     return config

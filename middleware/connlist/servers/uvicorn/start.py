@@ -1,32 +1,9 @@
-"""uvicorn's server integration at the server's start: turned on, found on, or off and why.
+"""uvicorn's ``Server`` (``connlist.servers.integration``): the integration turned on at the lifespan startup.
 
-uvicorn runs the ASGI lifespan before it listens, and reads its config's
-``http_protocol_class`` for each connection it accepts.  The lifespan's
-``receive`` is a method of uvicorn's ``LifespanOn``, which holds that
-``Config``.  So at the lifespan startup ``ConnectionsMiddleware`` asks
-``turn_on`` (through ``connlist.servers.integration``, whose ``Server`` this module
-is), which reads the server's protocol class and, by the
-``server_integration`` policy:
-
-* connlist's class (``--http connlist.uvicorn:...``, connlist's gunicorn
-  workers): the integration is on;
-* uvicorn's own ``HttpToolsProtocol`` or ``H11Protocol`` (what ``--http
-  auto``, ``httptools`` and ``h11`` resolve to: ``uvicorn app:app``,
-  ``fastapi run``, gunicorn's ``uvicorn_worker`` workers): connlist's class
-  for the same parser, built and checked once per process
-  (``connlist.servers.uvicorn.protocols.for_server``), is put in the config
-  in its place; on a failed check uvicorn's stays, with one ERROR line;
-* uvicorn's own class standing in for connlist's whose check failed: off,
-  and why;
-* any other class (a user's own protocol, ``--http zttp``): left alone, off;
-* no uvicorn config (another server, or a uvicorn that hides it): off
-  unless a connection of connlist's protocol tells otherwise.
-
-The config, its protocol class and the lifespan's ``receive`` are parts of
-uvicorn that are not public API, read defensively: where they are not as
-expected, nothing is changed and the mode is ASGI-only.  The middleware
-confirms the change at its first request, which must have come through a
-connection connlist's protocol saw (``ConnectionsMiddleware._confirm``).
+The lifespan's ``receive`` belongs to the ``LifespanOn`` holding uvicorn's ``Config``, whose
+``http_protocol_class`` is read per connection: at the startup, uvicorn's own class gives way to
+connlist's for the same parser; any other is left alone. None of this is uvicorn's public API: where
+it is not as expected nothing changes, and the middleware's first request confirms what did.
 """
 
 from __future__ import annotations
@@ -40,12 +17,7 @@ from connlist.servers import integration
 from connlist.servers.integration import FELL_BACK, OFF, Start, off
 from connlist.servers.uvicorn.tested import TESTED_RANGE, TESTED_UVICORN
 
-__all__ = [
-    "advice_without_lifespan",
-    "gunicorn_master",
-    "server_config",
-    "turn_on",
-]
+__all__ = ["advice_without_lifespan", "gunicorn_master", "server_config", "turn_on"]
 
 NOT_UVICORN = (
     "the server is neither uvicorn nor gunicorn's ASGI worker (or does not tell which HTTP protocol it runs)"
@@ -55,11 +27,8 @@ NOT_UVICORN = (
 def server_config(receive: Any, state: object = None) -> Any:
     """The uvicorn ``Config`` of the server whose lifespan is starting, or None.
 
-    The lifespan's ``receive`` is a method of uvicorn's ``LifespanOn``,
-    which holds the config; an app between the server and the middleware
-    may wrap it (FastAPI's telemetry does).  Then the owner is found where
-    uvicorn runs it: the running task is ``LifespanOn.main()``, and it is
-    this lifespan's only if its ``state`` is the scope's ``state``.
+    An app between the server and the middleware may wrap ``receive`` (FastAPI's telemetry does); then
+    the running task is ``LifespanOn.main()``, this lifespan's only if its ``state`` is the scope's.
     """
     owners = [getattr(receive, "__self__", None)]
     if state is not None:
@@ -82,19 +51,14 @@ def _status_without_config() -> str | None:
     """The server does not tell its protocol: why the integration is off, or None (a connection tells)."""
     checked = integration.checked()
     if checked is True:
-        return None  # the first connection tells
+        return None
     if isinstance(checked, str):
         return checked
     return NOT_UVICORN
 
 
 def gunicorn_master(config: Any) -> int | None:
-    """The pid of the gunicorn master whose worker runs this uvicorn ``config``, or None.
-
-    gunicorn's uvicorn workers (``uvicorn_worker``'s, uvicorn's own) give
-    the config their ``callback_notify``, a method of the gunicorn worker,
-    which knows its master (``ppid``).
-    """
+    """The pid of the gunicorn master whose worker (owner of ``config.callback_notify``) runs it, or None."""
     worker = getattr(getattr(config, "callback_notify", None), "__self__", None)
     base = sys.modules.get("gunicorn.workers.base")
     if base is None or not isinstance(worker, base.Worker):
@@ -104,14 +68,11 @@ def gunicorn_master(config: Any) -> int | None:
 
 
 def turn_on(config: Any, policy: str) -> Start:
-    """At the lifespan startup: turn the integration on where the server allows, or say why not.
-
-    ``config`` is the server's (``server_config``), or None.
-    """
+    """At the lifespan startup: turn the integration on where the server allows, or say why not."""
     cls = None if config is None else config.http_protocol_class
     mode = getattr(cls, "connlist_mode", None)
     if isinstance(mode, str):
-        # The server was given connlist's class: on whatever the policy (nothing to touch).
+        # Given connlist's class: on whatever the policy.
         log.info(
             "server integration on (uvicorn %s, %s, from the server's protocol setting)",
             _uvicorn_version(),
@@ -129,8 +90,7 @@ def turn_on(config: Any, policy: str) -> Start:
             return Start(None)  # not known yet: a connection of connlist's protocol tells
         return off(policy, reason, _advice_not_uvicorn())
     assert config is not None
-    # Here only, under uvicorn: every server's lifespan imports this module, and
-    # the others need not import uvicorn and connlist's classes on it.
+    # Here only: every server's lifespan imports this module, and only uvicorn needs uvicorn.
     from connlist.servers.uvicorn import protocols
 
     parser = protocols.parser_of(cls)

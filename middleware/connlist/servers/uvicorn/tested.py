@@ -1,9 +1,7 @@
 """The uvicorn releases connlist is tested with, as the advice of a failed check names them.
 
-CI runs the integration's tests on the oldest supported one (0.36.0, the
-first whose ``--http`` takes an import string) and the newest at the time.
-pyproject.toml has no upper bound: the self-check decides, and a newer
-release gets a WARNING.
+CI tests the oldest supported (the first whose ``--http`` takes an import string) and the newest.
+There is no upper bound in pyproject.toml: the self-check decides, and a newer release gets a WARNING.
 """
 
 __all__ = ["TESTED_RANGE", "TESTED_UVICORN"]

@@ -1,33 +1,9 @@
 """uvicorn's websocket hand-over: an upgraded connection stays in the list until its websocket closes.
 
-uvicorn's HTTP protocols (httptools and h11 alike) hand a complete upgrade
-request to a websocket protocol of their ``ws_protocol_class`` (``--ws``:
-websockets, websockets-sansio, wsproto, or a class of the user's): in
-``handle_websocket_upgrade`` they make one, call its ``connection_made``
-with the transport, ``transport.set_protocol`` it, and feed it the request.
-From then on the transport reports to that protocol: the HTTP protocol's
-``connection_lost`` is never called, so the HTTP protocol cannot remove the
-record when the websocket closes.
-
-So, for the hand-over only, connlist lends uvicorn a maker of that class's
-protocols in its place, and puts the class back at once: the maker builds
-a subclass of it (``holding``: made once per class, ``Held`` before it)
-that holds the list and the record from its construction, and whose
-``connection_lost`` removes the record before the class's own runs.  Nothing else of the websocket protocol
-changes: its handshake, its ping and pong (which find dead peers), its
-shutdown stay uvicorn's.  asyncio and uvloop report a lost connection from
-the loop (``call_soon``), never inside ``handle_websocket_upgrade``, so the
-record is in place before the loss can be reported.
-
-Before the hand-over the enforcer decides (``Enforcer.upgrade``): within
-``max_upgraded`` the record is held as ``upgraded``; past it the request is
-answered ``503`` and closed, and nothing is handed over (the app never sees
-it).  Were the transport's protocol not the one lent after the hand-over (a
-uvicorn that hands over otherwise), the record leaves the list at once, as
-before connlist counted websockets, and one ``WARNING`` says so (a
-transport that cannot tell its protocol, as uvicorn's own tests' mock, is
-taken at its word); the self-check (``connlist.servers.uvicorn.selfcheck``) fails
-on such a uvicorn first.
+Once uvicorn hands an upgrade to its ``ws_protocol_class``, the transport reports to that protocol,
+never to the HTTP one. So for the hand-over only, connlist lends uvicorn a subclass (``holding``) whose
+``connection_lost`` removes the record first. asyncio and uvloop report a loss from the loop, never
+inside the hand-over, so the record is held before it can be lost.
 """
 
 from __future__ import annotations
@@ -46,7 +22,6 @@ __all__ = ["Held", "hand_over", "holding", "request_path"]
 class Held:
     """Mixed in before a server's websocket protocol class: the connection leaves the list when lost."""
 
-    # The list and the record, from the hand-over until the loss (None: not held).
     _connlist_held: tuple[ConnectionsList, Connection] | None = None
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -57,7 +32,6 @@ class Held:
         super().connection_lost(exc)  # type: ignore[misc]
 
 
-# The classes ``holding`` made, by the class they extend.
 _HOLDING: dict[type, type] = {}
 _warned = False
 
@@ -82,12 +56,9 @@ def hand_over(
 ) -> None:
     """The upgrade request is complete: ``hand`` (uvicorn's own hand-over) runs if the enforcer lets it.
 
-    ``protocol`` is connlist's uvicorn HTTP protocol in its
-    ``handle_websocket_upgrade``; its phase becomes ``UPGRADED``, or
-    ``REFUSED`` (the enforcer answered ``503``): no HTTP event of
-    the connection follows either.  The record is held as upgraded here,
-    or, with ``hold`` False, by the caller once it has replayed the read's
-    events (``Enforcer.hold_upgraded``: httptools' protocol).
+    Past ``max_upgraded`` the enforcer answers ``503`` and nothing is handed over. With ``hold`` False
+    the caller holds the record once it has replayed the read's events (httptools' protocol). A uvicorn
+    that hands over otherwise loses the record at once, with one WARNING.
     """
     record: Connection | None = protocol._connlist_record
     if record is None:  # pragma: no cover - set at connection_made, before any read
@@ -117,7 +88,7 @@ def hand_over(
     if hold:
         enforcer.hold_upgraded(record, method, path)
     websocket = made[-1] if made else None
-    # (A transport that cannot tell its protocol, uvicorn's tests' mock, is taken at its word.)
+    # A transport that cannot tell its protocol (uvicorn's tests' mock) is taken at its word.
     get_protocol = getattr(protocol.transport, "get_protocol", None)
     taken = websocket if get_protocol is None else get_protocol()
     if websocket is None or taken is not websocket:
