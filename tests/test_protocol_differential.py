@@ -137,7 +137,8 @@ class ReferenceHttpTools(_ReferenceBody, httptools_impl.HttpToolsProtocol):
     """
 
     connlist_mode = "uvicorn-httptools"
-    _connlist_base = httptools_impl.HttpToolsProtocol
+    _connlist_base_made = httptools_impl.HttpToolsProtocol.connection_made
+    _connlist_base_lost = httptools_impl.HttpToolsProtocol.connection_lost
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -216,7 +217,8 @@ class ReferenceH11(_ReferenceBody, h11_impl.H11Protocol):
     """
 
     connlist_mode = "uvicorn-h11"
-    _connlist_base = h11_impl.H11Protocol
+    _connlist_base_made = h11_impl.H11Protocol.connection_made
+    _connlist_base_lost = h11_impl.H11Protocol.connection_lost
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -57,7 +57,11 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
         # uvicorn protocol with ``__slots__`` of its own is no layout conflict
         # (connlist.servers.seam.Tracking says why slots).
         __slots__ = UVICORN_SLOTS
-        _connlist_base = base
+        _connlist_base_made = base.connection_made
+        _connlist_base_lost = base.connection_lost
+        _connlist_base_read = base.data_received
+        _connlist_base_headers = base.on_headers_complete
+        _connlist_base_responded = base.on_response_complete
 
     return HttpToolsProtocol
 
@@ -70,7 +74,10 @@ def h11_protocol(base: type[UvicornH11]) -> type[H11Tracking]:
         __qualname__ = "H11Protocol"
         # As HttpToolsProtocol's.
         __slots__ = UVICORN_SLOTS
-        _connlist_base = base
+        _connlist_base_made = base.connection_made
+        _connlist_base_lost = base.connection_lost
+        _connlist_base_read = base.data_received
+        _connlist_base_responded = base.on_response_complete
 
     return H11Protocol
 

@@ -15,7 +15,7 @@ read them: the base of each parser's mixin (``connlist.servers.uvicorn.httptools
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 from connlist.core.logs import route_to_server
 from connlist.core.records import Connection
@@ -69,11 +69,11 @@ class UvicornCycle(Tracking):
     # loop: connlist's stand-in leaves it to the list (connlist.servers.uvicorn.keepalive).
     # The self-check turns this off for a uvicorn that arms it otherwise.
     connlist_keepalive = True
-    # uvicorn's class as given to the class statement (connlist.servers.uvicorn.classes): its
-    # methods are called as ``self._connlist_base.method(self)``, the given class's own whatever
-    # it overrides, rather than through ``super()``, which makes an object per call on
-    # Python 3.11 (the request path calls three).
-    _connlist_base: ClassVar[Any]
+    # The methods of uvicorn's class as given to the class statement (connlist.servers.uvicorn.classes)
+    # that connlist's override, as class attributes: the given class's own, whatever it overrides.
+    # Not ``super()``, which makes an object per call on Python 3.11: the request path calls three.
+    _connlist_base_read: Callable[[bytes], None]
+    _connlist_base_responded: Callable[[], None]
     # The request running ahead of those queued behind it (httptools' pipelining; None: none).
     _connlist_running: Any
     connlist_keepalive_not = ""
@@ -88,14 +88,14 @@ class UvicornCycle(Tracking):
             self.loop = (
                 timed if timed is not None and timed.loop is self.loop else keepalive.for_loop(self.loop)
             )
-        self._connlist_base.connection_made(self, transport)
+        self._connlist_base_made(transport)
         self._connlist_record = enforcer.join(self.client, self.server, self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         record = self._connlist_record
         if record is not None:
             self._connlist.connections.remove(record)
-        self._connlist_base.connection_lost(self, exc)
+        self._connlist_base_lost(exc)
 
     def connlist_close_keepalive(self) -> None:
         """The keep-alive timeout the list times: uvicorn's own handler, as its timer would have called it.

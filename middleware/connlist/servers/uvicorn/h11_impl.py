@@ -67,7 +67,7 @@ class H11Tracking(UvicornCycle, _H11Base):
             return
         if self.timeout_keep_alive_task is TIMED_BY_LIST:
             self.timeout_keep_alive_task = None  # the read ends the idle time (keepalive.TIMED_BY_LIST)
-        self._connlist_base.data_received(self, data)
+        self._connlist_base_read(data)
         # The common case: a whole request in this read, nothing after it.
         if self.cycle is not cycle:
             h11_conn = self.conn
@@ -89,7 +89,7 @@ class H11Tracking(UvicornCycle, _H11Base):
         record = self._connlist_record
         if phase == _BODY and record is not None:
             self._connlist_body_bytes(record, len(data))
-        self._connlist_base.data_received(self, data)
+        self._connlist_base_read(data)
         self._connlist_events(phase, cycle, len(data))
 
     def _connlist_tell(self, loop: Any, keep_alive: float | None) -> Any:
@@ -149,7 +149,7 @@ class H11Tracking(UvicornCycle, _H11Base):
     def on_response_complete(self) -> None:
         phase = self._connlist_phase
         cycle = self.cycle
-        self._connlist_base.on_response_complete(self)
+        self._connlist_base_responded()
         if self.transport.is_closing():
             self._connlist_record.responding = False  # type: ignore[union-attr]  # made: nothing unfinished
             self._connlist_closed()  # the response's end closes

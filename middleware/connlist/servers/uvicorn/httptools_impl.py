@@ -190,9 +190,11 @@ if httptools_impl is not None:
 
         connlist_mode = "uvicorn-httptools"
 
+        _connlist_base_headers: Any
+
         def on_headers_complete(self) -> None:
             running = self.cycle
-            self._connlist_base.on_headers_complete(self)
+            self._connlist_base_headers()
             pipeline = self.pipeline
             # The first request queued: the one it waits for runs, referenced by nobody but its task.
             if pipeline and len(pipeline) == 1 and pipeline[0][0] is self.cycle:
@@ -217,7 +219,7 @@ if httptools_impl is not None:
                 return
             if self.timeout_keep_alive_task is TIMED_BY_LIST:
                 self.timeout_keep_alive_task = None  # the read ends the idle time (keepalive.TIMED_BY_LIST)
-            self._connlist_base.data_received(self, data)
+            self._connlist_base_read(data)
             # The common case: no message was open, and one request began,
             # got its headers and completed in this read, with none queued.
             new = self.cycle
@@ -273,7 +275,7 @@ if httptools_impl is not None:
                     tail: Any = _BodyTail()
                     self.cycle = tail
                     try:
-                        self._connlist_base.data_received(self, data)
+                        self._connlist_base_read(data)
                     finally:
                         if self.cycle is tail:
                             self.cycle = cycle
@@ -281,7 +283,7 @@ if httptools_impl is not None:
                         cycle.more_body = False
                     self._connlist_events(phase, scope, cycle, len(data))
                     return
-            self._connlist_base.data_received(self, data)
+            self._connlist_base_read(data)
             if phase < _UPGRADED:
                 self._connlist_events(phase, scope, cycle, len(data))
 
@@ -347,7 +349,13 @@ if httptools_impl is not None:
         def on_response_complete(self) -> None:
             pipeline = self.pipeline
             queued = pipeline[-1][0] if pipeline else None
-            self._connlist_base.on_response_complete(self)
+            self._connlist_base_responded()
+            if self.timeout_keep_alive_task is TIMED_BY_LIST:
+                # uvicorn left it idle, with its keep-alive timed by the list (keepalive.TIMED_BY_LIST).
+                self._connlist.connections.response_complete(self._connlist_record)  # type: ignore[arg-type]  # made
+                if self._connlist_unread is not None:
+                    self._connlist_release()
+                return
             if self.transport.is_closing():
                 self._connlist_record.responding = False  # type: ignore[union-attr]  # made: nothing unfinished
                 self._connlist_closed()  # the response's end closes

@@ -66,10 +66,11 @@ class ListTimedLoop:
         self.loop = loop
         self.create_task: Callable[..., Any] = loop.create_task
 
-    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any, context: Any = None) -> Any:
+        # The loop's own signature: a ``**kwargs`` would make a dict per call.
         if delay > 0 and not args and getattr(callback, "__name__", None) == HANDLER:
             return TIMED_BY_LIST
-        return self.loop.call_later(delay, callback, *args, **kwargs)
+        return self.loop.call_later(delay, callback, *args, context=context)
 
     def __getattr__(self, name: str) -> Any:
         # What uvicorn may read of its loop besides: the loop's own.
