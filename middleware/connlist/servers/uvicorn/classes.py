@@ -1,17 +1,8 @@
-"""connlist's uvicorn protocol classes: one ``class`` statement per parser, on uvicorn's class.
+"""connlist's uvicorn protocol classes: one ``class`` statement per parser, on the uvicorn class given.
 
-Each class is the parser's mixin (``connlist.servers.uvicorn.httptools_impl.HttpToolsTracking``,
-``connlist.servers.uvicorn.h11_impl.H11Tracking``; both are
-``connlist.servers.uvicorn.cycle.UvicornCycle``, which is
-``connlist.servers.seam.Tracking``), then uvicorn's class, with connlist's
-slots: an ordinary subclass, whose methods call uvicorn's.
-
-The statements run in functions, on the uvicorn class they are given:
-``connlist.servers.uvicorn.protocols`` looks uvicorn's class up, checks
-what can be checked without running it, calls the function, and checks the
-class in memory before uvicorn gets it.  So a uvicorn that moved its class,
-or gave it a layout connlist's slots cannot join, fails the check, not the
-import of ``connlist.uvicorn``.
+Built and checked in memory by ``connlist.servers.uvicorn.protocols`` before uvicorn gets them, so a
+uvicorn that moved its class, or gave it a layout connlist's slots cannot join, fails the check, not
+the import.
 """
 
 from __future__ import annotations
@@ -32,8 +23,7 @@ __all__ = ["HOOKS", "PARSERS", "Parser", "h11_protocol", "httptools_protocol"]
 # The slots connlist's uvicorn classes add: the seam's, and UvicornCycle's own.
 UVICORN_SLOTS = (*SLOTS, "_connlist_running")
 
-# The methods of uvicorn's protocols that connlist overrides (the self-check
-# looks for them before a class is built on them).
+# uvicorn's methods that connlist's classes override (the self-check looks for them first).
 HOOKS = (
     "connection_made",
     "connection_lost",
@@ -51,11 +41,8 @@ def httptools_protocol(base: type[UvicornHttpTools]) -> type[HttpToolsTracking]:
 
     class HttpToolsProtocol(HttpToolsTracking, base):  # type: ignore[valid-type, misc]  # uvicorn's, as given
         __doc__ = HttpToolsTracking.__doc__
-        # Its name where it is found (connlist.servers.uvicorn.protocols sets the module), not the function's.
-        __qualname__ = "HttpToolsProtocol"
-        # Declared here, on the one class with uvicorn's as a base, so that a
-        # uvicorn protocol with ``__slots__`` of its own is no layout conflict
-        # (connlist.servers.seam.Tracking says why slots).
+        __qualname__ = "HttpToolsProtocol"  # where connlist.servers.uvicorn.protocols puts it
+        # Here, on the one class with uvicorn's as a base: a uvicorn class with slots is no conflict.
         __slots__ = UVICORN_SLOTS
         _connlist_base_made = base.connection_made
         _connlist_base_lost = base.connection_lost
@@ -72,7 +59,6 @@ def h11_protocol(base: type[UvicornH11]) -> type[H11Tracking]:
     class H11Protocol(H11Tracking, base):  # type: ignore[valid-type, misc]  # uvicorn's, as given
         __doc__ = H11Tracking.__doc__
         __qualname__ = "H11Protocol"
-        # As HttpToolsProtocol's.
         __slots__ = UVICORN_SLOTS
         _connlist_base_made = base.connection_made
         _connlist_base_lost = base.connection_lost

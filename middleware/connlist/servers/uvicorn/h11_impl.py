@@ -1,17 +1,9 @@
 """connlist's uvicorn h11 protocol: the list's events from h11's state machine, after each read.
 
-uvicorn's h11 protocol runs h11's state machine: a new cycle for each
-``Request`` event (headers complete), and h11's ``their_state`` leaves
-``SEND_BODY`` when the message is complete.  A message begins at its first
-byte: a read while no request is open, or bytes h11 already buffered
-(``trailing_data``) once a request ends.  With h11, a pipelined request that
-arrives while the response to the previous one is still being written is held
-unread by h11 (uvicorn pauses reading); it is timed from the moment the server
-reads it.  httptools parses it at once, so it is timed from its first byte, as
-in Node.js.
-
-``connlist.servers.uvicorn.classes`` has the class uvicorn runs, on this
-mixin; ``connlist.servers.uvicorn.protocols`` checks it before uvicorn gets it.
+A new cycle is a ``Request`` (headers complete); ``their_state`` leaving ``SEND_BODY`` ends the
+message; a message begins at its first byte, read at rest or buffered by h11 (``trailing_data``)
+once a request ends.  h11 holds a pipelined request unread until the response before it is done,
+so it is timed from the moment the server reads it.
 """
 
 from __future__ import annotations
@@ -36,9 +28,7 @@ except ImportError:  # pragma: no cover - a uvicorn that moved it: the self-chec
 
 __all__ = ["H11Tracking"]
 
-# What mypy checks the mixin against: uvicorn's class.  At run time the
-# mixin derives from object, and the class statement of
-# ``connlist.servers.uvicorn.classes`` puts uvicorn's class after it.
+# mypy checks the mixin against uvicorn's class; at run time the class statement adds it.
 if TYPE_CHECKING:
     _H11Base = h11_impl.H11Protocol
 else:
@@ -49,7 +39,7 @@ _H11_DEFAULT_LIMIT: int = inspect.signature(h11.Connection).parameters["max_inco
 
 
 class H11Tracking(UvicornCycle, _H11Base):
-    """uvicorn's h11 protocol, feeding connlist by observing h11's state machine (see above)."""
+    """uvicorn's h11 protocol, feeding connlist from h11's state machine (see above)."""
 
     __slots__ = ()
 
@@ -93,21 +83,16 @@ class H11Tracking(UvicornCycle, _H11Base):
         self._connlist_events(phase, cycle, len(data))
 
     def _connlist_tell(self, loop: Any, keep_alive: float | None) -> Any:
-        """Once per server and loop (``Tracking._connlist_tell``): also h11's own bound raised to connlist's.
+        """``Tracking._connlist_tell``, and h11's own bound on a head raised to a larger ``max_header_size``.
 
-        h11 stops an incomplete head at ``max_incomplete_event_size``
-        (uvicorn's ``--h11-max-incomplete-event-size``, h11's 16 KiB by
-        default) with a 400.  A ``max_header_size`` above it raises it to
-        match, in uvicorn's config (the connections made from now on) and
-        for this connection's h11, so that the raise takes effect.  A
-        lower one leaves h11's as it is: connlist's count comes first.
+        h11 answers a head past ``max_incomplete_event_size`` with 400; a lower limit of connlist's
+        comes first anyway.
         """
         enforcer = UvicornCycle._connlist_tell(self, loop, keep_alive)
         limit = enforcer.settings.max_header_size
         config = self.config
         if limit > (config.h11_max_incomplete_event_size or _H11_DEFAULT_LIMIT):
             config.h11_max_incomplete_event_size = limit
-            # (This connection's h11 was made before: given the same, where it keeps it.)
             if isinstance(getattr(self.conn, "_max_incomplete_event_size", None), int):
                 self.conn._max_incomplete_event_size = limit
         return enforcer
@@ -123,16 +108,12 @@ class H11Tracking(UvicornCycle, _H11Base):
         their_state = self.conn.their_state
         new_request = self.cycle is not cycle0
         if new_request:
-            # h11 produced a new Request: one at most per call, because h11
-            # pauses at the end of each request until its response is done.
+            # One at most per call: h11 pauses at each request's end until its response is done.
             if phase == _BODY:
-                # The open request ended first (its response was already
-                # complete, so h11 went on to the next one).
                 connections.message_complete(record)
                 phase = _BETWEEN
             if phase != _HEADERS:
-                # Its first byte was held by h11 (pipelining), or the previous
-                # request ended and this one began within the same call.
+                # Held by h11 (pipelining), or begun in the same call as the last one ended.
                 connections.message_begin(record)
             enforcer.request_received(record)
             phase = _BODY

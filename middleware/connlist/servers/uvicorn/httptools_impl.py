@@ -1,45 +1,16 @@
 """connlist's uvicorn httptools protocol: the list's events from what each read changed in uvicorn's state.
 
-uvicorn's httptools protocol makes a new ``scope`` dict when a message begins
-(``on_message_begin``), a new ``RequestResponseCycle`` when its headers are
-complete (``on_headers_complete``; the cycle holds its scope), and sets the
-cycle's ``more_body`` to False when the message is complete.  A cycle created
-while an earlier response is unfinished is queued (``pipeline``, newest on the
-left) instead of started.  So, comparing ``scope``, ``cycle`` and the pipeline
-before and after uvicorn's ``data_received``:
+uvicorn makes a new ``scope`` when a message begins, a new cycle when its headers are complete, and
+sets the cycle's ``more_body`` to False when the message is complete; a cycle made while a response
+is unfinished is queued (``pipeline``, newest on the left).  Comparing ``scope``, ``cycle`` and the
+pipeline before and after uvicorn's ``data_received`` tells the read's events, replayed in order at
+its end (they happened at the same instant).  The common case, one whole request in one read on an
+idle connection, is ``ConnectionsList.message``.  ``on_headers_complete`` notes the request running
+ahead of a queued one (``_connlist_running``), so that a cut can mark it too.
 
-=====================  =============================================================
-list event             seen after a read as
-=====================  =============================================================
-connect                ``connection_made``
-message_begin          a scope that was not there before the read (one per scope
-                       begun: the pipeline tells how many cycles are new)
-headers_complete       a new cycle (the first belongs to the message that was
-                       reading its headers, if any)
-message_complete       ``cycle.more_body`` is False, or a later message began
-upgrade                a websocket upgrade (``connlist.servers.uvicorn.websocket``)
-remove                 ``connection_lost``; after an upgrade, the websocket's
-=====================  =============================================================
-
-Every event of one read happens at the same instant, so the events are
-replayed in order at the end of the read.  One parser callback is
-overridden, ``on_headers_complete``: where it queues a request behind the
-one running, the running one is noted (``_connlist_running``), so that a cut
-can mark it disconnected too.  The common case, a whole request in
-one read on an idle connection, is ``ConnectionsList.message``: a few
-attribute updates, no link moved, no clock read.  Method and path are not
-copied: the view asks the protocol (``connlist_request``), which has them in
-its last cycle's scope.
-
-One case hides the end of a message from uvicorn's state: an app that
-responds before it has read the whole body.  uvicorn then ignores the rest of
-the body (``on_body`` and ``on_message_complete`` return early once the
-response is complete), so ``more_body`` stays True.  For the reads of such a
-body, and only for them, connlist lends uvicorn a stand-in cycle
-(``_BodyTail``) that drops the body and records ``more_body``.
-
-``connlist.servers.uvicorn.classes`` has the class uvicorn runs, on this
-mixin; ``connlist.servers.uvicorn.protocols`` checks it before uvicorn gets it.
+An app that responds before reading the whole body hides the message's end (uvicorn then ignores
+the body): for the reads of such a body, uvicorn gets a stand-in cycle (``_BodyTail``) that drops
+the body and records ``more_body``.
 """
 
 from __future__ import annotations
@@ -75,13 +46,11 @@ def _end_open_message(
     upgraded: bool,
     cycle: Any,
 ) -> int:
-    """httptools: the events of the message that was open when a read began; where it stands after.
+    """The events of the message open when a read began (``phase0``); where it stands after.
 
-    ``phase0`` is where it stood (``_HEADERS`` or ``_BODY``), ``got_headers``
-    whether its headers came in, ``begun`` how many messages began after it
-    in the read, ``cycle`` uvicorn's newest cycle.
+    ``got_headers``: its headers came in; ``begun``: messages begun after it in the read.
     """
-    # Its headers came in: a new cycle, or the upgrade (which makes none) if it was the last.
+    # Its headers came in: a new cycle, or the upgrade (which makes none).
     if got_headers or (upgraded and not begun and phase0 == _HEADERS):
         enforcer.request_received(record)
         phase0 = _BODY
@@ -101,12 +70,10 @@ def _begun_messages(
     cycle: Any,
     last: int,
 ) -> int:
-    """httptools: the events of the ``begun`` messages a read began; where the last stands after.
+    """The events of the ``begun`` messages of a read; where the last stands after (``last``: before).
 
-    The first ``with_headers`` of them got their headers (each a cycle); the
-    one after them, if any, is still reading its headers, unless the read
-    ended in an upgrade: then it is the upgrade request (whole, but no
-    cycle).  ``last`` is where the connection stood before them.
+    The first ``with_headers`` got their headers; the one after, if any, is still reading its head,
+    or, after an upgrade, is the upgrade request (whole, with no cycle).
     """
     connections = enforcer.connections
     for i in range(begun):
@@ -150,14 +117,9 @@ _NO_EVENT = _NoEvent()
 
 
 class _BodyTail:
-    """Lent to uvicorn's httptools protocol as ``cycle`` while the rest of an unread body arrives.
+    """uvicorn's ``cycle`` during a read of a body whose response is complete: it drops the body.
 
-    The real cycle's response is complete, so uvicorn ignores the body and
-    never marks the message complete.  This one is not complete until the
-    message is: uvicorn's ``on_body`` drops the bytes into ``_DISCARD``,
-    ``on_message_complete`` sets ``more_body`` to False, and from then on it
-    is complete, so a request that follows in the same read is started, not
-    queued.  It is in place only during ``data_received``.
+    Complete once the message is, so a request that follows in the same read starts, not queued.
     """
 
     __slots__ = ("body", "more_body")
@@ -172,9 +134,7 @@ class _BodyTail:
         return not self.more_body
 
 
-# What mypy checks the mixin against: uvicorn's class.  At run time the
-# mixin derives from object, and the class statement of
-# ``connlist.servers.uvicorn.classes`` puts uvicorn's class after it.
+# mypy checks the mixin against uvicorn's class; at run time the class statement adds it.
 if TYPE_CHECKING:
     _HttpToolsBase = httptools_impl.HttpToolsProtocol
 else:
@@ -196,7 +156,7 @@ if httptools_impl is not None:
             running = self.cycle
             self._connlist_base_headers()
             pipeline = self.pipeline
-            # The first request queued: the one it waits for runs, referenced by nobody but its task.
+            # The first request queued: the one it waits for is referenced by nobody but its task.
             if pipeline and len(pipeline) == 1 and pipeline[0][0] is self.cycle:
                 self._connlist_running = running
 
@@ -220,12 +180,10 @@ if httptools_impl is not None:
             if self.timeout_keep_alive_task is TIMED_BY_LIST:
                 self.timeout_keep_alive_task = None  # the read ends the idle time (keepalive.TIMED_BY_LIST)
             self._connlist_base_read(data)
-            # The common case: no message was open, and one request began,
-            # got its headers and completed in this read, with none queued.
+            # The common case: one request began and completed in this read, none queued.
             new = self.cycle
             if new is not cycle and not new.more_body and new.scope is self.scope and not self.pipeline:
-                # Set by connection_made, before any read; a read never comes
-                # after connection_lost or an upgrade, so the record is tracked.
+                # (Set by connection_made; no read comes after connection_lost or an upgrade.)
                 record: Connection = self._connlist_record  # type: ignore[assignment]
                 if record.last_message_start == 0.0 or cycle is None:
                     # An idle connection's, or a new one's first read.
@@ -239,11 +197,7 @@ if httptools_impl is not None:
         def _connlist_head_first(self, data: bytes) -> bool:
             """A head's read behind a response: parsed to the head's end, the rest offered again; else False.
 
-            httptools would parse on into the requests after the head (each
-            queued behind the response): they wait, unparsed, as a read at
-            rest behind a response does.  Where the end found is not the
-            head's after all (a blank line's rest, ``head_end``), the parser
-            goes on with the rest as the same head's.
+            What follows the head waits unparsed, as a read at rest behind a response does.
             """
             end = _head_end(data, len(data), True)
             if not 0 <= end < len(data):
@@ -288,15 +242,10 @@ if httptools_impl is not None:
                 self._connlist_events(phase, scope, cycle, len(data))
 
         def _connlist_events(self, phase0: int, scope0: Any, cycle0: Any, n: int) -> None:
-            """Replay the list events of the read that just ended, from uvicorn's state before and after.
+            """Replay the read's list events, from uvicorn's state before (``phase0``, ...) and after.
 
-            In order: the message open at the read's start (``phase0``) gets
-            its headers and ends; then the messages begun in the read, each
-            begun, given its headers and ended, but the last, which may still
-            be reading its headers or body; then where the read left the
-            connection (or, after an upgrade, its removal).  ``n``: the
-            read's length, which a head open from its first byte to its end
-            takes from the room the head has left (``_connlist_room``).
+            The message open at the read's start, then those begun in it, then where the read left the
+            connection.  ``n``: the read's length, which a head takes from its room.
             """
             record = self._connlist_record
             if record is None or self._connlist_phase == _REFUSED:
