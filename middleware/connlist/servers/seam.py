@@ -21,15 +21,7 @@ from connlist.core.logs import log
 from connlist.core.records import Address, Connection, ConnectionHandle
 from connlist.servers import sending
 from connlist.servers.heads import HeadBound
-from connlist.servers.phases import (
-    BETWEEN,
-    BODY,
-    HEADERS,
-    OVERFLOWED,
-    REFUSED,
-    UPGRADED,
-    move,
-)
+from connlist.servers.phases import BETWEEN, BODY, HEADERS, OVERFLOWED, REFUSED, UPGRADED, move
 
 __all__ = [
     "BETWEEN",
@@ -60,6 +52,7 @@ RESPONSE_431 = (
 )
 RESPONSE_503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 _LINGER_ZERO = struct.pack("ii", 1, 0)
+_CLOSED_SOCKET = (OSError, RuntimeError, AttributeError, ValueError)
 
 
 def fallback_enforcer(handover: HandOver, lifespan: object, app: object) -> Enforcer:
@@ -170,12 +163,7 @@ class TransportHandle:
             return None
         try:
             address = transport.get_extra_info("sockname" if own else "peername")
-        except (
-            OSError,
-            RuntimeError,
-            AttributeError,
-            ValueError,
-        ):  # uvloop asks the socket, which may be closed
+        except _CLOSED_SOCKET:  # uvloop asks the socket, which may be closed
             return None
         if isinstance(address, (tuple, list)) and len(address) >= 2:
             return (address[0], address[1])

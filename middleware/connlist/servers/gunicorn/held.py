@@ -41,7 +41,7 @@ class Held:
     else:
         __slots__ = ()
 
-    def _connlist_stop(self, data: Any) -> bool | None:
+    def _connlist_stop(self, data: Any) -> bool:
         """A read longer than its head's room, or behind a response: held (True) or fed in parts."""
         phase = self._connlist_phase
         if phase == BETWEEN and self._callback_parser.is_complete:

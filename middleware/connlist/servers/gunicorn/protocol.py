@@ -134,14 +134,10 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
             enforcer.mode = mode_of_parser(False)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        try:
-            self._connlist_record  # noqa: B018
-        except AttributeError:
-            pass  # lost before it was made (gunicorn's own tests do that): it never joined
-        else:
-            record = self._connlist_record
-            if record is not None:
-                self._connlist.connections.remove(record)
+        # (None where lost before it was made, as in gunicorn's own tests: it never joined.)
+        record = getattr(self, "_connlist_record", None)
+        if record is not None:
+            self._connlist.connections.remove(record)
         self._connlist_base_lost(exc)
 
     def _connlist_untimed(self, record: Connection) -> None:
@@ -166,10 +162,8 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         if phase or record is None:
             return self._connlist_feed_open(record, phase, data)
         # Between messages.
-        if (len(data) > self._connlist_room or self._callback_parser.is_complete) and (
-            stopped := self._connlist_stop(data)
-        ) is not None:
-            return stopped
+        if len(data) > self._connlist_room or self._callback_parser.is_complete:
+            return self._connlist_stop(data)
         request = self._current_request
         held = self._callback_parser.is_complete
         fed = self._connlist_base_feed(data)
@@ -195,8 +189,8 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
         """A read fed while a message is open (at ``phase``), or on a connection not timed."""
         if record is None or phase >= UPGRADED:
             return self._connlist_base_feed(data)
-        if len(data) > self._connlist_room and (stopped := self._connlist_stop(data)) is not None:
-            return stopped
+        if len(data) > self._connlist_room:
+            return self._connlist_stop(data)
         if phase == BODY:
             self._connlist_body_bytes(record, len(data))
         request = self._current_request

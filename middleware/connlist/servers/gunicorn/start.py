@@ -45,10 +45,8 @@ def _gunicorn_version() -> str:
 def parser_name(cfg: Any) -> str:
     """The HTTP/1 parser gunicorn should take for ``cfg``: "python" or "fast" (gunicorn_h1c)."""
     setting = getattr(cfg, "http_parser", "auto")
-    if setting == "python":
-        return "python"
-    if setting == "fast":
-        return "fast"
+    if setting in ("python", "fast"):
+        return str(setting)
     try:
         base = importlib.import_module(PROTOCOL_MODULE).ASGIProtocol
         available = base._check_h1c_protocol_available() and base._h1c_has_limits

@@ -13,10 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import h11
 
-from connlist.servers.seam import BETWEEN as _BETWEEN
-from connlist.servers.seam import BODY as _BODY
-from connlist.servers.seam import HEADERS as _HEADERS
-from connlist.servers.seam import UPGRADED as _UPGRADED
+from connlist.servers.seam import BETWEEN, BODY, HEADERS, UPGRADED
 from connlist.servers.uvicorn import websocket as _websocket
 from connlist.servers.uvicorn.cycle import UvicornCycle
 from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
@@ -69,15 +66,15 @@ class H11Tracking(UvicornCycle, _H11Base):
                     enforcer.connections.message(record)
                     enforcer.totals.requests += 1
                     return
-        self._connlist_events(_BETWEEN, cycle, len(data))
+        self._connlist_events(BETWEEN, cycle, len(data))
 
     def _connlist_read(self, data: bytes, phase: int, cycle: Any) -> None:
         """A read while a message is open (or after an upgrade)."""
-        if phase == _HEADERS and len(data) > self._connlist_room:
+        if phase == HEADERS and len(data) > self._connlist_room:
             self._connlist_feed_in_parts(data)
             return
         record = self._connlist_record
-        if phase == _BODY and record is not None:
+        if phase == BODY and record is not None:
             self._connlist_body_bytes(record, len(data))
         self._connlist_base_read(data)
         self._connlist_events(phase, cycle, len(data))
@@ -101,7 +98,7 @@ class H11Tracking(UvicornCycle, _H11Base):
         """The list events of what h11 just processed (a read of ``n`` bytes, or what a response let in)."""
         record = self._connlist_record
         phase = self._connlist_phase
-        if record is None or phase >= _UPGRADED:
+        if record is None or phase >= UPGRADED:
             return  # upgraded (the record is held until the websocket closes), or refused
         enforcer = self._connlist
         connections = enforcer.connections
@@ -109,23 +106,23 @@ class H11Tracking(UvicornCycle, _H11Base):
         new_request = self.cycle is not cycle0
         if new_request:
             # One at most per call: h11 pauses at each request's end until its response is done.
-            if phase == _BODY:
+            if phase == BODY:
                 connections.message_complete(record)
-                phase = _BETWEEN
-            if phase != _HEADERS:
+                phase = BETWEEN
+            if phase != HEADERS:
                 # Held by h11 (pipelining), or begun in the same call as the last one ended.
                 connections.message_begin(record)
             enforcer.request_received(record)
-            phase = _BODY
-        if phase == _BODY and their_state is not h11.SEND_BODY:
+            phase = BODY
+        if phase == BODY and their_state is not h11.SEND_BODY:
             connections.message_complete(record)
-            phase = _BETWEEN
-        if phase == _BETWEEN and their_state is h11.IDLE and self.conn.trailing_data[0]:
+            phase = BETWEEN
+        if phase == BETWEEN and their_state is h11.IDLE and self.conn.trailing_data[0]:
             # The next request's first bytes are buffered: it has begun.
             connections.message_begin(record)
-            phase = _HEADERS
-        self._connlist_counted(new_request or phase0 == _BODY, phase == _HEADERS, phase0 == _BETWEEN, n)
-        self._connlist_settle(record, phase, phase == _BODY and (new_request or phase0 != _BODY))
+            phase = HEADERS
+        self._connlist_counted(new_request or phase0 == BODY, phase == HEADERS, phase0 == BETWEEN, n)
+        self._connlist_settle(record, phase, phase == BODY and (new_request or phase0 != BODY))
 
     def on_response_complete(self) -> None:
         phase = self._connlist_phase

@@ -20,11 +20,7 @@ from typing import TYPE_CHECKING, Any
 from connlist.core.enforcer import Enforcer
 from connlist.core.records import Connection
 from connlist.servers.heads import head_end as _head_end
-from connlist.servers.seam import BETWEEN as _BETWEEN
-from connlist.servers.seam import BODY as _BODY
-from connlist.servers.seam import HEADERS as _HEADERS
-from connlist.servers.seam import REFUSED as _REFUSED
-from connlist.servers.seam import UPGRADED as _UPGRADED
+from connlist.servers.seam import BETWEEN, BODY, HEADERS, REFUSED, UPGRADED
 from connlist.servers.uvicorn import websocket as _websocket
 from connlist.servers.uvicorn.cycle import UvicornCycle
 from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
@@ -51,13 +47,13 @@ def _end_open_message(
     ``got_headers``: its headers came in; ``begun``: messages begun after it in the read.
     """
     # Its headers came in: a new cycle, or the upgrade (which makes none).
-    if got_headers or (upgraded and not begun and phase0 == _HEADERS):
+    if got_headers or (upgraded and not begun and phase0 == HEADERS):
         enforcer.request_received(record)
-        phase0 = _BODY
+        phase0 = BODY
     # It ended if a later message began, or (as the last) if its body is in.
-    if begun or (phase0 == _BODY and (upgraded or not cycle.more_body)):
+    if begun or (phase0 == BODY and (upgraded or not cycle.more_body)):
         enforcer.connections.message_complete(record)
-        return _BETWEEN
+        return BETWEEN
     return phase0
 
 
@@ -82,14 +78,14 @@ def _begun_messages(
             enforcer.request_received(record)
             if i < begun - 1 or not cycle.more_body:
                 connections.message_complete(record)
-                last = _BETWEEN
+                last = BETWEEN
             else:
-                last = _BODY
+                last = BODY
         elif upgraded:
             enforcer.request_received(record)
             connections.message_complete(record)
         else:
-            last = _HEADERS
+            last = HEADERS
     return last
 
 
@@ -192,7 +188,7 @@ if httptools_impl is not None:
                     enforcer.totals.requests += 1
                     return
             # Between messages, the last scope is the last cycle's.
-            self._connlist_events(_BETWEEN, None if cycle is None else cycle.scope, cycle, len(data))
+            self._connlist_events(BETWEEN, None if cycle is None else cycle.scope, cycle, len(data))
 
         def _connlist_head_first(self, data: bytes) -> bool:
             """A head's read behind a response: parsed to the head's end, the rest offered again; else False.
@@ -203,24 +199,24 @@ if httptools_impl is not None:
             if not 0 <= end < len(data):
                 return False
             self._connlist_read(data[:end], self.scope, self.cycle)
-            if self._connlist_phase < _UPGRADED and not self.transport.is_closing():
+            if self._connlist_phase < UPGRADED and not self.transport.is_closing():
                 self.data_received(data[end:])
             return True
 
         def _connlist_read(self, data: bytes, scope: Any, cycle: Any) -> None:
             """A read while a message is open (or after an upgrade)."""
             phase = self._connlist_phase
-            if phase == _HEADERS:
+            if phase == HEADERS:
                 if len(data) > self._connlist_room:
                     self._connlist_feed_in_parts(data)
                     return
                 if self._connlist_responding() and self._connlist_head_first(data):
                     return
-            elif phase == _BODY and self.pipeline:
+            elif phase == BODY and self.pipeline:
                 # A body of a request queued behind a response waits, unparsed, until the request starts.
                 self._connlist_hold(data)
                 return
-            if phase == _BODY:
+            if phase == BODY:
                 record = self._connlist_record
                 if record is not None:
                     self._connlist_body_bytes(record, len(data))
@@ -238,7 +234,7 @@ if httptools_impl is not None:
                     self._connlist_events(phase, scope, cycle, len(data))
                     return
             self._connlist_base_read(data)
-            if phase < _UPGRADED:
+            if phase < UPGRADED:
                 self._connlist_events(phase, scope, cycle, len(data))
 
         def _connlist_events(self, phase0: int, scope0: Any, cycle0: Any, n: int) -> None:
@@ -248,21 +244,21 @@ if httptools_impl is not None:
             connection.  ``n``: the read's length, which a head takes from its room.
             """
             record = self._connlist_record
-            if record is None or self._connlist_phase == _REFUSED:
+            if record is None or self._connlist_phase == REFUSED:
                 return  # (refused: let go and closing, its events are over)
             enforcer = self._connlist
-            upgraded = self._connlist_phase == _UPGRADED
+            upgraded = self._connlist_phase == UPGRADED
             scope = self.scope
             cycle = self.cycle
             new_cycles = self._connlist_new_cycles(cycle0, cycle)
             # The open message's headers came in: the first new cycle is its.
-            open_got_headers = phase0 == _HEADERS and new_cycles > 0
+            open_got_headers = phase0 == HEADERS and new_cycles > 0
             begun_with_headers = new_cycles - open_got_headers
             # A message begun here and still reading its headers (or upgraded: no cycle).
             partial = scope is not scope0 and (cycle is None or cycle.scope is not scope)
             begun = begun_with_headers + partial
-            last = _BETWEEN
-            if phase0 != _BETWEEN:
+            last = BETWEEN
+            if phase0 != BETWEEN:
                 last = _end_open_message(record, enforcer, phase0, open_got_headers, begun, upgraded, cycle)
             last = _begun_messages(record, enforcer, begun_with_headers, begun, upgraded, cycle, last)
             if upgraded:
@@ -270,12 +266,10 @@ if httptools_impl is not None:
                 # its websocket, which holds the record, closes.
                 enforcer.hold_upgraded(record, self.scope.get("method"), _websocket.request_path(self.url))
                 return
-            self._connlist_counted(
-                bool(new_cycles) or phase0 == _BODY, last == _HEADERS, phase0 == _BETWEEN, n
-            )
+            self._connlist_counted(bool(new_cycles) or phase0 == BODY, last == HEADERS, phase0 == BETWEEN, n)
             # A body began in this read: a message begun here, or the open
             # one's, if its headers came in (it was not in its body before).
-            body_begins = last == _BODY and bool(begun or phase0 != _BODY or open_got_headers)
+            body_begins = last == BODY and bool(begun or phase0 != BODY or open_got_headers)
             self._connlist_settle(record, last, body_begins)
 
         def _connlist_new_cycles(self, cycle0: Any, cycle: Any) -> int:
