@@ -98,7 +98,6 @@ class _Script(Script):
         from gunicorn.config import Config  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
         super().__init__(cls, body_min_rate=1.0)
-        self.cls = cls
         self.parser = parser
         cfg = Config()
         cfg.set("keepalive", KEEP_ALIVE)
@@ -114,7 +113,7 @@ class _Script(Script):
         self.protocols.append((protocol, transport))
         return protocol, transport
 
-    def idle(self, protocol: Any, record: Connection, transport: MemoryTransport, n: int) -> Any:
+    def idle(self, record: Connection, transport: MemoryTransport, n: int) -> Any:
         return lambda: self.responses(transport) == n and not record.responding
 
     async def run(self) -> None:
@@ -131,7 +130,7 @@ class _Script(Script):
         )
         await self.feed(protocol, self.GET[:12])
         self.expect("a request's first bytes", record, "reading_headers", 0)
-        await self.feed(protocol, self.GET[12:], self.idle(protocol, record, transport, 1))
+        await self.feed(protocol, self.GET[12:], self.idle(record, transport, 1))
         self.expect("the rest of the request, and its response", record, "idle", 1)
         require(
             (record.method, record.path) == ("GET", "/a"),
@@ -145,7 +144,7 @@ class _Script(Script):
             record.responded_at == self.now and enforcer.timer_at == self.now + KEEP_ALIVE,
             "the end of a response did not leave the keep-alive to connlist's list",
         )
-        await self.feed(protocol, self.GET, self.idle(protocol, record, transport, 2))
+        await self.feed(protocol, self.GET, self.idle(record, transport, 2))
         self.expect("a whole request", record, "idle", 2)
         await self.feed(protocol, self.POST + b"0123")
         self.expect("a request whose body is incomplete", record, "reading_body", 2)
@@ -157,9 +156,9 @@ class _Script(Script):
             not protocol._connlist_response_written(record),
             "a request whose app waits for its body was taken for one being answered",
         )
-        await self.feed(protocol, b"456789", self.idle(protocol, record, transport, 3))
+        await self.feed(protocol, b"456789", self.idle(record, transport, 3))
         self.expect("the rest of the body", record, "idle", 3)
-        await self.feed(protocol, self.GET + self.GET, self.idle(protocol, record, transport, 5))
+        await self.feed(protocol, self.GET + self.GET, self.idle(record, transport, 5))
         self.expect("two pipelined requests", record, "idle", 5)
         self.now += KEEP_ALIVE
         enforcer.sweep_now()

@@ -137,11 +137,9 @@ class _Script(Script):
             )
         if self.parser == "httptools":
             _has(cycle, ("more_body",), "uvicorn's request cycle (`cycle`)")
-            _has(protocol, ("scope", "pipeline"), "uvicorn's protocol")
             if cycle.scope is not protocol.scope:
                 raise CheckFailed("`cycle.scope` is not the protocol's scope")
         else:
-            _has(protocol, ("conn",), "uvicorn's protocol")
             _has(protocol.conn, ("their_state", "trailing_data"), "h11's connection (`conn`)")
         flow = getattr(protocol, "flow", None)
         if flow is None or not isinstance(getattr(flow, "read_paused", None), bool):
