@@ -117,6 +117,7 @@ class MemoryTransport(asyncio.Transport):
 class Script(abc.ABC):
     """One conversation, on the running loop, against an enforcer and a clock of its own."""
 
+    # What both servers are sent; a server's script adds its own.
     GET = b"GET /a?x=1 HTTP/1.1\r\nHost: t\r\n\r\n"
     POST = b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
     EARLY = b"POST /early HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
