@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
-from typing import Any, cast
+from typing import Any
 
-from connlist.core.enforcer import Enforcer
-from connlist.core.handover import HandOver
-from connlist.core.kinds import resolve
 from connlist.core.records import Connection
 from connlist.core.views import connection_state
-from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, handed_over, run_on_own_loop
+from connlist.servers.selfcheck import MemoryTransport, Result, Script, check_static, require, run_on_own_loop
 
 __all__ = ["HOOKS", "check_static", "run_in_thread"]
 
@@ -43,17 +39,8 @@ HOOKS = (
     "_check_h1c_protocol_available",
 )
 
-HEADERS_TIMEOUT = 10.0
-REQUEST_TIMEOUT = 30.0
 KEEP_ALIVE = 2
 LIMIT = 10.0
-GET = b"GET /a?x=1 HTTP/1.1\r\nHost: t\r\n\r\n"
-POST = b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
-EARLY = b"POST /early HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
-UPGRADE = (
-    b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-)
 
 
 class _SilentLog:
@@ -104,45 +91,21 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-def require(ok: object, failure: str) -> None:
-    """One rule of the check: ``failure`` (one sentence) unless ``ok``."""
-    if not ok:
-        raise CheckFailed(failure)
-
-
-def check_static(base: type, hooks: tuple[str, ...]) -> None:
-    """The check without running the protocol: the methods in ``hooks`` are there."""
-    missing = [name for name in hooks if not callable(getattr(base, name, None))]
-    require(
-        not missing,
-        f"{base.__module__}.{base.__qualname__} has no {', '.join(f'`{name}`' for name in missing)}",
-    )
-
-
-class _Script:
-    """One conversation, on the running loop."""
+class _Script(Script):
+    rounds = 50  # gunicorn answers from a task per connection, through a task per request
 
     def __init__(self, cls: type, parser: str) -> None:
         from gunicorn.config import Config  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
-        self.cls = cls
+        super().__init__(cls, body_min_rate=1.0)
         self.parser = parser
-        self.now = 1000.0
-        self.enforcer = Enforcer(
-            resolve(headers_timeout=HEADERS_TIMEOUT, request_timeout=REQUEST_TIMEOUT, body_min_rate=1.0),
-            clock=lambda: self.now,
-        )
         cfg = Config()
         cfg.set("keepalive", KEEP_ALIVE)
         cfg.set("http_parser", parser)
         cfg.set("accesslog", None)
-        # Never HANDOVER, which a real server may be using.
-        self.made = handed_over(cls, HandOver(self.enforcer))
         self.worker = _Worker(cfg, _app, {}, asyncio.get_running_loop())
-        self.protocols: list[tuple[Any, _Transport]] = []
-        self.steps: list[str] = []
 
-    def connect(self) -> tuple[Any, _Transport]:
+    def connect(self) -> tuple[Any, MemoryTransport]:
         protocol = self.made(self.worker)
         transport = _Transport()
         transport.protocol = protocol
@@ -150,43 +113,12 @@ class _Script:
         self.protocols.append((protocol, transport))
         return protocol, transport
 
-    @staticmethod
-    def record(protocol: Any) -> Connection:
-        record = getattr(protocol, "_connlist_record", None)
-        require(isinstance(record, Connection), "a connection made was not tracked")
-        return cast("Connection", record)
-
-    async def until(self, done: Any) -> None:
-        """Let the connection's task run until ``done()``, for a few rounds of the loop at most."""
-        for _ in range(50):
-            if done():
-                return
-            await asyncio.sleep(0)
-
-    async def feed(self, protocol: Any, data: bytes, done: Any = None) -> None:
-        protocol.data_received(data)
-        await self.until(done or (lambda: False))
-
-    def expect(self, step: str, record: Connection, state: str, requests: int | None = None) -> None:
-        self.steps.append(step)
-        got = connection_state(record)
-        require(got == state, f"after {step}, the connection is {got}, where it must be {state}")
-        require(
-            requests is None or record.requests == requests,
-            f"after {step}, the connection counts {record.requests} requests, not {requests}",
-        )
-
-    @staticmethod
-    def responses(transport: _Transport) -> int:
-        return bytes(transport.written).count(b"HTTP/1.1 200 ")
-
-    def idle(self, protocol: Any, record: Connection, transport: _Transport, n: int) -> Any:
+    def idle(self, record: Connection, transport: MemoryTransport, n: int) -> Any:
         return lambda: self.responses(transport) == n and not record.responding
 
     async def run(self) -> None:
         enforcer = self.enforcer
-        protocol, transport = self.connect()
-        record = self.record(protocol)
+        protocol, transport, record = self.tracked()
         self.expect("a connection", record, "new", 0)
         require(
             enforcer.mode == f"gunicorn-{self.parser}",
@@ -196,9 +128,9 @@ class _Script:
             enforcer.keep_alive == KEEP_ALIVE and enforcer.keep_alive_timed,
             "the list did not take gunicorn's keep-alive time (`_keepalive`) over",
         )
-        await self.feed(protocol, GET[:12])
+        await self.feed(protocol, self.GET[:12])
         self.expect("a request's first bytes", record, "reading_headers", 0)
-        await self.feed(protocol, GET[12:], self.idle(protocol, record, transport, 1))
+        await self.feed(protocol, self.GET[12:], self.idle(record, transport, 1))
         self.expect("the rest of the request, and its response", record, "idle", 1)
         require(
             (record.method, record.path) == ("GET", "/a"),
@@ -212,9 +144,9 @@ class _Script:
             record.responded_at == self.now and enforcer.timer_at == self.now + KEEP_ALIVE,
             "the end of a response did not leave the keep-alive to connlist's list",
         )
-        await self.feed(protocol, GET, self.idle(protocol, record, transport, 2))
+        await self.feed(protocol, self.GET, self.idle(record, transport, 2))
         self.expect("a whole request", record, "idle", 2)
-        await self.feed(protocol, POST + b"0123")
+        await self.feed(protocol, self.POST + b"0123")
         self.expect("a request whose body is incomplete", record, "reading_body", 2)
         require(
             record.receiving_body and record.body_received == 4,
@@ -224,9 +156,9 @@ class _Script:
             not protocol._connlist_response_written(record),
             "a request whose app waits for its body was taken for one being answered",
         )
-        await self.feed(protocol, b"456789", self.idle(protocol, record, transport, 3))
+        await self.feed(protocol, b"456789", self.idle(record, transport, 3))
         self.expect("the rest of the body", record, "idle", 3)
-        await self.feed(protocol, GET + GET, self.idle(protocol, record, transport, 5))
+        await self.feed(protocol, self.GET + self.GET, self.idle(record, transport, 5))
         self.expect("two pipelined requests", record, "idle", 5)
         self.now += KEEP_ALIVE
         enforcer.sweep_now()
@@ -243,9 +175,8 @@ class _Script:
 
     async def early(self) -> None:
         """A response before the body: no 408 may follow it."""
-        protocol, transport = self.connect()
-        record = self.record(protocol)
-        await self.feed(protocol, EARLY + b"01", lambda: self.responses(transport) == 1)
+        protocol, transport, record = self.tracked()
+        await self.feed(protocol, self.EARLY + b"01", lambda: self.responses(transport) == 1)
         self.expect("a response before the request's body", record, "reading_body", 0)
         require(
             protocol._connlist_response_written(record),
@@ -254,10 +185,9 @@ class _Script:
         protocol.connection_lost(None)
 
     async def upgrade(self) -> None:
-        protocol, transport = self.connect()
-        record = self.record(protocol)
+        protocol, transport, record = self.tracked()
         # Until gunicorn's websocket side answered: the app, which accepts none, ran.
-        await self.feed(protocol, UPGRADE, lambda: bool(transport.written))
+        await self.feed(protocol, self.UPGRADE, lambda: bool(transport.written))
         upgraded = connection_state(record) == "upgraded"
         require(upgraded, "a websocket upgrade did not hold the connection as upgraded")
         self.steps.append("a websocket upgrade")
@@ -265,12 +195,10 @@ class _Script:
         require(not record.tracked, "a websocket's connection lost did not take it out of the list")
 
     async def headers_timeout(self) -> None:
-        protocol, transport = self.connect()
-        record = self.record(protocol)
-        await self.feed(protocol, GET[:10])
+        protocol, transport, record = self.tracked()
+        await self.feed(protocol, self.GET[:10])
         self.expect("a request's first bytes", record, "reading_headers", 0)
-        self.now += HEADERS_TIMEOUT + 1
-        expired = self.enforcer.connections.expired(HEADERS_TIMEOUT, REQUEST_TIMEOUT)
+        expired = self.past_headers_timeout()
         require(
             expired == [record],
             f"a headers timeout found {len(expired)} connections expired, not the one",
@@ -290,37 +218,15 @@ class _Script:
         require(not record.tracked, "a connection cut at the headers timeout stayed in the list")
         self.steps.append("a headers timeout")
 
-    async def close(self) -> None:
-        self.enforcer.cancel()
-        for protocol, _transport in self.protocols:
-            record = getattr(protocol, "_connlist_record", None)
-            if record is not None and record.tracked:
-                protocol.connection_lost(None)
+    async def wind_down(self) -> None:
+        """The connections' tasks, cancelled."""
         for protocol, _transport in self.protocols:
             task = getattr(protocol, "_task", None)
             if task is not None and not task.done():
                 task.cancel()
         await asyncio.sleep(0)
-        self.enforcer.cancel()
-
-
-async def check_protocol(cls: type, parser: str) -> Result:
-    started = time.perf_counter()
-    try:
-        script = _Script(cls, parser)
-    except Exception as exc:
-        return Result(f"the scripted conversation raised {type(exc).__name__}: {exc}")
-    try:
-        await script.run()
-    except CheckFailed as failed:
-        return Result(str(failed), seconds=time.perf_counter() - started)
-    except Exception as exc:
-        return Result(f"the scripted conversation raised {type(exc).__name__}: {exc}")
-    finally:
-        await script.close()
-    return Result(None, seconds=time.perf_counter() - started, steps=script.steps)
 
 
 def run_in_thread(cls: type, parser: str) -> Result:
-    """``check_protocol`` on a new event loop in a short-lived thread (the caller's loop may be running)."""
-    return run_on_own_loop(lambda: check_protocol(cls, parser), LIMIT, "connlist-gunicorn-selfcheck")
+    """The conversation on a new event loop in a short-lived thread (the caller's loop may be running)."""
+    return run_on_own_loop(lambda: _Script(cls, parser), LIMIT, "connlist-gunicorn-selfcheck")

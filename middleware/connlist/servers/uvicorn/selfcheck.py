@@ -12,31 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import Any
 
-from connlist.core.enforcer import Enforcer
-from connlist.core.handover import HandOver
-from connlist.core.kinds import resolve
 from connlist.core.records import Connection
 from connlist.core.views import connection_state
-from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, handed_over, run_on_own_loop
+from connlist.servers import selfcheck
+from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, Script, run_on_own_loop
 from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
 from connlist.servers.uvicorn.websocket import Held
 
-__all__ = [
-    "CheckFailed",
-    "MemoryTransport",
-    "Result",
-    "check_protocol",
-    "check_static",
-    "make_config",
-    "run_in_thread",
-]
-
-# Nothing expires unless the script moves its clock past them.
-HEADERS_TIMEOUT = 10.0
-REQUEST_TIMEOUT = 30.0
+__all__ = ["CheckFailed", "MemoryTransport", "Result", "check_static", "make_config", "run_in_thread"]
 
 LIMIT = 10.0  # the whole conversation's, in seconds
 
@@ -83,19 +68,6 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-GET = b"GET /a?x=1 HTTP/1.1\r\nHost: t\r\n\r\n"
-POST = b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
-EARLY = b"POST /early HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n"
-HOLD = b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n"
-EXPECT = b"Host: t\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n"
-CONTINUE = b"POST /wait HTTP/1.1\r\n" + EXPECT
-ANSWER = b"POST /wait?answer HTTP/1.1\r\n" + EXPECT
-UPGRADE = (
-    b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-)
-
-
 def _has(obj: object, names: tuple[str, ...], what: str) -> None:
     missing = [name for name in names if not hasattr(obj, name)]
     if missing:
@@ -104,36 +76,29 @@ def _has(obj: object, names: tuple[str, ...], what: str) -> None:
 
 def check_static(base: type, hooks: tuple[str, ...], parser: str) -> None:
     """What can be checked without running the protocol: the methods connlist's class overrides."""
-    missing = [name for name in hooks if not callable(getattr(base, name, None))]
-    if missing:
-        raise CheckFailed(
-            f"{base.__module__}.{base.__qualname__} has no {', '.join(f'`{name}`' for name in missing)}"
-        )
-    if parser == "httptools" and not callable(getattr(base, "on_headers_complete", None)):
-        raise CheckFailed(f"{base.__module__}.{base.__qualname__} has no `on_headers_complete`")
+    selfcheck.check_static(base, hooks)
+    if parser == "httptools":
+        selfcheck.check_static(base, ("on_headers_complete",))
 
 
-class _Script:
+class _Script(Script):
+    HOLD = b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n"
+    EXPECT = b"Host: t\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n"
+    CONTINUE = b"POST /wait HTTP/1.1\r\n" + EXPECT
+    ANSWER = b"POST /wait?answer HTTP/1.1\r\n" + EXPECT
+
     def __init__(self, cls: type, base: type, parser: str, config: Any) -> None:
         # Here: a uvicorn that moved it fails the check, not the import.
         from uvicorn.server import ServerState
 
+        super().__init__(cls)
         self.cls = cls
         self.base = base
         self.parser = parser
-        self.now = 1000.0
-        self.enforcer = Enforcer(
-            resolve(headers_timeout=HEADERS_TIMEOUT, request_timeout=REQUEST_TIMEOUT),
-            clock=lambda: self.now,
-        )
-        self.made = handed_over(cls, HandOver(self.enforcer))
         self.gate = _Gate()
         self.state: dict[str, Any] = {"connlist.selfcheck.gate": self.gate}
         self.config = config
         self.server_state = ServerState()
-        self.protocols: list[tuple[Any, MemoryTransport]] = []
-        self.logger_name: str | None = None
-        self.steps: list[str] = []
 
     def connect(self, cls: type | None = None) -> tuple[Any, MemoryTransport]:
         protocol = (cls or self.made)(
@@ -148,43 +113,6 @@ class _Script:
         protocol.connection_made(transport)
         self.protocols.append((protocol, transport))
         return protocol, transport
-
-    @staticmethod
-    def record(protocol: Any) -> Connection:
-        record = getattr(protocol, "_connlist_record", None)
-        if record is None:
-            raise CheckFailed("a connection made was not tracked")
-        assert isinstance(record, Connection)
-        return record
-
-    async def settle(self) -> None:
-        for _ in range(20):
-            await asyncio.sleep(0)
-
-    async def until(self, done: Any) -> None:
-        """``settle``, but only until ``done()``: that keeps the check's cost small."""
-        for _ in range(20):
-            if done():
-                return
-            await asyncio.sleep(0)
-
-    async def feed(self, protocol: Any, data: bytes) -> None:
-        protocol.data_received(data)
-        await self.settle()
-
-    def expect(self, step: str, record: Connection, state: str, requests: int | None = None) -> None:
-        self.steps.append(step)
-        got = connection_state(record)
-        if got != state:
-            raise CheckFailed(f"after {step}, the connection is {got}, where it must be {state}")
-        if requests is not None and record.requests != requests:
-            raise CheckFailed(
-                f"after {step}, the connection counts {record.requests} requests, not {requests}"
-            )
-
-    @staticmethod
-    def responses(transport: MemoryTransport) -> int:
-        return bytes(transport.written).count(b"HTTP/1.1 200 ")
 
     def connection_attributes(self, protocol: Any) -> None:
         """What connlist reads of a connection before any request (uvicorn sets them up front)."""
@@ -209,11 +137,9 @@ class _Script:
             )
         if self.parser == "httptools":
             _has(cycle, ("more_body",), "uvicorn's request cycle (`cycle`)")
-            _has(protocol, ("scope", "pipeline"), "uvicorn's protocol")
             if cycle.scope is not protocol.scope:
                 raise CheckFailed("`cycle.scope` is not the protocol's scope")
         else:
-            _has(protocol, ("conn",), "uvicorn's protocol")
             _has(protocol.conn, ("their_state", "trailing_data"), "h11's connection (`conn`)")
         flow = getattr(protocol, "flow", None)
         if flow is None or not isinstance(getattr(flow, "read_paused", None), bool):
@@ -226,7 +152,7 @@ class _Script:
         # On uvicorn's own protocol, a missing attribute is named, not met as an exception of connlist's.
         plain, _ = self.connect(self.base)
         self.connection_attributes(plain)
-        await self.feed(plain, GET)
+        await self.feed(plain, self.GET)
         self.attributes(plain)
         plain.connection_lost(None)
         self.steps.append("uvicorn's own protocol, and what connlist reads of it")
@@ -237,18 +163,17 @@ class _Script:
 
     async def requests(self) -> None:
         """Whole, split and pipelined requests, bodies in parts and answered early, on one connection."""
-        protocol, transport = self.connect()
-        record = self.record(protocol)
+        protocol, transport, record = self.tracked()
         self.expect("a connection", record, "new", 0)
         served = self.server_state.total_requests
-        await self.feed(protocol, GET)
+        await self.feed(protocol, self.GET)
         self.expect("a whole request in one read", record, "idle", 1)
         self.keep_alive(protocol, record, served)
-        await self.feed(protocol, GET[:10])
+        await self.feed(protocol, self.GET[:10])
         self.expect("the first bytes of a request", record, "reading_headers", 1)
-        await self.feed(protocol, GET[10:])
+        await self.feed(protocol, self.GET[10:])
         self.expect("the rest of that request", record, "idle", 2)
-        await self.feed(protocol, POST + b"0123")
+        await self.feed(protocol, self.POST + b"0123")
         self.expect("headers and part of a body", record, "reading_body", 2)
         if not record.receiving_body or record.body_received != 4:
             raise CheckFailed(
@@ -257,11 +182,11 @@ class _Script:
             )
         await self.feed(protocol, b"456789")
         self.expect("the rest of the body", record, "idle", 3)
-        await self.feed(protocol, EARLY + b"012")
+        await self.feed(protocol, self.EARLY + b"012")
         self.expect("a response written before its body was read", record, "reading_body", 3)
         await self.feed(protocol, b"3456789")
         self.expect("the rest of a body already answered", record, "idle", 4)
-        await self.feed(protocol, HOLD + GET)
+        await self.feed(protocol, self.HOLD + self.GET)
         self.expect("two pipelined requests", record, "handling")
         if self.parser == "httptools":
             pipeline = protocol.pipeline
@@ -275,9 +200,8 @@ class _Script:
             raise CheckFailed(f"{self.responses(transport)} responses were written for 6 requests")
 
     async def upgrade_and_loss(self) -> None:
-        upgraded, upgraded_transport = self.connect()
-        upgraded_record = self.record(upgraded)
-        await self.feed(upgraded, UPGRADE)
+        upgraded, upgraded_transport, upgraded_record = self.tracked()
+        await self.feed(upgraded, self.UPGRADE)
         if connection_state(upgraded_record) != "upgraded" or upgraded_record.path != "/ws":
             raise CheckFailed("a websocket upgrade did not hold the connection as upgraded")
         websocket = upgraded_transport.protocol
@@ -286,9 +210,8 @@ class _Script:
         websocket.connection_lost(None)
         if upgraded_record.tracked or not websocket.lost:
             raise CheckFailed("a websocket's connection lost did not take it out of the list")
-        lost, _ = self.connect()
-        lost_record = self.record(lost)
-        await self.feed(lost, POST + b"0123")
+        lost, _, lost_record = self.tracked()
+        await self.feed(lost, self.POST + b"0123")
         self.expect("a request whose body is incomplete", lost_record, "reading_body", 0)
         lost.connection_lost(None)
         await self.settle()
@@ -296,11 +219,9 @@ class _Script:
             raise CheckFailed("a connection lost mid-request stayed in the list")
 
     async def headers_timeout(self) -> None:
-        silent, silent_transport = self.connect()
-        silent_record = self.record(silent)
-        await self.feed(silent, GET[:10])
-        self.now += HEADERS_TIMEOUT + 1
-        expired = self.enforcer.connections.expired(HEADERS_TIMEOUT, REQUEST_TIMEOUT)
+        silent, silent_transport, silent_record = self.tracked()
+        await self.feed(silent, self.GET[:10])
+        expired = self.past_headers_timeout()
         if expired != [silent_record]:
             raise CheckFailed(
                 f"a headers timeout found {len(expired)} connections expired, where only the silent one is"
@@ -340,17 +261,15 @@ class _Script:
     async def expect_100_continue(self) -> None:
         """Bodies behind ``Expect: 100-continue``: timed from the app's first receive(), or its answer."""
         await self.body_after_continue(
-            CONTINUE, "the app's first receive(), when uvicorn sent `100 Continue`", "receive"
+            self.CONTINUE, "the app's first receive(), when uvicorn sent `100 Continue`", "receive"
         )
-        await self.body_after_continue(ANSWER, "the app's answer without reading the body", "send")
+        await self.body_after_continue(self.ANSWER, "the app's answer without reading the body", "send")
 
     async def body_after_continue(self, request: bytes, step: str, hook: str) -> None:
-        protocol, transport = self.connect()
-        record = self.record(protocol)
+        protocol, transport, record = self.tracked()
         gate = self.gate
         gate.event, gate.reached = asyncio.Event(), False
-        protocol.data_received(request)
-        await self.until(lambda: gate.reached)  # the app works before it reads the body
+        await self.feed(protocol, request, lambda: gate.reached)  # the app works before it reads the body
         self.expect("the headers of a request that expects `100 Continue`", record, "reading_body", 0)
         if protocol.cycle.waiting_for_100_continue is not True:
             raise CheckFailed(
@@ -363,9 +282,9 @@ class _Script:
         self.gate.event.set()
         await self.until(lambda: bool(transport.written))  # 100 Continue, or the answer
         continued = bytes(transport.written).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if continued != (request is CONTINUE):
+        if continued != (request is self.CONTINUE):
             raise CheckFailed(
-                f"uvicorn {'did not write' if request is CONTINUE else 'wrote'} `100 Continue` at {step}"
+                f"uvicorn {'did not write' if request is self.CONTINUE else 'wrote'} `100 Continue` at {step}"
             )
         if not record.receiving_body or record.body_started != self.now:
             raise CheckFailed(f"the body's clock did not start at {step} (the cycle's `{hook}`)")
@@ -375,15 +294,6 @@ class _Script:
         if self.responses(transport) != 1:
             raise CheckFailed(f"{self.responses(transport)} responses were written after {step}")
         protocol.connection_lost(None)
-
-    async def close(self) -> None:
-        self.enforcer.cancel()
-        for protocol, _transport in self.protocols:
-            record = getattr(protocol, "_connlist_record", None)
-            if record is not None and record.tracked:
-                protocol.connection_lost(None)
-        await self.settle()
-        self.enforcer.cancel()
 
 
 def make_config(cls: type) -> Any:
@@ -396,35 +306,10 @@ def make_config(cls: type) -> Any:
     return config
 
 
-async def check_protocol(cls: type, base: type, parser: str, config: Any) -> Result:
-    """Drive ``cls`` (connlist's class on uvicorn's ``base``) through the conversation, on this loop."""
-    started = time.perf_counter()
-    script: _Script | None = None
-    try:
-        script = _Script(cls, base, parser, config)
-        await script.run()
-    except CheckFailed as failed:
-        result = Result(str(failed))
-    except Exception as exc:  # anything uvicorn does differently may raise anything
-        result = Result(f"the scripted conversation raised {type(exc).__name__}: {exc}")
-    else:
-        result = Result(None)
-    if script is not None:
-        try:
-            await script.close()
-        except Exception as exc:  # pragma: no cover - defensive
-            if result.failure is None:
-                result = Result(f"closing the scripted conversation raised {type(exc).__name__}: {exc}")
-        result.logger_name = script.logger_name
-        result.steps = script.steps
-    result.seconds = time.perf_counter() - started
-    return result
-
-
 def run_in_thread(cls: type, base: type, parser: str) -> Result:
-    """``check_protocol`` on a new event loop in a short-lived thread (the caller's loop may be running)."""
+    """The conversation on a new event loop in a short-lived thread (the caller's loop may be running)."""
     try:
         config = make_config(cls)
     except Exception as exc:
         return Result(f"uvicorn's Config could not be loaded for the check: {type(exc).__name__}: {exc}")
-    return run_on_own_loop(lambda: check_protocol(cls, base, parser, config), LIMIT, "connlist-selfcheck")
+    return run_on_own_loop(lambda: _Script(cls, base, parser, config), LIMIT, "connlist-selfcheck")
