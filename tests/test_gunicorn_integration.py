@@ -222,7 +222,7 @@ def test_the_named_class_falls_back_or_refuses(
     monkeypatch.setenv(integration.REQUIRE_ENV, "1")
     with pytest.raises(SystemExit) as exited:
         connlist.gunicorn.ASGIProtocol  # noqa: B018
-    assert exited.value.code == gunicorn_asgi_start.REFUSAL_STATUS
+    assert exited.value.code == integration.REFUSAL_STATUS
     with pytest.raises(AttributeError):
         connlist.gunicorn.Nothing  # type: ignore[attr-defined]  # noqa: B018
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 from connlist.core.kinds import TIMEOUT_KINDS
+from connlist.core.logs import log
 from connlist.servers.selfcheck import Result
 
 __all__ = [
@@ -79,6 +80,18 @@ def _required_by_env() -> bool | None:
 def require_integration() -> bool:
     """``$CONNLIST_REQUIRE_INTEGRATION``: ``1`` refuses to start without the integration; ``0``: fall back."""
     return _required_by_env() is True
+
+
+# uvicorn's exit status for a failed startup, and gunicorn's for a worker that failed to boot.
+REFUSAL_STATUS = 3
+
+
+def refuse_to_start(what: str, advice: str) -> NoReturn:
+    """``CONNLIST_REQUIRE_INTEGRATION=1`` and the integration off: one ERROR line, no traceback, and exit."""
+    log.error(
+        "refusing to start (%s=1): the server integration would be off: %s. %s", REQUIRE_ENV, what, advice
+    )
+    raise SystemExit(REFUSAL_STATUS)
 
 
 def check_policy(value: object) -> str:

@@ -140,10 +140,6 @@ def for_server(*, required: bool) -> tuple[type[Any] | None, str | None]:
     return None, _reason(failure)
 
 
-# gunicorn's status for a worker that failed to boot: its master stops.
-REFUSAL_STATUS = 3
-
-
 def resolve() -> type[Any]:
     """The class ``connlist.gunicorn.ASGIProtocol`` names: connlist's, or gunicorn's in its place."""
     integration.require_integration()  # a bad value stops the start here
@@ -152,15 +148,8 @@ def resolve() -> type[Any]:
         return cls
     failure = result.failure or ""
     if integration.require_integration():
-        what, advice = _failure_text(failure)
         _route()
-        log.error(
-            "refusing to start (%s=1): the server integration would be off: %s. %s",
-            integration.REQUIRE_ENV,
-            what,
-            advice,
-        )
-        raise SystemExit(REFUSAL_STATUS)
+        integration.refuse_to_start(*_failure_text(failure))
     if base is None:
         raise ImportError(f"gunicorn has no {PROTOCOL_MODULE}.{NAME}: {failure}")
     integration.record_failure(base, _reason(failure))

@@ -1,8 +1,8 @@
 """uvicorn protocols that feed the worker's ConnectionsList, as Node.js's HTTP server does.
 
-They subclass uvicorn's and only observe it: connlist reads uvicorn's state after each
-``data_received`` and overrides no parser callback (a Python frame there costs more than all of
-connlist's bookkeeping). This module decides which class each name and server gets, once per parser
+They subclass uvicorn's and observe it: connlist reads uvicorn's state after each ``data_received``,
+and overrides one parser callback, httptools' ``on_headers_complete``, to note a request running
+ahead of queued ones.  This module decides which class each name and server gets, once per parser
 and process (``Outcome``): connlist's, built on uvicorn's and checked in memory
 (``connlist.servers.uvicorn.selfcheck``), or uvicorn's own and one ERROR line (ASGI-only mode).
 """
@@ -183,10 +183,6 @@ def _warn_keepalive(cls: type[Any], parser: str) -> None:
     )
 
 
-# uvicorn's exit status for a failed startup, and gunicorn's for a worker that failed to boot.
-REFUSAL_STATUS = 3
-
-
 def _failure_text(parser: str, failure: str) -> tuple[str, str]:
     """What failed, and what to do: the ERROR line's and the refusal's words."""
     what = (
@@ -203,16 +199,8 @@ def _failure_text(parser: str, failure: str) -> tuple[str, str]:
 def _fall_back(parser: str, base: type | None, failure: str) -> type[Any]:
     """uvicorn's own class instead of connlist's, and the one ERROR line (or the refusal to start)."""
     if integration.require_integration():
-        # One line and no traceback.
-        what, advice = _failure_text(parser, failure)
         route_to_server()
-        log.error(
-            "refusing to start (%s=1): the server integration would be off: %s. %s",
-            integration.REQUIRE_ENV,
-            what,
-            advice,
-        )
-        raise SystemExit(REFUSAL_STATUS)
+        integration.refuse_to_start(*_failure_text(parser, failure))
     if base is None:
         # uvicorn moved its protocol: its own name for it is the stand-in.
         from uvicorn.config import HTTP_PROTOCOLS
