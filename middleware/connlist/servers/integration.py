@@ -1,7 +1,7 @@
 """The server integration at the server's start, for any server: the policy, and what the server says.
 
-``server_integration`` decides, unless ``CONNLIST_REQUIRE_INTEGRATION`` overrides it.  The
-protocol classes record their self-checks here, for a server that does not tell its protocol.
+``server_integration`` decides, unless ``CONNLIST_REQUIRE_INTEGRATION`` overrides it; the self-checks'
+outcomes are recorded here, for a server that does not tell its protocol.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ __all__ = [
     "NO_LIFESPAN",
     "OFF",
     "POLICIES",
+    "REFUSAL_STATUS",
     "REQUIRE_ENV",
     "Checked",
     "Server",
@@ -35,6 +36,7 @@ __all__ = [
     "off",
     "record_failure",
     "record_pass",
+    "refuse_to_start",
     "require_integration",
 ]
 

@@ -123,14 +123,10 @@ def declares_middleware(app: Any) -> bool | None:
 class Feeder(ConnectionHandle, Protocol):
     """A server integration's protocol: it feeds the list, and is each connection's handle.
 
-    Each duty is done where the server sees its event, and nowhere else: set ``enforcer.mode``
-    and take the enforcer handed over (``connlist_handover``) or a ``fallback_enforcer``;
-    ``enforcer.join`` at connect, ``connections.remove`` when lost, ``enforcer.upgrade`` before
-    an upgrade is handed over (False: refused, hand nothing over); the list's events in order,
-    each at the instant the server saw it, and ``enforcer.watch()`` after a begin;
-    ``body_begin``/``body_bytes`` and ``stall``/``unstall``; ``ConnectionHandle``'s methods.
-    Counts are explicit increments by the one feeder that sees the event, so they stay exact
-    when ASGI-only mode (``connlist.asgi.asgi_only``) takes over at a lifespan restart.
+    Each duty is done where the server sees its event: the enforcer taken at connect (``join``),
+    the list's events in order, each at the instant the server saw it, ``remove`` when lost,
+    ``enforcer.upgrade`` before a hand-over.  Counts are increments by the one feeder that sees
+    the event, so they stay exact when ASGI-only mode takes over at a lifespan restart.
     """
 
     connlist_mode: ClassVar[str]
@@ -277,19 +273,12 @@ class Tracking(HeadBound, TransportHandle):
     connlist_keepalive: ClassVar[bool] = False
     connlist_keepalive_not: ClassVar[str] = "the server times it"
     # Provided by the server's protocol (``_base_*``: its own, where connlist's class overrides them).
-    transport: Any
     _connlist_base_made: Callable[[Any], None]
     _connlist_base_lost: Callable[[Exception | None], None]
     client: tuple[str, int] | None
     server: tuple[str, int | None] | None
     # A self-check's protocols read a handover of their own.
     connlist_handover: HandOver = HANDOVER
-    _connlist: Enforcer
-    # Per connection: record, phase, the room left to the head, a read held behind a response.
-    _connlist_record: Connection | None
-    _connlist_phase: int
-    _connlist_room: int
-    _connlist_unread: bytes | None
 
     def _connlist_setup(self, loop: Any, keep_alive: float | None) -> Enforcer:
         """Before ``join``: the connection's enforcer (handed over, or a fallback), told of the class once."""

@@ -1,7 +1,5 @@
-"""Which server master supervises this worker, as the server tells it (for the workers' view).
-
-uvicorn spawns its workers with ``multiprocessing``, which knows the parent; gunicorn
-forks them, so its workers declare their master (``supervised_by``).
+"""Which server master supervises this worker (for the workers' view): uvicorn's workers know their
+parent (``multiprocessing``); gunicorn's, forked, declare it (``supervised_by``).
 """
 
 from __future__ import annotations

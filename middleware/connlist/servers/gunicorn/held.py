@@ -1,10 +1,8 @@
 """The reads connlist's gunicorn protocol keeps from gunicorn's parser: long ones, those behind a response.
 
-gunicorn's HTTP/1 parser stops at a message's end and is fed what follows
-again after each response, so a pipelining client could make a worker buffer
-and re-parse all it sends; past the fast parser's buffer, gunicorn closes the
-connection with requests unanswered.  So a read behind a response is held
-until the parser is reset, and a long read is fed a part at a time.
+gunicorn's parser stops at a message's end and is fed what follows again after each response, so a
+pipelining client could make a worker buffer and re-parse all it sends: a read behind a response is
+held until the parser is reset, and a long read is fed a part at a time.
 """
 
 from __future__ import annotations

@@ -19,17 +19,8 @@ from starlette.requests import ClientDisconnect
 from connlist.core.logs import route_to_server
 from connlist.core.records import FROM_HANDLE, Connection
 from connlist.servers.gunicorn.held import Held
-from connlist.servers.seam import (
-    BETWEEN,
-    BODY,
-    HEADERS,
-    REFUSED,
-    SLOTS,
-    UPGRADED,
-    Tracking,
-    TransportHandle,
-    move,
-)
+from connlist.servers.phases import BETWEEN, BODY, HEADERS, REFUSED, UPGRADED, move
+from connlist.servers.seam import SLOTS, Tracking, TransportHandle
 
 __all__ = ["ASGIProtocol", "mode_of_parser", "prepare"]
 

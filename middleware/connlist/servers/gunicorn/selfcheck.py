@@ -1,11 +1,8 @@
 """The self-check of connlist's gunicorn class: gunicorn's ASGI protocol driven through a conversation.
 
-``protocol`` leans on gunicorn's private methods (``HOOKS``) and state, which a
-release may change without failing loudly.  So, once per process and before
-``start`` installs the class, the methods are looked for and a conversation
-with no socket is run on a loop of its own in a short-lived thread (the
-lifespan's loop is running), against a private enforcer and clock.  Any
-difference is a failure, in one sentence; ``start`` then keeps gunicorn's class.
+``protocol`` leans on gunicorn's private methods (``HOOKS``) and state, so once per process, before
+``start`` installs the class, a conversation in memory checks them; any difference is a failure, in
+one sentence, and ``start`` keeps gunicorn's class.
 """
 
 from __future__ import annotations

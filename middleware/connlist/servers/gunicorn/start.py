@@ -1,11 +1,8 @@
 """gunicorn's ASGI worker at the lifespan startup: connlist's class put in place, found there, or off and why.
 
-gunicorn's ``ASGIWorker._serve`` reads the module global
-``gunicorn.workers.gasgi.ASGIProtocol`` for each connection it accepts, after
-the lifespan startup, so ``turn_on`` (this module is ``integration``'s
-``Server``) replaces gunicorn's own class there with connlist's once it passed
-``selfcheck``; any other class is left alone.  All of it is gunicorn's private
-state, read defensively: where it is not as expected, connlist is ASGI-only.
+gunicorn reads ``gunicorn.workers.gasgi.ASGIProtocol`` per connection accepted, so ``turn_on`` puts
+connlist's class there once it passed ``selfcheck``; any other class is left alone.  All of it is
+gunicorn's private state, read defensively: where it is not as expected, connlist is ASGI-only.
 """
 
 from __future__ import annotations

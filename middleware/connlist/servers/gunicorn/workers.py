@@ -6,11 +6,8 @@
     gunicorn -k connlist.gunicorn.UvicornWorker -w 4 app:app
     gunicorn -k connlist.gunicorn.UvicornH11Worker -w 4 app:app
 
-They run the lifespan ``on``: any error at the startup stops gunicorn, where
-``auto`` takes one for an app without a lifespan.  The uvicorn ones set the
-``uvicorn-worker`` package's ``CONFIG_KWARGS``, applied over gunicorn's
-settings; a base without that dict keeps its own protocol, with one ERROR
-line (``CONNLIST_REQUIRE_INTEGRATION=1``: an import error).
+They run the lifespan ``on``, so an error at the startup stops gunicorn.  The uvicorn ones set
+``uvicorn-worker``'s ``CONFIG_KWARGS``; a base without them keeps its own protocol, with one ERROR.
 """
 
 from __future__ import annotations

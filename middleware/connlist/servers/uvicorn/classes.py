@@ -1,8 +1,7 @@
 """connlist's uvicorn protocol classes: one ``class`` statement per parser, on the uvicorn class given.
 
-Built and checked in memory by ``connlist.servers.uvicorn.protocols`` before uvicorn gets them, so a
-uvicorn that moved its class, or gave it a layout connlist's slots cannot join, fails the check, not
-the import.
+Built and checked in memory (``protocols``) before uvicorn gets them: a layout connlist's slots
+cannot join fails the check, not the import.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """What both of connlist's uvicorn protocols read of uvicorn's request cycle and protocol.
 
-Both parsers' protocols share these attributes (the cycle's ``body``, ``more_body``,
-``response_started``, ``response_complete``, ...; the protocol's ``cycle``, ``loop``, ``flow``,
-...), and the self-check reads each before a class is handed to uvicorn.  ``UvicornCycle`` is the
-seam's ``Tracking`` with the methods that read them: the base of each parser's mixin.
+``UvicornCycle`` is the seam's ``Tracking`` with the methods that read the attributes both parsers'
+protocols share (each checked by the self-check): the base of each parser's mixin.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """connlist's uvicorn httptools protocol: the list's events from what each read changed in uvicorn's state.
 
-uvicorn makes a new ``scope`` when a message begins, a new cycle when its headers are complete, and
-sets the cycle's ``more_body`` to False when the message is complete; a cycle made while a response
-is unfinished is queued (``pipeline``, newest on the left).  Comparing ``scope``, ``cycle`` and the
-pipeline before and after uvicorn's ``data_received`` tells the read's events, replayed in order at
-its end (they happened at the same instant).  The common case, one whole request in one read on an
-idle connection, is ``ConnectionsList.message``.  ``on_headers_complete`` notes the request running
-ahead of a queued one (``_connlist_running``), so that a cut can mark it too.
-
-An app that responds before reading the whole body hides the message's end (uvicorn then ignores
-the body): for the reads of such a body, uvicorn gets a stand-in cycle (``_BodyTail``) that drops
-the body and records ``more_body``.
+uvicorn makes a ``scope`` when a message begins, a cycle when its headers are in (queued in
+``pipeline`` behind an unfinished response), and sets ``more_body`` False at the message's end:
+comparing them before and after ``data_received`` tells the read's events, replayed in order.
+``on_headers_complete`` notes a request running ahead of a queued one, so that a cut marks it too.
+A body answered before it was read is fed to a stand-in cycle (``_BodyTail``) that drops it.
 """
 
 from __future__ import annotations

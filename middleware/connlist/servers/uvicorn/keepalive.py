@@ -1,12 +1,9 @@
 """uvicorn's keep-alive timed by connlist's list, not by a timer per response.
 
-uvicorn arms ``loop.call_later(timeout_keep_alive, timeout_keep_alive_handler)`` at the end of
-each response that leaves a connection idle, and cancels it at the next read.  connlist's list
-already orders its idle connections, and the worker's one timer closes those idle too long with
-uvicorn's own handler (``connlist.core.sweep``).  So connlist's protocols give uvicorn a ``loop``
-that is the event loop but for that one call: it returns ``TIMED_BY_LIST`` and arms nothing.
-uvicorn's method runs as written; a uvicorn that arms its keep-alive otherwise keeps its own
-timer, and the self-check says so.
+uvicorn arms ``loop.call_later(timeout_keep_alive, timeout_keep_alive_handler)`` at each response's
+end that leaves a connection idle; the list already orders idle connections, and the worker's one
+timer closes them with uvicorn's handler.  So uvicorn gets a ``loop`` that is the event loop but for
+that call, which arms nothing.  A uvicorn that arms its keep-alive otherwise keeps its own timer.
 """
 
 from __future__ import annotations

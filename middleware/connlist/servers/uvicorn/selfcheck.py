@@ -1,10 +1,8 @@
 """uvicorn's self-check: connlist's protocol class driven through a scripted conversation in memory.
 
-connlist leans on parts of uvicorn that are not public API, and most changes to them would not fail
-loudly: the server would start, then reset or cut connections. So each class is checked once per
-process: whole, split, pipelined and ``100 Continue`` requests, an upgrade, a loss and a headers
-timeout, the connection's record and what was written compared after each step. Any difference or
-exception is a failure, in one sentence. Its protocols log nothing, and it leaves no timer behind.
+connlist leans on parts of uvicorn that are not public API, whose changes would not fail loudly, so
+each class is checked once per process: requests whole, split, pipelined and with ``100 Continue``,
+an upgrade, a loss and a headers timeout.  Any difference or exception is a failure, in one sentence.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from typing import Any
 from connlist.core.records import Connection
 from connlist.core.views import connection_state
 from connlist.servers import selfcheck
-from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, Script, run_on_own_loop
+from connlist.servers.selfcheck import CheckFailed, MemoryTransport, Result, Script, require, run_on_own_loop
 from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST
 from connlist.servers.uvicorn.websocket import Held
 
@@ -123,8 +121,7 @@ class _Script(Script):
     def attributes(self, protocol: Any) -> None:
         """Every attribute connlist reads after a request: there, and what connlist takes it for."""
         cycle = protocol.cycle
-        if cycle is None:
-            raise CheckFailed("uvicorn's protocol has no `cycle` after a request")
+        require(cycle is not None, "uvicorn's protocol has no `cycle` after a request")
         names: tuple[str, ...] = ("scope", "response_started", "response_complete", "disconnected")
         names += ("message_event", "logger", "body", "waiting_for_100_continue", "receive", "send")
         _has(cycle, names, "uvicorn's request cycle (`cycle`)")
@@ -137,8 +134,7 @@ class _Script(Script):
             )
         if self.parser == "httptools":
             _has(cycle, ("more_body",), "uvicorn's request cycle (`cycle`)")
-            if cycle.scope is not protocol.scope:
-                raise CheckFailed("`cycle.scope` is not the protocol's scope")
+            require(cycle.scope is protocol.scope, "`cycle.scope` is not the protocol's scope")
         else:
             _has(protocol.conn, ("their_state", "trailing_data"), "h11's connection (`conn`)")
         flow = getattr(protocol, "flow", None)
@@ -215,8 +211,7 @@ class _Script(Script):
         self.expect("a request whose body is incomplete", lost_record, "reading_body", 0)
         lost.connection_lost(None)
         await self.settle()
-        if lost_record.tracked:
-            raise CheckFailed("a connection lost mid-request stayed in the list")
+        require(not lost_record.tracked, "a connection lost mid-request stayed in the list")
 
     async def headers_timeout(self) -> None:
         silent, silent_transport, silent_record = self.tracked()

@@ -1,9 +1,8 @@
 """uvicorn's ``Server`` (``connlist.servers.integration``): the integration turned on at the lifespan startup.
 
-The lifespan's ``receive`` belongs to the ``LifespanOn`` holding uvicorn's ``Config``, whose
-``http_protocol_class`` is read per connection: at the startup, uvicorn's own class gives way to
-connlist's for the same parser; any other is left alone. None of this is uvicorn's public API: where
-it is not as expected nothing changes, and the middleware's first request confirms what did.
+The lifespan's ``receive`` belongs to the ``LifespanOn`` holding uvicorn's ``Config``: at the startup,
+uvicorn's own ``http_protocol_class`` gives way to connlist's for the same parser; any other is left
+alone.  None of it is public API: the middleware's first request confirms what happened.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The uvicorn releases connlist is tested with, as the advice of a failed check names them.
-
-CI tests the oldest supported (the first whose ``--http`` takes an import string) and the newest.
-There is no upper bound in pyproject.toml: the self-check decides, and a newer release gets a WARNING.
+"""The uvicorn releases connlist is tested with (CI: the oldest supported and the newest), as a failed
+check's advice names them.  No upper bound in pyproject.toml: the self-check decides.
 """
 
 __all__ = ["TESTED_RANGE", "TESTED_UVICORN"]

@@ -1,9 +1,7 @@
 """uvicorn's websocket hand-over: an upgraded connection stays in the list until its websocket closes.
 
-Once uvicorn hands an upgrade to its ``ws_protocol_class``, the transport reports to that protocol,
-never to the HTTP one. So for the hand-over only, connlist lends uvicorn a subclass (``holding``) whose
-``connection_lost`` removes the record first. asyncio and uvloop report a loss from the loop, never
-inside the hand-over, so the record is held before it can be lost.
+The transport reports to the websocket protocol once uvicorn hands the upgrade over, so for the
+hand-over connlist lends uvicorn a subclass (``holding``) whose ``connection_lost`` removes the record.
 """
 
 from __future__ import annotations
