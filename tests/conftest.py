@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,13 @@ from tests.servers import GUNICORN_PARSERS, PARSERS, close_sockets
 # ``gunicorn_parser`` runs on each; a test that needs the list itself (a
 # module-scoped fixture's params, a product with another parameter) takes
 # ``tests.servers.PARSERS`` or ``GUNICORN_PARSERS``.
+@pytest.fixture
+def tmp_dir() -> Iterator[Path]:
+    """A temporary directory short enough for the workers' unix sockets (107 bytes), whatever pytest's."""
+    with tempfile.TemporaryDirectory(prefix="cl-") as path:
+        yield Path(path)
+
+
 @pytest.fixture(params=PARSERS)
 def parser(request: pytest.FixtureRequest) -> str:
     """uvicorn's ``"httptools"`` or ``"h11"``: the names of ``tests.servers.PLAIN`` and ``INTEGRATED``."""

@@ -231,15 +231,15 @@ def test_gunicorn_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert list(multiproc.iterdir()) == []
 
 
-def test_slow_client_sees_itself_under_several_workers(tmp_path: Path) -> None:
+def test_slow_client_sees_itself_under_several_workers(tmp_dir: Path) -> None:
     # With --workers 2 the "while" view comes on another connection, which
     # may reach the other worker: the script asks for every worker.
     from tests.test_workers import WORKERS, both_up, env_for, stop_master, uvicorn_command
 
-    env = env_for(TMPDIR=str(tmp_path))
+    env = env_for(TMPDIR=str(tmp_dir))
     # The slow client waits for the headers timeout, twice: 2 s (its view while is at about 1.2 s).
     env.update(CONNLIST_HEADERS_TIMEOUT="2", CONNLIST_REQUEST_TIMEOUT="4")
-    with run_server(uvicorn_command, tmp_path / "uvicorn.log", env=env, ready=both_up) as server:
+    with run_server(uvicorn_command, tmp_dir / "uvicorn.log", env=env, ready=both_up) as server:
         for _ in range(2):  # twice: each connection may reach either worker
             result = subprocess.run(
                 [PYTHON, str(EXAMPLES / "slow_client.py"), "--port", str(server.port), "--limit", "10"],

@@ -382,10 +382,10 @@ def test_chromium_shows_every_state_and_the_escaped_path(tmp_path: Path) -> None
     print(f"chromium --dump-dom took {elapsed:.2f} s")
 
 
-def test_chromium_shows_every_worker(tmp_path: Path) -> None:
+def test_chromium_shows_every_worker(tmp_dir: Path) -> None:
     chromium()
-    env = env_for(TMPDIR=str(tmp_path))
-    with run_server(uvicorn_command, tmp_path / "uvicorn.log", env=env, ready=both_up) as server:
+    env = env_for(TMPDIR=str(tmp_dir))
+    with run_server(uvicorn_command, tmp_dir / "uvicorn.log", env=env, ready=both_up) as server:
         pids = sorted(reachable(all_workers(server.port, "&limit=0")))
         markup, log = dump_dom(f"http://127.0.0.1:{server.port}/_connections?workers=all")
         stop_master(server)

@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -221,13 +220,6 @@ def socket_files(directory: Path) -> dict[int, int]:
 def group_directory(base: Path, master: int) -> Path:
     (found,) = [path for path in base.iterdir() if path.name.split("-")[0] == str(master)]
     return found
-
-
-@pytest.fixture
-def tmp_dir() -> Iterator[Path]:
-    # Short: a unix socket path must fit in 107 bytes.
-    with tempfile.TemporaryDirectory(prefix="cl-") as path:
-        yield Path(path)
 
 
 @pytest.fixture
