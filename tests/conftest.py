@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,11 @@ from tests.servers import GUNICORN_PARSERS, PARSERS, close_sockets
 # ``gunicorn_parser`` runs on each; a test that needs the list itself (a
 # module-scoped fixture's params, a product with another parameter) takes
 # ``tests.servers.PARSERS`` or ``GUNICORN_PARSERS``.
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (scripts/test): three workers per core, as most tests wait on real servers' clocks."""
+    return 3 * len(os.sched_getaffinity(0))
+
+
 @pytest.fixture
 def tmp_dir() -> Iterator[Path]:
     """A temporary directory short enough for the workers' unix sockets (107 bytes), whatever pytest's."""
