@@ -12,29 +12,11 @@ from connlist.servers import integration
 from tests.fakes import FakeClock, MockLoop
 from tests.servers import GUNICORN_PARSERS, PARSERS, close_sockets
 
-# The files whose tests take longest, on real servers' clocks, first: a file's tests go to one
-# worker (scripts/test's --dist loadfile) in this order, so the longest start first and the
-# workers end together.
-SLOW_FIRST = (
-    "test_hardening.py",
-    "test_benchmarks.py",
-    "test_timeouts.py",
-    "test_uvicorn_drift.py",
-    "test_head_limit.py",
-    "test_websockets.py",
-    "test_serve_as_usual.py",
-    "test_keepalive.py",
-    "test_gunicorn_asgi.py",
-    "test_fleet.py",
-)
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if hasattr(config, "workerinput"):  # an xdist worker's collection: a serial run keeps its order
-        rank = {name: i for i, name in enumerate(SLOW_FIRST)}
-        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
-
+# The parsers, each once: a test that takes ``parser`` (uvicorn's) or
+# ``gunicorn_parser`` runs on each; a test that needs the list itself (a
+# module-scoped fixture's params, a product with another parameter) takes
+# ``tests.servers.PARSERS`` or ``GUNICORN_PARSERS``.
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (scripts/test): three workers per core, as most tests wait on real servers' clocks."""
     return 3 * len(os.sched_getaffinity(0))
@@ -47,10 +29,6 @@ def tmp_dir() -> Iterator[Path]:
         yield Path(path)
 
 
-# The parsers, each once: a test that takes ``parser`` (uvicorn's) or
-# ``gunicorn_parser`` runs on each; a test that needs the list itself (a
-# module-scoped fixture's params, a product with another parameter) takes
-# ``tests.servers.PARSERS`` or ``GUNICORN_PARSERS``.
 @pytest.fixture(params=PARSERS)
 def parser(request: pytest.FixtureRequest) -> str:
     """uvicorn's ``"httptools"`` or ``"h11"``: the names of ``tests.servers.PLAIN`` and ``INTEGRATED``."""
