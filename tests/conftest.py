@@ -13,10 +13,6 @@ from tests.fakes import FakeClock, MockLoop
 from tests.servers import GUNICORN_PARSERS, PARSERS, close_sockets
 
 
-# The parsers, each once: a test that takes ``parser`` (uvicorn's) or
-# ``gunicorn_parser`` runs on each; a test that needs the list itself (a
-# module-scoped fixture's params, a product with another parameter) takes
-# ``tests.servers.PARSERS`` or ``GUNICORN_PARSERS``.
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (scripts/test): three workers per core, as most tests wait on real servers' clocks."""
     return 3 * len(os.sched_getaffinity(0))
@@ -29,6 +25,10 @@ def tmp_dir() -> Iterator[Path]:
         yield Path(path)
 
 
+# The parsers, each once: a test that takes ``parser`` (uvicorn's) or
+# ``gunicorn_parser`` runs on each; a test that needs the list itself (a
+# module-scoped fixture's params, a product with another parameter) takes
+# ``tests.servers.PARSERS`` or ``GUNICORN_PARSERS``.
 @pytest.fixture(params=PARSERS)
 def parser(request: pytest.FixtureRequest) -> str:
     """uvicorn's ``"httptools"`` or ``"h11"``: the names of ``tests.servers.PLAIN`` and ``INTEGRATED``."""
