@@ -45,7 +45,9 @@ import serve_as_usual  # noqa: E402
 import server_counts  # noqa: E402
 import setups  # noqa: E402
 import workloads  # noqa: E402
+from connlist.observe.processes import process_info  # noqa: E402
 from tests import subprocesses  # noqa: E402
+from tests.servers import wait_for  # noqa: E402
 
 
 @pytest.mark.parametrize("setup", [*setups.SETUPS, scale.NO_BUDGET], ids=lambda setup: setup.key)
@@ -257,20 +259,9 @@ def test_e2e_serves_on_gunicorn_and_counts_its_worker(key: str) -> None:
             server.check_same(pids)
         replaced = server.pids()
     assert server.process.returncode is not None
-    # The workers exit after their master: waited for, as a loaded machine may take a while.
-    deadline = time.monotonic() + 10
-    while left := [pid for pid in (worker, *replaced) if _running(pid)]:
-        assert time.monotonic() < deadline, f"gunicorn's workers {left} outlived the stop"
-        time.sleep(0.05)
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs: a zombie (exited, not yet reaped by whoever adopted it) does not."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    # The workers exit after their master (a zombie counts as gone): waited for, on a loaded machine.
+    workers_then = (worker, *replaced)
+    assert wait_for(lambda: all(process_info(pid) is None for pid in workers_then), 10), workers_then
 
 
 def wrk_or_skip() -> str:
