@@ -310,12 +310,15 @@ def test_a_pipelined_request_behind_a_response_whose_app_runs_on_is_answered_at_
 
 def test_pipelined_requests_behind_a_response_that_runs_on_stay_in_order(target: Target) -> None:
     # A background task still running; a body its app never reads (/tail answers without
-    # reading it: gunicorn pauses reading for it, and resumes after the response), requests
-    # pipelined behind it in the same send; then one more request, sent alone.
+    # reading it), requests pipelined behind it in the same send; then one more request, sent alone.
+    # On uvicorn the body outgrows the transport's buffer: reading pauses, and resumes after the
+    # response.  gunicorn keeps a connection alive after an unread body only if the whole body was
+    # in when the app returned, and closes it silently otherwise (bare gunicorn 27.0.1 does so in
+    # about a run in four on a loaded machine): there the body is one loopback segment, in at once.
     sock = connect(target.port, timeout=10)
     sock.sendall(b"GET /background?sleep=3 HTTP/1.1\r\nHost: x\r\n\r\n")
     assert read_response(sock).endswith(b"bg")
-    body = b"b" * 300_000
+    body = b"b" * (300_000 if target.name.startswith("uvicorn") else 30_000)
     names = [b"/a%02d" % i for i in range(60)]
     pipelined = b"".join(
         b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (n, len(n), n) for n in names
