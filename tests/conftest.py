@@ -14,8 +14,8 @@ from tests.servers import GUNICORN_PARSERS, PARSERS, close_sockets
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (scripts/test): two workers per core, as most tests wait on real servers' clocks."""
-    return 2 * len(os.sched_getaffinity(0))
+    """``-n auto`` (scripts/test): three workers per core, as most tests wait on real servers' clocks."""
+    return 3 * len(os.sched_getaffinity(0))
 
 
 @pytest.fixture
