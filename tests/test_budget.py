@@ -30,8 +30,10 @@ from tests.subprocesses import PYTHON, Process, get_json, run_server, server_env
 
 LIMIT = 256
 FLOOD = 2 * LIMIT
-# An ordinary answer on a loaded 2-core machine (the benchmark holds the 200 ms line).
-ANSWER_WITHIN = 1.0
+# An ordinary answer, made room for at once: far under the headers timeout (60 s) that would
+# otherwise free a place, over a loaded 2-core machine's stalls (1.06 s seen with the suite's six
+# workers).  The latency itself is the benchmark's (benchmarks/flood.py holds the 200 ms line).
+ANSWER_WITHIN = 2.5
 
 # Set the descriptor limit, then become uvicorn: the server, not the test, runs under it.
 LAUNCH = (
