@@ -147,7 +147,7 @@ def instances_in(tests: dict[str, Any], case: dict[str, Any]) -> set[str]:
 
 
 def slug(heading: str) -> str:
-    """The anchor mkdocs (Python-Markdown's toc) gives a heading."""
+    """The anchor the docs site gives a heading (Python-Markdown's toc, which Zensical runs)."""
     from markdown.extensions.toc import slugify
 
     return str(slugify(heading, "-"))
