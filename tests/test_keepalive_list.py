@@ -496,3 +496,68 @@ IdleHeapMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=50, derandomize=True, deadline=None, database=None
 )
 TestIdleHeap = IdleHeapMachine.TestCase
+
+
+# -- the loop uvicorn's protocols are given (connlist.servers.uvicorn.keepalive) ------------
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_the_stand_in_loop_arms_nothing_for_the_keep_alive_and_is_the_loop_for_the_rest(loop_kind: str) -> None:
+    import asyncio
+
+    from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST, for_loop
+
+    if loop_kind == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        loop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
+
+    class Protocol:
+        def timeout_keep_alive_handler(self) -> None:
+            pass
+
+        def other(self) -> None:
+            pass
+
+    try:
+        stand_in = for_loop(loop)
+        # uvicorn's keep-alive: nothing armed on the loop.
+        assert stand_in.call_later(5, Protocol().timeout_keep_alive_handler) is TIMED_BY_LIST
+        # Any other call_later, and a zero delay (an immediate close), is the loop's.
+        for delay, callback in ((5, Protocol().other), (0, Protocol().timeout_keep_alive_handler)):
+            handle = stand_in.call_later(delay, callback)
+            assert handle is not TIMED_BY_LIST and "Handle" in type(handle).__name__  # the loop's own
+            handle.cancel()
+        # The rest of the event loop's API is the loop's own.
+        assert stand_in.create_task.__self__ is loop
+        assert stand_in.call_soon.__self__ is loop and stand_in.create_future.__self__ is loop
+        assert stand_in.time() <= loop.time() and not stand_in.is_closed()
+        assert "__getattr__" not in vars(type(stand_in))  # (each read is the loop's, in C: see its docstring)
+        with pytest.raises(AttributeError):
+            stand_in._ready  # noqa: B018  # a loop's private parts are not its API
+    finally:
+        loop.close()
+    assert stand_in.is_closed()
+
+
+def test_the_stand_in_for_a_test_loop_gives_it_everything() -> None:
+    # uvicorn's own tests (tests/protocols/test_http.py) give the protocol a MockLoop,
+    # and call its own methods through the protocol's loop.
+    from connlist.servers.uvicorn.keepalive import for_loop
+
+    class MockLoop:
+        def __init__(self) -> None:
+            self._tasks: list[object] = []
+
+        def create_task(self, coroutine: object) -> object:
+            self._tasks.append(coroutine)
+            return coroutine
+
+        def run_one(self) -> object:
+            return self._tasks.pop()
+
+    loop = MockLoop()
+    stand_in = for_loop(loop)
+    assert stand_in.create_task("request") == "request"
+    assert stand_in.run_one() == "request" and stand_in._tasks == []  # type: ignore[attr-defined]

@@ -8,7 +8,9 @@ that call, which arms nothing.  A uvicorn that arms its keep-alive otherwise kee
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 __all__ = ["TIMED_BY_LIST", "ListTimedLoop"]
@@ -39,7 +41,9 @@ class ListTimedLoop:
     """The event loop as a uvicorn protocol's ``loop``, but for the keep-alive's ``call_later``.
 
     One per loop and worker (``for_loop``).  ``create_task``, which uvicorn calls per request, is
-    the loop's own bound method.
+    the loop's own bound method; the rest of the event loop's API goes to the loop (below).  Not
+    through a ``__getattr__``: a class with one makes every attribute read of its instances a
+    lookup in Python, ``create_task``'s and ``call_later``'s too.
     """
 
     __slots__ = ("create_task", "loop")
@@ -54,11 +58,26 @@ class ListTimedLoop:
             return TIMED_BY_LIST
         return self.loop.call_later(delay, callback, *args, context=context)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.loop, name)
-
     def __repr__(self) -> str:
         return f"<{self.loop!r}, keep-alive timed by connlist's list>"
+
+
+# The rest of the event loop's API, each the loop's own attribute, read in C.
+for _name in dir(asyncio.AbstractEventLoop):
+    if not _name.startswith("_") and _name not in ListTimedLoop.__dict__:
+        setattr(ListTimedLoop, _name, property(attrgetter(f"loop.{_name}")))
+
+
+class _AnyTimedLoop(ListTimedLoop):
+    """The stand-in for a loop that is no ``asyncio.AbstractEventLoop``, as uvicorn's tests' ``MockLoop``.
+
+    Everything it has goes to it, as its tests call its own methods (``run_one``) on the protocol's loop.
+    """
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loop, name)
 
 
 # The stand-in made last: every connection of a worker's server shares it.
@@ -68,5 +87,5 @@ last: ListTimedLoop | None = None
 def for_loop(loop: Any) -> ListTimedLoop:
     """A new stand-in for ``loop``, kept as ``last``."""
     global last
-    last = ListTimedLoop(loop)
+    last = ListTimedLoop(loop) if isinstance(loop, asyncio.AbstractEventLoop) else _AnyTimedLoop(loop)
     return last
