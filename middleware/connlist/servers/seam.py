@@ -283,7 +283,7 @@ class Tracking(HeadBound, TransportHandle):
     def _connlist_setup(self, loop: Any, keep_alive: float | None) -> Enforcer:
         """Before ``join``: the connection's enforcer (handed over, or a fallback), told of the class once."""
         enforcer = self.connlist_handover.enforcer
-        if enforcer is None or enforcer.fed_by is not self.__class__ or enforcer.attached_loop is not loop:
+        if enforcer is None or enforcer.fed_by is not type(self) or enforcer.attached_loop is not loop:
             enforcer = self._connlist_tell(loop, keep_alive)
         self._connlist = enforcer
         self._connlist_record = None
@@ -302,7 +302,7 @@ class Tracking(HeadBound, TransportHandle):
         if loop is not None and enforcer.attached_loop is not loop:
             enforcer.attach(loop, keep_alive)
         enforcer.keep_alive_timed = self.connlist_keepalive and bool(keep_alive and keep_alive > 0)
-        enforcer.fed_by = self.__class__
+        enforcer.fed_by = type(self)
         return enforcer
 
     def _connlist_without_middleware(self) -> tuple[object, object]:
@@ -359,14 +359,12 @@ class Tracking(HeadBound, TransportHandle):
                 return  # a close waits for the rest: still timed (_connlist_closed)
             self._connlist.connections.unstall(record)
 
-    def _connlist_closed(self) -> None:
-        """The server closed the transport: the bytes it has not sent are the send timeout's.
+    def _connlist_closed(self, record: Connection | None) -> None:
+        """The server closed the transport of ``record``: the bytes it has not sent are the send timeout's.
 
         A close waits for the buffer to drain, and a tail under the high-water mark never
         paused writing: a client that stopped reading would hold the connection for good.
         """
-        # (None where the server closes a protocol never made, as gunicorn's own tests do.)
-        record = getattr(self, "_connlist_record", None)
         if record is None:
             return
         # ``sending.unsent``, written out: every response that closes asks, and holds nothing.

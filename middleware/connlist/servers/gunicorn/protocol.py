@@ -264,7 +264,8 @@ class ASGIProtocol(Tracking, Held, _Gunicorn):
     def _close_transport(self) -> None:
         # Any close of gunicorn's: unsent bytes hold it, under the send timeout.
         _Gunicorn._close_transport(self)
-        self._connlist_closed()
+        # (No record where gunicorn closes a protocol never made, as its own tests do.)
+        self._connlist_closed(getattr(self, "_connlist_record", None))
 
     # connlist's closes wake gunicorn's connection loop, as its own do: else it waits for a request.
     def connlist_close_idle(self) -> bool:

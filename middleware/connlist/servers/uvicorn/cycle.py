@@ -85,7 +85,7 @@ class UvicornCycle(Tracking):
     def connlist_close_keepalive(self) -> None:
         """The keep-alive's end, timed by the list: uvicorn's handler (unsent bytes: the send timeout's)."""
         self.timeout_keep_alive_handler()
-        self._connlist_closed()
+        self._connlist_closed(self._connlist_record)
 
     def _connlist_stopped(self, data: bytes) -> bool:
         """Whether a read at rest is held behind a response, or fed in parts, rather than parsed as it is.
