@@ -503,6 +503,56 @@ def test_with_the_integration_a_request_passes_to_the_app_until_the_next_lifespa
     asyncio.run(scenario())
 
 
+def test_inside_starlette_a_request_passes_to_the_app_with_no_coroutine_of_the_middleware() -> None:
+    # Starlette puts itself in scope["app"]: the server asks Starlette, not the
+    # middleware, whether it is an ASGI 3 app, so the route can be a plain
+    # function that returns the app's own awaitable.  The endpoint and the next
+    # lifespan still go the general way; outermost, the route stays an async def.
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def hello(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("hello")
+
+    app = Starlette(routes=[Route("/", hello)], middleware=[Middleware(ConnectionsMiddleware)])
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "lifespan.startup"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    def request(path: str) -> dict[str, Any]:
+        return {
+            "type": "http", "method": "GET", "path": path, "headers": [], "query_string": b"",
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000), "scheme": "http",
+        }  # fmt: skip
+
+    async def scenario() -> ConnectionsMiddleware:
+        await app({"type": "lifespan", "state": {}}, receive, send)
+        mw = app.middleware_stack.app  # type: ignore[union-attr]  # ServerErrorMiddleware's app
+        assert isinstance(mw, ConnectionsMiddleware)
+        mw.enforcer.mode = "uvicorn-httptools"  # as the integration's protocols announce it
+        for path in ("/", "/", "/_connections", "/"):
+            await app(request(path), receive, send)
+        assert mw.__call__ == mw._passing == mw._pass_nested
+        assert not inspect.iscoroutinefunction(mw._pass_nested)
+        await app({"type": "lifespan", "state": {}}, receive, send)
+        assert mw.__call__ == mw._general
+        return mw
+
+    asyncio.run(scenario())
+    bodies = [m["body"] for m in sent if m["type"] == "http.response.body"]
+    assert bodies[:2] == [b"hello", b"hello"] and b'"mode"' in bodies[2] and bodies[3] == b"hello"
+    # Outermost, the server asks the middleware: the route stays an async def.
+    outer = ConnectionsMiddleware(app)
+    asyncio.run(outer({"type": "lifespan", "state": {}}, receive, send))
+    assert outer._passing == outer._pass and inspect.iscoroutinefunction(outer._passing)
+
+
 def test_a_subclass_with_a_call_of_its_own_reaches_the_route_through_super() -> None:
     # The route is the ``__call__`` slot, which the middleware sets through
     # its descriptor: under a subclass that defines ``__call__`` an

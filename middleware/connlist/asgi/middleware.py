@@ -5,7 +5,8 @@ server is uvicorn: ``connlist.servers.uvicorn.start``; or named by ``--http
 connlist.uvicorn:HttpToolsProtocol``) the protocol feeds the list, and the
 middleware only hands it over (``connlist.core.handover``) and serves the
 debug endpoint: from its first request with the integration the middleware's
-route awaits the app, with nothing else per request (``_pass``).  A handler that was
+route hands the request to the app, with nothing else per request (``_pass``,
+or ``_pass_nested`` inside another app).  A handler that was
 awaiting the body of a request connlist cut off gets Starlette's
 ``ClientDisconnect``; the server integration keeps that from the server log
 (``connlist.servers.uvicorn.protocols``).  At the lifespan shutdown the middleware writes the
@@ -293,8 +294,9 @@ class ConnectionsMiddleware(ListOwner):
     # * ``_general``: a lifespan, and the first request in a mode, which
     #   sets the route (the other routes hand it the endpoint, and the
     #   lifespan);
-    # * with the server integration, ``_passing`` (``_pass``): the app, for a
-    #   request not for the endpoint;
+    # * with the server integration, ``_passing`` (``_pass``, or inside
+    #   another app ``_pass_nested``): the app, for a request not for the
+    #   endpoint;
     # * in ASGI-only mode, the feeder's path (``connlist.asgi.asgi_only.AsgiOnly``).
     #
     # The next lifespan startup sets ``_general`` again (a server with the
@@ -306,7 +308,8 @@ class ConnectionsMiddleware(ListOwner):
     # ``super().__call__``, which reads the slot (see _route).  Servers tell
     # ASGI 3 apps from ASGI 2 ones by whether ``app.__call__`` is a coroutine
     # function (uvicorn's Config.load, hypercorn's _is_asgi_2, Starlette's
-    # is_async_callable), which reads the route: each is an ``async def``.
+    # is_async_callable), which reads the route: each is an ``async def``,
+    # but where the server asks another app (``_pass_nested``).
     __call__: Callable[[Scope, Receive, Send], Awaitable[None]]
 
     async def _general(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -358,6 +361,21 @@ class ConnectionsMiddleware(ListOwner):
             return
         await self._general(scope, receive, send)
 
+    def _pass_nested(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        """``_pass`` inside another app, which is what servers ask: the app's awaitable, no coroutine of its own.
+
+        A server asks the app it serves whether its ``__call__`` is a coroutine function (see
+        ``__call__``); under Starlette, that app is Starlette, not this middleware.
+        """
+        try:
+            path = scope["path"]
+        except KeyError:
+            return self._general(scope, receive, send)
+        if path != self.debug_path:
+            app = self.app
+            return app(scope, receive, send)
+        return self._general(scope, receive, send)
+
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A server is starting: forget a timer left on the loop of an earlier run, hand the enforcer over.
 
@@ -366,6 +384,8 @@ class ConnectionsMiddleware(ListOwner):
         Nothing of connlist's goes into the lifespan state: it is the app's.
         """
         _route(self, self._general)
+        # Starlette puts itself in ``scope["app"]``: the middleware is one of its.
+        self._passing = self._pass if scope.get("app", self) is self else self._pass_nested
         self._enforcer.cancel()
         HANDOVER.enforcer = self._enforcer
         state = scope.get("state")
