@@ -95,6 +95,7 @@ class FakeServerProtocol(Tracking, asyncio.Protocol):
     )
 
     connlist_mode = MODE
+    _connlist_base_lost = asyncio.Protocol.connection_lost
 
     def __init__(self, loop: Any = None) -> None:
         self.transport = None

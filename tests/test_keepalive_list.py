@@ -502,7 +502,7 @@ TestIdleHeap = IdleHeapMachine.TestCase
 
 
 @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
-def test_the_stand_in_loop_arms_nothing_for_the_keep_alive_and_is_the_loop_for_the_rest(loop_kind: str) -> None:
+def test_the_stand_in_loop_arms_nothing_for_the_keep_alive_and_is_the_loop_otherwise(loop_kind: str) -> None:
     import asyncio
 
     from connlist.servers.uvicorn.keepalive import TIMED_BY_LIST, for_loop

@@ -256,7 +256,7 @@ class ConnectionsMiddleware(ListOwner):
         # The general route until a request tells the mode (see __call__),
         # and the one with the server integration.
         _route(self, self._general)
-        self._passing = self._pass
+        self._passing: Callable[[Scope, Receive, Send], Awaitable[None]] = self._pass
         # inspect.signature(middleware) looks for a __call__ function on
         # the class, and finds the route's slot: it reads this instead.
         self.__signature__ = inspect.signature(self._general)
@@ -362,7 +362,7 @@ class ConnectionsMiddleware(ListOwner):
         await self._general(scope, receive, send)
 
     def _pass_nested(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        """``_pass`` inside another app, which is what servers ask: the app's awaitable, no coroutine of its own.
+        """``_pass`` inside another app, which servers ask instead: the app's awaitable, no coroutine of ours.
 
         A server asks the app it serves whether its ``__call__`` is a coroutine function (see
         ``__call__``); under Starlette, that app is Starlette, not this middleware.

@@ -317,7 +317,7 @@ class Tracking(HeadBound, TransportHandle):
         record = self._connlist_record
         if record is not None:
             self._connlist.connections.remove(record)
-        super().connection_lost(exc)  # type: ignore[misc]
+        self._connlist_base_lost(exc)
 
     def connlist_request(self) -> tuple[str | None, str | None]:
         raise NotImplementedError

@@ -76,12 +76,6 @@ class UvicornCycle(Tracking):
         self._connlist_base_made(transport)
         self._connlist_record = enforcer.join(self.client, self.server, self)
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        record = self._connlist_record
-        if record is not None:
-            self._connlist.connections.remove(record)
-        self._connlist_base_lost(exc)
-
     def connlist_close_keepalive(self) -> None:
         """The keep-alive's end, timed by the list: uvicorn's handler (unsent bytes: the send timeout's)."""
         self.timeout_keep_alive_handler()

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import h11
 
-from connlist.core.records import Connection
 from connlist.servers.seam import BETWEEN, BODY, HEADERS, UPGRADED
 from connlist.servers.uvicorn import websocket as _websocket
 from connlist.servers.uvicorn.cycle import UvicornCycle
@@ -129,15 +128,14 @@ class H11Tracking(UvicornCycle, _H11Base):
         phase = self._connlist_phase
         cycle = self.cycle
         self._connlist_base_responded()
-        record: Connection = self._connlist_record  # type: ignore[assignment]  # made
         if self.transport.is_closing():
-            record.responding = False  # nothing unfinished
-            self._connlist_closed(record)  # the response's end closes
+            self._connlist_record.responding = False  # type: ignore[union-attr]  # made: nothing unfinished
+            self._connlist_closed(self._connlist_record)  # the response's end closes
             return
         # A finished response lets h11 go on to what it held.
         self._connlist_events(phase, cycle)
         if not self._connlist_responding():
-            self._connlist.connections.response_complete(record)
+            self._connlist.connections.response_complete(self._connlist_record)  # type: ignore[arg-type]  # made
         if self._connlist_unread is not None:
             self._connlist_release()  # the read held behind the response
 

@@ -287,21 +287,19 @@ if httptools_impl is not None:
             pipeline = self.pipeline
             queued = pipeline[-1][0] if pipeline else None
             self._connlist_base_responded()
-            record: Connection = self._connlist_record  # type: ignore[assignment]  # made
-            if self.timeout_keep_alive_task is TIMED_BY_LIST:
-                # uvicorn left it idle, its keep-alive timed by the list: not closing, nothing queued.
-                self._connlist.connections.response_complete(record)
-            elif self.transport.is_closing():
-                record.responding = False  # nothing unfinished
-                self._connlist_closed(record)  # the response's end closes
-                return
-            else:
+            # uvicorn left it idle, its keep-alive timed by the list: not closing, nothing queued.
+            idle = self.timeout_keep_alive_task is TIMED_BY_LIST
+            if not idle:
+                if self.transport.is_closing():
+                    self._connlist_record.responding = False  # type: ignore[union-attr]  # made: nothing unfinished
+                    self._connlist_closed(self._connlist_record)  # the response's end closes
+                    return
                 if queued is not None and not (pipeline and pipeline[-1][0] is queued):
                     self._connlist_running = queued  # uvicorn started it
-                # self.cycle is the newest request's: if uvicorn has just
-                # started a pipelined one, or any is still queued, it is not complete.
-                if self.cycle.response_complete:
-                    self._connlist.connections.response_complete(record)
+            # self.cycle is the newest request's: if uvicorn has just
+            # started a pipelined one, or any is still queued, it is not complete.
+            if idle or self.cycle.response_complete:
+                self._connlist.connections.response_complete(self._connlist_record)  # type: ignore[arg-type]  # made
             if self._connlist_unread is not None:
                 self._connlist_release()  # the read held behind the response
 

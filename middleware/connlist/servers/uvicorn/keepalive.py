@@ -17,10 +17,7 @@ __all__ = ["TIMED_BY_LIST", "ListTimedLoop"]
 
 
 class _TimedByList:
-    """``timeout_keep_alive_task`` while the list times the keep-alive: not None, as an armed one.
-
-    The protocols' ``data_received`` drops it before uvicorn's would cancel it.
-    """
+    """``timeout_keep_alive_task`` while the list times the keep-alive (``data_received`` drops it)."""
 
     __slots__ = ()
 
@@ -40,10 +37,8 @@ HANDLER = "timeout_keep_alive_handler"
 class ListTimedLoop:
     """The event loop as a uvicorn protocol's ``loop``, but for the keep-alive's ``call_later``.
 
-    One per loop and worker (``for_loop``).  ``create_task``, which uvicorn calls per request, is
-    the loop's own bound method; the rest of the event loop's API goes to the loop (below).  Not
-    through a ``__getattr__``: a class with one makes every attribute read of its instances a
-    lookup in Python, ``create_task``'s and ``call_later``'s too.
+    One per loop and worker (``for_loop``).  The rest of the event loop's API is the loop's, with no
+    ``__getattr__``, which would make every read, ``create_task``'s per request too, a lookup in Python.
     """
 
     __slots__ = ("create_task", "loop")
@@ -62,17 +57,14 @@ class ListTimedLoop:
         return f"<{self.loop!r}, keep-alive timed by connlist's list>"
 
 
-# The rest of the event loop's API, each the loop's own attribute, read in C.
+# The rest of the event loop's API: the loop's own attributes, read in C.
 for _name in dir(asyncio.AbstractEventLoop):
     if not _name.startswith("_") and _name not in ListTimedLoop.__dict__:
         setattr(ListTimedLoop, _name, property(attrgetter(f"loop.{_name}")))
 
 
 class _AnyTimedLoop(ListTimedLoop):
-    """The stand-in for a loop that is no ``asyncio.AbstractEventLoop``, as uvicorn's tests' ``MockLoop``.
-
-    Everything it has goes to it, as its tests call its own methods (``run_one``) on the protocol's loop.
-    """
+    """For a loop that is no ``AbstractEventLoop`` (uvicorn's tests' ``MockLoop``): all of it goes to it."""
 
     __slots__ = ()
 
