@@ -309,9 +309,9 @@ def test_slow_on_timeout_is_warned_about_once(caplog: pytest.LogCaptureFixture) 
 
 
 def test_servers_take_the_middleware_for_asgi3_when_it_is_the_outermost_app() -> None:
-    # __call__ is the mode's route, and with the integration a plain method
-    # that returns the app's coroutine: every server's ASGI 3 test must
-    # still say yes, or it would call it as ASGI 2.
+    # __call__ is the mode's route: outermost, every server's ASGI 3 test
+    # must say yes of each, or it would call it as ASGI 2.  (Inside another
+    # app, which servers ask instead: test_inside_starlette_a_request_passes_...)
     import inspect
 
     from starlette._utils import is_async_callable
