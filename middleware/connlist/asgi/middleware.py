@@ -345,36 +345,27 @@ class ConnectionsMiddleware(ListOwner):
             return
         await self.app(scope, receive, send)
 
-    async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The route with the server integration: a request not for the endpoint goes to the app."""
+    def _pass_nested(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        """The route with the server integration: a request not for the endpoint goes to the app.
+
+        It returns the app's awaitable, with no coroutine of its own: the route as it is inside
+        another app, which servers ask instead (see ``__call__``; under Starlette, Starlette).
+        """
         # HTTP and websocket scopes have a path (a websocket passes through
         # on either path); a lifespan scope has none, and a try costs
         # nothing until it raises.
         try:
             path = scope["path"]
         except KeyError:
-            await self._general(scope, receive, send)
-            return
-        if path != self.debug_path:
-            app = self.app  # a slot; ``self.app(...)`` would be an unspecialized method call (see AsgiOnly)
-            await app(scope, receive, send)
-            return
-        await self._general(scope, receive, send)
-
-    def _pass_nested(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        """``_pass`` inside another app, which servers ask instead: the app's awaitable, no coroutine of ours.
-
-        A server asks the app it serves whether its ``__call__`` is a coroutine function (see
-        ``__call__``); under Starlette, that app is Starlette, not this middleware.
-        """
-        try:
-            path = scope["path"]
-        except KeyError:
             return self._general(scope, receive, send)
         if path != self.debug_path:
-            app = self.app
+            app = self.app  # a slot; ``self.app(...)`` would be an unspecialized method call (see AsgiOnly)
             return app(scope, receive, send)
         return self._general(scope, receive, send)
+
+    async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``_pass_nested`` as an ``async def``: the outermost app's route, which servers ask about."""
+        await self._pass_nested(scope, receive, send)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A server is starting: forget a timer left on the loop of an earlier run, hand the enforcer over.

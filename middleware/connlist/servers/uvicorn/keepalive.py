@@ -61,6 +61,7 @@ class ListTimedLoop:
 for _name in dir(asyncio.AbstractEventLoop):
     if not _name.startswith("_") and _name not in ListTimedLoop.__dict__:
         setattr(ListTimedLoop, _name, property(attrgetter(f"loop.{_name}")))
+del _name
 
 
 class _AnyTimedLoop(ListTimedLoop):
